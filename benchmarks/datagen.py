@@ -147,7 +147,7 @@ def _is_complete(out: Path, params: dict) -> bool:
         try:
             if pq.ParquetFile(p).metadata.num_rows != nrows:
                 return False
-        except Exception:
+        except (OSError, pa.ArrowException):
             return False
     return len(recorded.get("files", {})) == params["files"]
 

@@ -1,0 +1,276 @@
+"""Shared helpers for the benchmark scripts (standard library only at import time).
+
+Each ``bench_*.py`` script is both the orchestrator and the worker: run plainly it starts one
+subprocess per *side* (``raw``, ``dataflow``, ``ray``, ``daft``) through :mod:`peers`, one after
+the other, and prints a table plus one JSON line; run as ``bench_x.py --worker SIDE --worker-args
+JSON`` (which is what :mod:`peers` does, with the right venv's python) it runs just that side and
+prints one ``@@BENCH@@ {json}`` line. Workers must import nothing outside the stdlib at module
+level so the same file runs in the Ray and Daft venvs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DATA_DIR = HERE / "data"
+FULL_DATA = DATA_DIR / "parquet4m"
+SMALL_DATA = DATA_DIR / "parquet40k"
+RESULT_TAG = "@@BENCH@@"
+ALL_SIDES = ("raw", "dataflow", "ray", "daft")
+
+
+# ----------------------------------------------------------------------------------------------
+# worker side
+
+
+def is_worker(argv: list[str] | None = None) -> bool:
+    return "--worker" in (sys.argv if argv is None else argv)
+
+
+def worker_main(impls: dict[str, Callable[[dict], dict]], argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("--worker-args", default="{}")
+    ns = ap.parse_args(argv)
+    impl = impls.get(ns.worker)
+    if impl is None:
+        print(f"unknown side {ns.worker!r}; known: {sorted(impls)}", file=sys.stderr)
+        return 2
+    out = impl(json.loads(ns.worker_args))
+    out.setdefault("python", sys.executable)
+    sys.stdout.flush()
+    print(RESULT_TAG, json.dumps(out), flush=True)
+    return 0
+
+
+def batch_len(batch) -> int:
+    """Rows in a dict-of-columns (numpy) batch, a pyarrow batch/table or a pandas frame."""
+    if isinstance(batch, dict):
+        return len(next(iter(batch.values()))) if batch else 0
+    return len(batch)
+
+
+def arrow_batch_to_numpy(batch) -> dict:
+    """The raw conversion every reader side performs: each column of a pyarrow RecordBatch to numpy.
+
+    fixed_size_list / list columns -> 2-D array via flatten + reshape; strings -> object arrays.
+    """
+    import pyarrow as pa
+
+    out = {}
+    n = batch.num_rows
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        t = col.type
+        if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+            flat = col.flatten().to_numpy(zero_copy_only=False)
+            out[name] = flat.reshape(n, -1) if n else flat.reshape(0, 0)
+        else:
+            out[name] = col.to_numpy(zero_copy_only=False)
+    return out
+
+
+def maybe_init_dataflow():
+    """Import dataflow and start it if it has an ``init`` (mirrors ``ray.init``)."""
+    import dataflow
+
+    init = getattr(dataflow, "init", None)
+    if callable(init):
+        init()
+    return dataflow
+
+
+def maybe_shutdown(mod) -> None:
+    fn = getattr(mod, "shutdown", None)
+    if callable(fn):
+        with contextlib.suppress(Exception):
+            fn()
+
+
+def init_ray():
+    import logging
+
+    import ray
+
+    ray.init(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    for attr in ("print_on_execution_start", "verbose_stats_logs"):
+        if hasattr(ctx, attr):
+            setattr(ctx, attr, False)
+    return ray
+
+
+def timed_runs(fn: Callable[[], object], runs: int) -> tuple[list[float], object]:
+    times, last = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        last = fn()
+        times.append(time.perf_counter() - t0)
+    return times, last
+
+
+# ----------------------------------------------------------------------------------------------
+# orchestrator side
+
+
+def base_parser(description: str, default_runs: int = 3) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--small", action="store_true", help="use the 40k-row smoke-test dataset")
+    ap.add_argument("--data", type=Path, help="dataset directory (default: 4M-row set)")
+    ap.add_argument("--runs", type=int, default=default_runs, help="timed runs per side (median)")
+    ap.add_argument("--sides", default=",".join(ALL_SIDES),
+                    help=f"comma-separated subset of {','.join(ALL_SIDES)}")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per side")
+    ap.add_argument("--json-out", type=Path, help="also write the JSON result to this file")
+    return ap
+
+
+def sides(args) -> list[str]:
+    out = [s.strip() for s in args.sides.split(",") if s.strip()]
+    bad = [s for s in out if s not in ALL_SIDES]
+    if bad:
+        raise SystemExit(f"unknown sides {bad}")
+    return out
+
+
+def dataset(args) -> Path:
+    if args.data:
+        return args.data
+    path = SMALL_DATA if args.small else FULL_DATA
+    sys.path.insert(0, str(HERE))
+    import datagen
+
+    datagen.ensure_tabular(small=args.small, out=path, quiet=True)
+    return path
+
+
+def warm_page_cache(path: Path) -> int:
+    """Read every file once so every side starts from the same (warm) page cache."""
+    total = 0
+    for p in sorted(Path(path).glob("*.parquet")):
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 24):
+                total += len(chunk)
+    return total
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def machine_info() -> dict:
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = 0
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal"):
+                mem = int(line.split()[1]) * 1024
+                break
+    return {"nproc": os.cpu_count(), "mem_gib": round(mem / 2**30, 1), "cpu": model,
+            "python": platform.python_version()}
+
+
+def fmt_num(x, unit: str = "s") -> str:
+    if x is None:
+        return "-"
+    if unit == "s":
+        return f"{x:.3f} s" if x < 100 else f"{x:.1f} s"
+    if unit == "GB":
+        return f"{x:.3f} GB"
+    return f"{x:.3g} {unit}".strip()
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    print(line)
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
+
+
+def status_text(res: dict) -> str:
+    st = res.get("status", "?")
+    if st == "ok":
+        return "ok"
+    if st == "not installed":
+        return "not installed"
+    err = (res.get("error") or "").strip().splitlines()
+    return f"{st}: {err[-1][:70] if err else ''}"
+
+
+def report(workload: str, results: dict[str, dict], metric: str = "median_s", baseline: str = "raw",
+           target: dict | None = None, extra: dict | None = None, unit: str = "s",
+           json_out: Path | None = None, columns: list[tuple[str, str, str]] | None = None) -> dict:
+    """Print the human table and the final JSON line; return the JSON object.
+
+    ``metric`` is the key in each side's result compared across sides (lower is better);
+    ratios are side/baseline and side/dataflow from this one invocation.
+    """
+    base = results.get(baseline, {}).get(metric)
+    dfv = results.get("dataflow", {}).get(metric)
+    columns = columns or []
+    headers = ["side", metric, f"x {baseline}", "x dataflow", *[c[0] for c in columns], "status"]
+    rows = []
+    for side, res in results.items():
+        v = res.get(metric)
+        r_base = v / base if (v is not None and base) else None
+        r_df = v / dfv if (v is not None and dfv) else None
+        res["ratio_vs_" + baseline] = r_base
+        res["ratio_vs_dataflow"] = r_df
+        rows.append([side, fmt_num(v, unit),
+                     f"{r_base:.2f}x" if r_base is not None else "-",
+                     f"{r_df:.2f}x" if r_df is not None else "-",
+                     *[fmt_num(res.get(key), u) for _, key, u in columns],
+                     status_text(res)])
+    print()
+    print(f"== {workload} ==")
+    print_table(headers, rows)
+    verdict = None
+    if target:
+        verdict = evaluate_target(results, target)
+        print(f"target: {target['text']} -> {verdict}")
+    obj = {"workload": workload, "metric": metric, "baseline": baseline, "target": target,
+           "target_met": verdict, "machine": machine_info(), "results": results,
+           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if extra:
+        obj.update(extra)
+    line = json.dumps(obj, default=str)
+    if json_out:
+        Path(json_out).write_text(line + "\n")
+    print(line)
+    return obj
+
+
+def evaluate_target(results: dict[str, dict], target: dict):
+    """target = {'text':..., 'kind': 'ratio'|'abs', 'metric':..., 'max':..., 'baseline':...}."""
+    df = results.get("dataflow", {})
+    v = df.get(target.get("metric", "median_s"))
+    if v is None:
+        return "n/a (dataflow did not run)"
+    if target["kind"] == "ratio":
+        b = results.get(target.get("baseline", "raw"), {}).get(target.get("metric", "median_s"))
+        if not b:
+            return "n/a (no baseline)"
+        ok = v / b <= target["max"]
+        return f"{'MET' if ok else 'MISSED'} ({v / b:.2f}x)"
+    ok = v <= target["max"]
+    return f"{'MET' if ok else 'MISSED'} ({v:.3f})"

@@ -1,0 +1,229 @@
+"""The shared half of every file format: list (driver), group into tasks, read (workers).
+
+``FileDatasource`` lists through a ``FileSet`` and packs files into ``ReadTask``s by bytes while
+the listing streams (``plan_pieces``): the first ``LOOKAHEAD`` files fix the task size (about
+``parallelism`` tasks for small inputs, never more than ``target_task_bytes`` or
+``max_files_per_task`` per task), the rest follow with the same size. Files larger than a task
+can be split into byte ranges (``FilePiece``) by formats that can read a range on their own
+(Parquet, by row groups). A format subclass implements only ``_read_file``; the base adds
+partition and path columns, coalesces small outputs into blocks, and names the file in errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from connectors.base import BlockMetadata, Datasource, ReadTask
+from connectors.errors import AccessDeniedError, FileFormatError, PathNotFoundError, RetriesExhaustedError
+from connectors.filesystem import FileEntry, FileSet, PathArg, resolve_files
+from connectors.partitioning import (
+    Partitioning,
+    append_partition_columns,
+    check_partitioning,
+    partition_schema,
+    typed_values,
+)
+from connectors.retry import Retrier, RetryPolicy, default_retry_policy
+
+MiB = 1 << 20
+DEFAULT_TASK_BYTES = 128 * MiB
+DEFAULT_BLOCK_BYTES = 64 * MiB
+LOOKAHEAD = 4096
+MAX_FILES_PER_TASK = 1024
+
+
+@dataclass(frozen=True)
+class FilePiece:
+    """A file, or the ``index``-th of ``count`` equal byte ranges of it."""
+
+    entry: FileEntry
+    index: int = 0
+    count: int = 1
+
+    @property
+    def size(self) -> int:
+        """Bytes of the file this piece covers (an estimate for ranges)."""
+        return (self.entry.size or 0) // self.count
+
+
+def plan_pieces(
+    files: Iterable[FileEntry],
+    parallelism: int,
+    *,
+    target_task_bytes: int = DEFAULT_TASK_BYTES,
+    max_files_per_task: int = MAX_FILES_PER_TASK,
+    split_files: bool = False,
+    lookahead: int = LOOKAHEAD,
+) -> Iterator[list[FilePiece]]:
+    """Groups of pieces, one group per read task, produced while ``files`` is still being listed."""
+    it = iter(files)
+    head: list[FileEntry] = []
+    for entry in it:
+        head.append(entry)
+        if len(head) >= lookahead:
+            break
+    if not head:
+        return
+    total = sum(e.size or 0 for e in head)
+    per_task = max(1, min(target_task_bytes, math.ceil(total / max(1, parallelism))))
+    files_cap = max(1, min(max_files_per_task, math.ceil(len(head) / max(1, parallelism))))
+    if len(head) >= lookahead:
+        files_cap = max_files_per_task
+    group: list[FilePiece] = []
+    group_bytes = 0
+    for entry in _chain(head, it):
+        size = entry.size or 0
+        if split_files and size > per_task * 1.5:
+            if group:
+                yield group
+                group, group_bytes = [], 0
+            count = math.ceil(size / per_task)
+            for index in range(count):
+                yield [FilePiece(entry, index, count)]
+            continue
+        group.append(FilePiece(entry))
+        group_bytes += size
+        if group_bytes >= per_task or len(group) >= files_cap:
+            yield group
+            group, group_bytes = [], 0
+    if group:
+        yield group
+
+
+def _chain(head: list[FileEntry], rest: Iterator[FileEntry]) -> Iterator[FileEntry]:
+    yield from head
+    yield from rest
+
+
+def split_table(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:
+    """``table`` cut into row slices of at most about ``max_bytes`` each."""
+    if table.num_rows == 0 or table.nbytes <= max_bytes:
+        yield table
+        return
+    rows = max(1, int(table.num_rows * max_bytes / table.nbytes))
+    for start in range(0, table.num_rows, rows):
+        yield table.slice(start, rows)
+
+
+def coalesce(tables: Iterable[pa.Table], max_bytes: int) -> Iterator[pa.Table]:
+    """Small tables concatenated into blocks of up to ``max_bytes``; big ones cut to size."""
+    pending: list[pa.Table] = []
+    pending_bytes = 0
+    for table in tables:
+        if pending and (pending_bytes + table.nbytes > max_bytes or not pending[0].schema.equals(table.schema)):
+            yield pa.concat_tables(pending)
+            pending, pending_bytes = [], 0
+        if table.nbytes >= max_bytes:
+            yield from split_table(table, max_bytes)
+            continue
+        pending.append(table)
+        pending_bytes += table.nbytes
+    if pending:
+        yield pa.concat_tables(pending)
+
+
+class FileDatasource(Datasource):
+    """Base class for sources that read whole files; subclasses implement ``_read_file``.
+
+    ``paths``: a file, folder, glob, or list of them (local or ``s3://``). ``filesystem``: a
+    pyarrow or fsspec filesystem to use instead of the one the paths imply. ``file_extensions``:
+    which files of a folder to read (None: all). ``include_paths``: add a ``path`` column.
+    ``partitioning``: ``"hive"``, a schema of partition fields, or None.
+    """
+
+    FILE_EXTENSIONS: tuple[str, ...] | None = None
+    DEFAULT_PARTITIONING: Partitioning = None
+
+    def __init__(
+        self,
+        paths: PathArg,
+        *,
+        filesystem: Any = None,
+        file_extensions: Sequence[str] | None | str = "default",
+        include_paths: bool = False,
+        partitioning: Partitioning | str = "default",
+        target_task_bytes: int = DEFAULT_TASK_BYTES,
+    ) -> None:
+        extensions = self.FILE_EXTENSIONS if file_extensions == "default" else file_extensions
+        self._partitioning = self.DEFAULT_PARTITIONING if partitioning == "default" else partitioning
+        check_partitioning(self._partitioning)
+        self._files: FileSet = resolve_files(paths, filesystem=filesystem, extensions=extensions)  # type: ignore[arg-type]
+        self._include_paths = include_paths
+        self._target_task_bytes = target_task_bytes
+        self._retry_policy: RetryPolicy = default_retry_policy()
+
+    @property
+    def file_set(self) -> FileSet:
+        """The resolved filesystem and roots."""
+        return self._files
+
+    def _split_files(self) -> bool:
+        return False
+
+    def _partition_schema(self, first: FileEntry | None) -> pa.Schema | None:
+        if first is None:
+            return partition_schema(self._partitioning, None, None)
+        return partition_schema(self._partitioning, first.path, first.root)
+
+    def get_read_tasks(self, parallelism: int) -> Iterator[ReadTask]:
+        """Read tasks, yielded while the listing is still running."""
+        files = self._files.iter_files()
+        first = next(files, None)
+        if first is None:
+            return
+        part_schema = self._partition_schema(first)
+        for group in plan_pieces(
+            _chain([first], files),
+            parallelism,
+            target_task_bytes=self._target_task_bytes,
+            split_files=self._split_files(),
+        ):
+            displays = tuple(self._files.display(p.entry.path) for p in group)
+            metadata = BlockMetadata(
+                num_rows=None,
+                size_bytes=sum(p.size for p in group),
+                input_files=tuple(dict.fromkeys(displays)),
+                schema=None,
+            )
+            yield ReadTask(functools.partial(self._read_pieces, tuple(group), part_schema), metadata)
+
+    def _read_pieces(self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None) -> Iterator[pa.Table]:
+        retrier = Retrier(self._retry_policy)
+        yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), DEFAULT_BLOCK_BYTES)
+
+    def _iter_piece_tables(
+        self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None, retrier: Retrier
+    ) -> Iterator[pa.Table]:
+        fs = self._files.filesystem
+        for piece in pieces:
+            entry = piece.entry
+            display = self._files.display(entry.path)
+            values = typed_values(part_schema, entry.path, entry.root, display) if part_schema else {}
+            for table in self._read_file_checked(fs, piece, display, retrier):
+                if values:
+                    table = append_partition_columns(table, values)
+                if self._include_paths:
+                    table = table.append_column("path", pa.array([display] * table.num_rows, pa.string()))
+                yield table
+
+    def _read_file_checked(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
+        try:
+            yield from self._read_file(fs, piece, display, retrier)
+        except (FileFormatError, PathNotFoundError, AccessDeniedError, RetriesExhaustedError):
+            raise
+        except (pa.ArrowException, ValueError, UnicodeDecodeError, OSError) as exc:
+            raise FileFormatError(f"could not read as {self.get_name()}: {exc}", path=display) from exc
+
+    def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
+        """Tables read from one file (or piece); implemented by each format."""
+        raise NotImplementedError
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        """Not known without listing everything; None."""
+        return None

@@ -1,0 +1,286 @@
+"""Paths to files: resolve a filesystem, check the paths exist, and list files as a stream.
+
+``resolve_files(paths, filesystem=None, extensions=...)`` turns what a user passes to ``read_*``
+(a path or URI, a folder, a glob, a list of them; ``s3://`` or local) into a ``FileSet``. It checks
+every path at once (a missing one raises ``PathNotFoundError`` naming it; a folder without a
+matching file says so) but lists nothing more: ``FileSet.iter_files()`` is a generator, walking
+local folders with ``os.scandir`` and S3 one 1,000-key page at a time, so a folder of 100,000
+files yields its first file in milliseconds.
+
+Rules for folders: recursive; files and folders whose name starts with ``.`` or ``_`` are
+skipped (``_SUCCESS``, ``.crc``, our own ``_staging-*`` folders); only files with one of the
+format's extensions are kept, optionally followed by a compression suffix (``.csv.gz``).
+Files named explicitly or matched by a glob are always read. ``**`` in a glob matches any depth.
+
+Every filesystem is a ``pyarrow.fs.FileSystem``; fsspec filesystems (s3fs included) are wrapped
+in ``PyFileSystem(FSSpecHandler(...))``. s3fs is imported only when an ``s3://`` path is seen.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from connectors.errors import PathNotFoundError
+from connectors.retry import Retrier
+
+PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4", ".br")
+_GLOB_CHARS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file to read: its path on the filesystem, its size, and the root it was found under."""
+
+    path: str
+    size: int | None
+    root: str
+
+
+@dataclass(frozen=True)
+class FileSet:
+    """Resolved input: a filesystem, normalized roots, and the rule for which files count.
+
+    Picklable; ``iter_files()`` lists lazily and may be called again (it lists again).
+    """
+
+    filesystem: pafs.FileSystem
+    roots: tuple[str, ...]
+    uri_prefix: str = ""
+    extensions: tuple[str, ...] | None = None
+
+    def display(self, path: str) -> str:
+        """``path`` as the user would write it (``s3://bucket/key`` for S3)."""
+        return self.uri_prefix + path
+
+    def iter_files(self) -> Iterator[FileEntry]:
+        """Every file to read, root by root, in a stable order (sorted within each folder)."""
+        for root in self.roots:
+            yield from self._iter_root(root)
+
+    def check(self, retrier: Retrier | None = None) -> None:
+        """Raise ``PathNotFoundError`` for a root that does not exist or holds no file to read."""
+        retrier = retrier or Retrier()
+        for root in self.roots:
+            if _has_glob(root):
+                base = _glob_base(root)
+                info = self._info(base, retrier)
+                if info.type == pafs.FileType.NotFound:
+                    raise PathNotFoundError("no such folder for this glob", path=self.display(root))
+                if next(self._iter_root(root), None) is None:
+                    raise PathNotFoundError("the glob matched no files", path=self.display(root))
+                continue
+            info = self._info(root, retrier)
+            if info.type == pafs.FileType.NotFound:
+                raise PathNotFoundError("no such file or folder", path=self.display(root))
+            if info.type == pafs.FileType.Directory and next(self._iter_root(root), None) is None:
+                wanted = "/".join(self.extensions) if self.extensions else "any"
+                msg = (
+                    f"the folder holds no files to read (looked for {wanted} files, recursively; "
+                    "names starting with '.' or '_' are skipped)"
+                )
+                raise PathNotFoundError(msg, path=self.display(root))
+
+    def _info(self, path: str, retrier: Retrier) -> pafs.FileInfo:
+        return retrier.call(lambda: self.filesystem.get_file_info(path), path=self.display(path), action="look up")
+
+    def _iter_root(self, root: str) -> Iterator[FileEntry]:
+        if _has_glob(root):
+            base = _glob_base(root)
+            pattern = _split(root)[len(_split(base)) :]
+            for path, size in self._walk(base):
+                if _glob_match(pattern, _split(_relative(path, base))):
+                    yield FileEntry(path, size, base)
+            return
+        info = self.filesystem.get_file_info(root)
+        if info.type == pafs.FileType.File:
+            yield FileEntry(root, info.size, _parent(root))
+            return
+        for path, size in self._walk(root):
+            relative = _split(_relative(path, root))
+            if any(part.startswith((".", "_")) for part in relative):
+                continue
+            if self.extensions is None or _has_extension(relative[-1], self.extensions):
+                yield FileEntry(path, size, root)
+
+    def _walk(self, root: str) -> Iterator[tuple[str, int | None]]:
+        fs = self.filesystem
+        if isinstance(fs, pafs.LocalFileSystem):
+            yield from _walk_local(root)
+            return
+        inner = _fsspec_of(fs)
+        if inner is not None and type(inner).__module__.startswith(("s3fs", "connectors.s3_filesystem")):
+            from connectors.s3_filesystem import iter_s3_objects
+
+            yield from iter_s3_objects(inner, root, Retrier())
+            return
+        yield from _walk_pyarrow(fs, root)
+
+
+def resolve_files(
+    paths: PathArg,
+    *,
+    filesystem: Any = None,
+    extensions: Sequence[str] | None = None,
+    check: bool = True,
+) -> FileSet:
+    """A checked ``FileSet`` for ``paths``; see the module docstring for the rules."""
+    raw = [os.fspath(paths)] if isinstance(paths, str | os.PathLike) else [os.fspath(p) for p in paths]
+    if not raw:
+        raise ValueError("no paths given: pass a file, a folder, a glob or a list of them")
+    fs, roots, prefix = resolve_filesystem(raw, filesystem)
+    exts = tuple(e if e.startswith(".") else f".{e}" for e in extensions) if extensions is not None else None
+    file_set = FileSet(fs, tuple(roots), prefix, exts)
+    if check:
+        file_set.check()
+    return file_set
+
+
+def resolve_filesystem(paths: list[str], filesystem: Any = None) -> tuple[pafs.FileSystem, list[str], str]:
+    """``(filesystem, paths without scheme, uri prefix)``; every path must use the same scheme."""
+    schemes = {_scheme(p) for p in paths}
+    if len(schemes) > 1:
+        raise ValueError(f"all paths must be on one filesystem, got schemes {sorted(schemes)}: {paths}")
+    scheme = schemes.pop()
+    stripped = [p.split("://", 1)[1] if "://" in p else p for p in paths]
+    prefix = f"{scheme}://" if scheme not in ("", "file") else ""
+    if filesystem is not None:
+        return as_pyarrow_filesystem(filesystem), [p.rstrip("/") or p for p in stripped], prefix
+    if scheme in ("", "file"):
+        return pafs.LocalFileSystem(), [os.path.abspath(os.path.expanduser(p)) for p in stripped], ""
+    if scheme in ("s3", "s3a"):
+        from connectors.s3_filesystem import make_s3_filesystem
+
+        return as_pyarrow_filesystem(make_s3_filesystem()), [p.rstrip("/") for p in stripped], "s3://"
+    import fsspec
+
+    return as_pyarrow_filesystem(fsspec.filesystem(scheme)), [p.rstrip("/") for p in stripped], prefix
+
+
+def as_pyarrow_filesystem(filesystem: Any) -> pafs.FileSystem:
+    """``filesystem`` itself if it is a pyarrow one, else an fsspec one wrapped for pyarrow."""
+    if isinstance(filesystem, pafs.FileSystem):
+        return filesystem
+    try:
+        from fsspec import AbstractFileSystem
+    except ImportError:  # pragma: no cover - fsspec is a dependency
+        AbstractFileSystem = ()  # type: ignore[assignment,misc]
+    if isinstance(filesystem, AbstractFileSystem):
+        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
+    raise TypeError(f"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, got {filesystem!r}")
+
+
+def read_file_bytes(fs: pafs.FileSystem, path: str, retrier: Retrier, display: str, *, decompress: bool = True) -> bytes:
+    """The whole file, retried as a unit; decompressed by extension (``.gz``...) when asked."""
+    compression = "detect" if decompress else None
+
+    def read() -> bytes:
+        with fs.open_input_stream(path, compression=compression) as stream:
+            return stream.read()
+
+    return retrier.call(read, path=display)
+
+
+def open_input_file(fs: pafs.FileSystem, path: str, retrier: Retrier, display: str) -> pa.NativeFile:
+    """A random-access handle on ``path`` (opening is retried; later reads are the caller's)."""
+    return retrier.call(lambda: fs.open_input_file(path), path=display, action="open")
+
+
+def _fsspec_of(fs: pafs.FileSystem) -> Any:
+    if isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, pafs.FSSpecHandler):
+        return fs.handler.fs
+    return None
+
+
+def _walk_local(root: str) -> Iterator[tuple[str, int | None]]:
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except NotADirectoryError:
+            continue
+        subfolders = []
+        for entry in entries:
+            if entry.is_dir():
+                if not entry.name.startswith((".", "_")):
+                    subfolders.append(entry.path)
+            elif entry.is_file():
+                yield entry.path, entry.stat().st_size
+        stack.extend(reversed(subfolders))
+
+
+def _walk_pyarrow(fs: pafs.FileSystem, root: str) -> Iterator[tuple[str, int | None]]:
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        infos = sorted(fs.get_file_info(pafs.FileSelector(folder, recursive=False)), key=lambda i: i.path)
+        subfolders = []
+        for info in infos:
+            if info.type == pafs.FileType.Directory:
+                if not info.base_name.startswith((".", "_")):
+                    subfolders.append(info.path)
+            elif info.type == pafs.FileType.File:
+                yield info.path, info.size
+        stack.extend(reversed(subfolders))
+
+
+def _scheme(path: str) -> str:
+    if "://" not in path:
+        return ""
+    return path.split("://", 1)[0].lower()
+
+
+def _has_glob(path: str) -> bool:
+    return any(c in _GLOB_CHARS for c in path)
+
+
+def _glob_base(pattern: str) -> str:
+    parts = _split(pattern)
+    base: list[str] = []
+    for part in parts:
+        if _has_glob(part):
+            break
+        base.append(part)
+    joined = "/".join(base)
+    return ("/" + joined) if pattern.startswith("/") else joined
+
+
+def _glob_match(pattern: list[str], parts: list[str]) -> bool:
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_glob_match(pattern[1:], parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_match(pattern[1:], parts[1:])
+
+
+def _split(path: str) -> list[str]:
+    return [p for p in path.replace(os.sep, "/").split("/") if p]
+
+
+def _relative(path: str, root: str) -> str:
+    path, root = path.replace(os.sep, "/"), root.replace(os.sep, "/").rstrip("/")
+    return path[len(root) + 1 :] if path.startswith(root + "/") else path
+
+
+def _parent(path: str) -> str:
+    path = path.replace(os.sep, "/")
+    return path.rsplit("/", 1)[0] if "/" in path else ""
+
+
+def _has_extension(name: str, extensions: tuple[str, ...]) -> bool:
+    lower = name.lower()
+    for suffix in ("", *COMPRESSION_SUFFIXES):
+        stem = lower.removesuffix(suffix) if suffix else lower
+        if (not suffix or stem != lower) and stem.endswith(extensions):
+            return True
+    return False

@@ -1,0 +1,348 @@
+"""Parquet: read tasks by bytes and row groups, with columns and filters pushed into the reader.
+
+Listing never opens a file: tasks are planned from file sizes (``FileDatasource``). Many small
+files share a task; a file bigger than a task is split into byte ranges, and the task for range
+``i`` reads the row groups that *start* in that range (as Hadoop splits do), so each row group is
+read exactly once and no footer is read on the driver. Each task then, per file:
+
+1. reads the footer and checks the file's schema against the dataset's (``SchemaMismatchError``
+   naming the file and the column when they differ; a corrupt or truncated file raises
+   ``FileFormatError`` naming it);
+2. prunes row groups with the filter: ``ParquetFileFragment.subset(filter=...)`` compares the
+   filter with each row group's min/max statistics and with the file's hive partition values, so
+   a row group (or a whole partition folder) that cannot match is never read. The number read and
+   skipped is added to ``connectors.io_stats`` (``row_groups_read``, ``row_groups_skipped``);
+3. reads the remaining row groups one at a time, only the projected columns, applying the filter
+   to rows, with page CRCs verified. Each row group is retried as a unit (``Retrier.iterate``), so
+   a dropped connection never duplicates or loses rows.
+
+``count_rows()`` adds up ``num_rows`` from the footers (read in a thread pool) without reading any
+data; with a filter it is None. ``schema()`` reads one footer.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from connectors import io_stats
+from connectors.errors import FileFormatError, SchemaMismatchError
+from connectors.file_datasink import FileDatasink, combine
+from connectors.file_datasource import LOOKAHEAD, FileDatasource, FilePiece
+from connectors.filesystem import FileEntry, open_input_file
+from connectors.partitioning import partition_expression, typed_values
+from connectors.retry import Retrier
+
+PARQUET_EXTENSIONS = (".parquet", ".parq", ".pq")
+FOOTER_THREADS = 16
+
+
+def parquet_file_format() -> pads.ParquetFileFormat:
+    """The reader settings every task uses: page checksums verified, I/O coalesced."""
+    scan_options = pads.ParquetFragmentScanOptions(page_checksum_verification=True, pre_buffer=True)
+    return pads.ParquetFileFormat(default_fragment_scan_options=scan_options)
+
+
+def row_group_start(row_group: pq.RowGroupMetaData) -> int:
+    """Byte offset where a row group starts in its file (its first column chunk's first page)."""
+    column = row_group.column(0)
+    offsets = [column.data_page_offset]
+    if column.has_dictionary_page and column.dictionary_page_offset:
+        offsets.append(column.dictionary_page_offset)
+    return min(o for o in offsets if o is not None)
+
+
+class ParquetDatasource(FileDatasource):
+    """Parquet files (a file, folder, glob, or list; local or ``s3://``).
+
+    ``columns``: read only these (partition columns and ``path`` allowed). ``filter``: a
+    ``pyarrow.compute`` / ``pyarrow.dataset`` expression applied while reading. ``partitioning``:
+    ``"hive"`` (default), a schema of partition fields, or None. ``include_paths``: add a ``path``
+    column. ``schema``: the files' schema (without partition columns); files are cast to it,
+    which also reconciles files that differ. Otherwise the first file's schema is the dataset's.
+    """
+
+    FILE_EXTENSIONS = PARQUET_EXTENSIONS
+    DEFAULT_PARTITIONING = "hive"
+
+    def __init__(
+        self,
+        paths: Any,
+        *,
+        columns: Sequence[str] | None = None,
+        filter: pc.Expression | None = None,
+        filesystem: Any = None,
+        partitioning: Any = "hive",
+        include_paths: bool = False,
+        schema: pa.Schema | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            paths, filesystem=filesystem, partitioning=partitioning, include_paths=include_paths, **kwargs
+        )
+        if filter is not None and not isinstance(filter, pc.Expression):
+            raise TypeError(f"filter must be a pyarrow.compute.Expression, got {type(filter).__name__}")
+        self._columns = list(columns) if columns is not None else None
+        self._filter = filter
+        self._user_schema = schema
+        self._file_schema_cache: pa.Schema | None = schema
+
+    def get_name(self) -> str:
+        """``ReadParquet``."""
+        return "ReadParquet"
+
+    def _split_files(self) -> bool:
+        return True
+
+    # ----- driver-side: schema, counts, pushdown -------------------------------------------
+
+    def _first_file(self) -> FileEntry | None:
+        return next(self._files.iter_files(), None)
+
+    def _file_schema(self, first: FileEntry | None) -> pa.Schema | None:
+        if self._file_schema_cache is None and first is not None:
+            self._file_schema_cache = _read_footer(self._files.filesystem, first, self._display(first), Retrier()).schema.to_arrow_schema()
+        return self._file_schema_cache
+
+    def _display(self, entry: FileEntry) -> str:
+        return self._files.display(entry.path)
+
+    def _dataset_schema(self, first: FileEntry | None) -> pa.Schema | None:
+        file_schema = self._file_schema(first)
+        if file_schema is None:
+            return None
+        part = self._partition_schema(first)
+        fields = list(file_schema)
+        if part is not None:
+            fields += [f for f in part if f.name not in file_schema.names]
+        return pa.schema(fields, metadata=file_schema.metadata)
+
+    def schema(self) -> pa.Schema | None:
+        """The output schema (projected; partition and ``path`` columns included), from one footer."""
+        full = self._dataset_schema(self._first_file())
+        if full is None:
+            return None
+        if self._include_paths:
+            full = full.append(pa.field("path", pa.string()))
+        if self._columns is None:
+            return full
+        missing = [c for c in self._columns if c not in full.names]
+        if missing:
+            raise ValueError(f"columns {missing} are not in the data; available: {full.names}")
+        return pa.schema([full.field(c) for c in self._columns], metadata=full.metadata)
+
+    def count_rows(self) -> int | None:
+        """Rows in all files, from their footers; None when a filter is set."""
+        if self._filter is not None:
+            return None
+        fs = self._files.filesystem
+        entries = list(self._files.iter_files())
+        read = functools.partial(_footer_rows, fs, retrier=Retrier(self._retry_policy), display=self._display)
+        with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, max(1, len(entries)))) as pool:
+            return sum(pool.map(read, entries))
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        """On-disk bytes times the first file's decoded/encoded ratio; None for huge listings."""
+        entries = []
+        for entry in self._files.iter_files():
+            entries.append(entry)
+            if len(entries) > LOOKAHEAD:
+                return None
+        if not entries:
+            return 0
+        metadata = _read_footer(self._files.filesystem, entries[0], self._display(entries[0]), Retrier())
+        encoded = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+        ratio = max(1.0, encoded / max(1, entries[0].size or 1))
+        return int(sum(e.size or 0 for e in entries) * ratio)
+
+    def apply_projection(self, columns: list[str]) -> ParquetDatasource:
+        """A copy reading only ``columns``."""
+        if self._columns is not None:
+            extra = [c for c in columns if c not in self._columns]
+            if extra:
+                raise ValueError(f"columns {extra} were already projected away; available: {self._columns}")
+        clone = copy.copy(self)
+        clone._columns = list(columns)
+        return clone
+
+    def apply_filter(self, expr: Any) -> ParquetDatasource:
+        """A copy applying ``expr`` (and any filter already set) while reading."""
+        if not isinstance(expr, pc.Expression):
+            raise TypeError(f"filter must be a pyarrow.compute.Expression, got {type(expr).__name__}")
+        clone = copy.copy(self)
+        clone._filter = expr if self._filter is None else (self._filter & expr)
+        return clone
+
+    def get_read_tasks(self, parallelism: int) -> Iterator[Any]:
+        """Read tasks, planned from the listing; the dataset schema comes from one footer."""
+        first = self._first_file()
+        self._file_schema(first)  # fixed on the driver, so every task checks against the same schema
+        return super().get_read_tasks(parallelism)
+
+    # ----- worker-side: reading ----------------------------------------------------------
+
+    def _iter_piece_tables(
+        self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None, retrier: Retrier
+    ) -> Iterator[pa.Table]:
+        fs = self._files.filesystem
+        fmt = parquet_file_format()
+        for piece in pieces:
+            display = self._display(piece.entry)
+            values = typed_values(part_schema, piece.entry.path, piece.entry.root, display) if part_schema else {}
+            try:
+                for table in retrier.iterate(
+                    functools.partial(self._open_row_groups, fmt, fs, piece, display, part_schema, values),
+                    path=display,
+                ):
+                    if self._include_paths and (self._columns is None or "path" in self._columns):
+                        table = table.append_column("path", pa.array([display] * table.num_rows, pa.string()))
+                    yield table
+            except (FileFormatError, OSError) as exc:
+                if isinstance(exc, FileFormatError) or _is_data_error(exc):
+                    raise _format_error(exc, display) from exc
+                raise
+            except (pa.ArrowException, ValueError) as exc:
+                raise _format_error(exc, display) from exc
+
+    def _open_row_groups(
+        self,
+        fmt: pads.ParquetFileFormat,
+        fs: Any,
+        piece: FilePiece,
+        display: str,
+        part_schema: pa.Schema | None,
+        values: dict[str, pa.Scalar],
+    ) -> Iterator[pa.Table]:
+        fragment = fmt.make_fragment(piece.entry.path, fs, partition_expression=partition_expression(values))
+        metadata = fragment.metadata
+        expected = self._file_schema_cache
+        assert expected is not None, "get_read_tasks fixes the schema before tasks run"
+        self._check_schema(fragment.physical_schema, expected, display)
+        dataset_schema = expected
+        if part_schema is not None:
+            dataset_schema = pa.schema(list(expected) + [f for f in part_schema if f.name not in expected.names])
+        ids = list(range(metadata.num_row_groups))
+        if piece.count > 1:
+            size = piece.entry.size or 0
+            lo, hi = size * piece.index // piece.count, size * (piece.index + 1) // piece.count
+            ids = [i for i in ids if lo <= row_group_start(metadata.row_group(i)) < hi]
+        kept = ids
+        if self._filter is not None and ids:
+            matching = fragment.subset(filter=self._filter, schema=dataset_schema)
+            matching_ids = {rg.id for rg in matching.row_groups}
+            kept = [i for i in ids if i in matching_ids]
+        io_stats.record(files_read=1, row_groups_read=len(kept), row_groups_skipped=len(ids) - len(kept))
+        columns = [c for c in self._columns if c != "path"] if self._columns is not None else None
+        for rg_id in kept:
+            table = fragment.subset(row_group_ids=[rg_id]).to_table(
+                schema=dataset_schema, columns=columns, filter=self._filter
+            )
+            io_stats.record(bytes_read=metadata.row_group(rg_id).total_byte_size)
+            yield table
+
+    def _check_schema(self, physical: pa.Schema, expected: pa.Schema, display: str) -> None:
+        names = self._columns if self._columns is not None else expected.names
+        for name in names:
+            if name not in expected.names:
+                continue  # a partition or path column
+            want = expected.field(name).type
+            if name not in physical.names:
+                msg = f"the file has no column {name!r} ({want}) that the dataset's schema has"
+                raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=name)
+            got = physical.field(name).type
+            if got != want and self._user_schema is None:
+                msg = f"column {name!r} is {got} here but {want} in the dataset's schema (from the first file)"
+                raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=name)
+        if self._columns is None and self._user_schema is None:
+            extra = [n for n in physical.names if n not in expected.names]
+            if extra:
+                msg = f"the file has columns {extra} that the first file does not"
+                raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=extra[0])
+
+
+_SCHEMA_HINT = "; pass schema=... to read files with different schemas as one"
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    """An OSError from decoding (corrupt pages, bad CRC), not from storage."""
+    text = str(exc).lower()
+    return any(m in text for m in ("corrupt", "checksum", "page integrity", "decompress", "parquet", "thrift"))
+
+
+def _format_error(exc: BaseException, display: str) -> FileFormatError:
+    if isinstance(exc, FileFormatError):
+        return exc
+    return FileFormatError(f"not a readable Parquet file ({type(exc).__name__}: {exc})", path=display)
+
+
+def _read_footer(fs: Any, entry: FileEntry, display: str, retrier: Retrier) -> pq.FileMetaData:
+    def read() -> pq.FileMetaData:
+        with open_input_file(fs, entry.path, retrier, display) as handle:
+            return pq.read_metadata(handle)
+
+    try:
+        return retrier.call(read, path=display, action="read the footer")
+    except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, pa.ArrowInvalid) or _is_data_error(exc):
+            raise _format_error(exc, display) from exc
+        raise
+
+
+def _footer_rows(fs: Any, entry: FileEntry, *, retrier: Retrier, display: Any) -> int:
+    return _read_footer(fs, entry, display(entry), retrier).num_rows
+
+
+class ParquetDatasink(FileDatasink):
+    """Parquet files under ``path`` (local or ``s3://``), committed atomically on success.
+
+    Pages carry CRC checksums (``write_page_checksum=True``) that readers here verify.
+    ``partition_cols`` writes hive folders; ``min_rows_per_file`` makes the engine bundle blocks;
+    ``max_rows_per_file`` caps each file.
+    """
+
+    EXTENSION = ".parquet"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        partition_cols: Sequence[str] | None = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        filesystem: Any = None,
+        compression: str = "snappy",
+        row_group_size: int | None = None,
+    ) -> None:
+        super().__init__(
+            path,
+            partition_cols=partition_cols,
+            min_rows_per_file=min_rows_per_file,
+            max_rows_per_file=max_rows_per_file,
+            filesystem=filesystem,
+        )
+        self._compression = compression
+        self._row_group_size = row_group_size
+
+    def get_name(self) -> str:
+        """``WriteParquet``."""
+        return "WriteParquet"
+
+    def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
+        table = combine(tables)
+        out = pa.BufferOutputStream()
+        pq.write_table(
+            table,
+            out,
+            compression=self._compression,
+            row_group_size=self._row_group_size,
+            write_page_checksum=True,
+        )
+        return out.getvalue()

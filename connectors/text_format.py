@@ -1,0 +1,35 @@
+"""Text files: one row per line, in a column named ``text``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from connectors.file_datasource import FileDatasource, FilePiece
+from connectors.filesystem import read_file_bytes
+from connectors.retry import Retrier
+
+
+class TextDatasource(FileDatasource):
+    """Lines of text files (``\\n`` or ``\\r\\n``), decoded with ``encoding``.
+
+    ``drop_empty_lines`` (default True, as in Ray Data) leaves out lines that are empty.
+    """
+
+    FILE_EXTENSIONS = None
+
+    def __init__(
+        self, paths: Any, *, encoding: str = "utf-8", drop_empty_lines: bool = True, **kwargs: Any
+    ) -> None:
+        super().__init__(paths, **kwargs)
+        self._encoding = encoding
+        self._drop_empty_lines = drop_empty_lines
+
+    def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
+        data = read_file_bytes(fs, piece.entry.path, retrier, display)
+        lines = data.decode(self._encoding).splitlines()
+        if self._drop_empty_lines:
+            lines = [line for line in lines if line]
+        yield pa.table({"text": pa.array(lines, pa.string())})

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from connectors.errors import FileFormatError
+from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import FileDatasource, FilePiece
 from connectors.filesystem import read_file_bytes
 from connectors.retry import Retrier
@@ -124,3 +125,18 @@ def _bad_line(data: bytes, read_options: pacsv.ReadOptions, parse_options: pacsv
         if row and len(row) != expected:
             return reader.line_num
     return None
+
+
+class CSVDatasink(FileDatasink):
+    """CSV files (with a header) under ``path``, staged and committed like every file sink."""
+
+    EXTENSION = ".csv"
+
+    def __init__(self, path: str, *, write_options: pacsv.WriteOptions | None = None, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self._write_options = write_options
+
+    def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
+        out = pa.BufferOutputStream()
+        pacsv.write_csv(combine(tables), out, self._write_options)
+        return out.getvalue()

@@ -8,6 +8,9 @@ naming the file, the row (1-based) and, for a type change, the column.
 
 from __future__ import annotations
 
+import base64
+import datetime
+import decimal
 import json as stdlib_json
 import re
 from collections.abc import Iterator
@@ -17,6 +20,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from connectors.errors import FileFormatError
+from connectors.file_datasink import FileDatasink
 from connectors.file_datasource import FileDatasource, FilePiece
 from connectors.filesystem import read_file_bytes
 from connectors.retry import Retrier
@@ -77,3 +81,32 @@ def parse_json(
             row=int(row.group(1)) + 1 if row else None,
             column=column.group(1) if column and column.group(1) else None,
         ) from exc
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+class JSONDatasink(FileDatasink):
+    """JSON Lines files (one object per row) under ``path``, staged and committed.
+
+    Bytes are written as base64, dates and times as ISO 8601 strings, decimals as strings.
+    """
+
+    EXTENSION = ".json"
+
+    def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
+        lines = [
+            stdlib_json.dumps(row, default=_json_default, ensure_ascii=False)
+            for table in tables
+            for row in table.to_pylist()
+        ]
+        return pa.py_buffer(("\n".join(lines) + "\n").encode())

@@ -1,0 +1,226 @@
+"""Parquet source and sink on local files: pushdown, splitting, counts, bad input, atomic commit."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from connector_testing import read_all
+
+from connectors import io_stats
+from connectors.base import TaskContext
+from connectors.errors import FileFormatError, PathNotFoundError, SchemaMismatchError
+from connectors.parquet_format import ParquetDatasink, ParquetDatasource
+
+
+def _table(n: int, start: int = 0) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()), "name": [f"n{i}" for i in range(start, start + n)]})
+
+
+def _write(table: pa.Table, dest: Path, **kwargs) -> ParquetDatasink:
+    sink = ParquetDatasink(str(dest), **kwargs)
+    sink.on_write_start()
+    result = sink.write(iter([table]), TaskContext(0))
+    sink.on_write_complete([result])
+    return sink
+
+
+def test_round_trip_through_sink_and_source(tmp_path: Path) -> None:
+    sink = _write(_table(1000), tmp_path / "out", max_rows_per_file=300)
+    assert len(sink.written_files) == 4
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(os.path.basename(f) for f in sink.written_files)
+    source = ParquetDatasource(str(tmp_path / "out"))
+    assert source.count_rows() == 1000
+    assert source.schema() == pa.schema([("id", pa.int64()), ("name", pa.string())])
+    out = read_all(source)
+    assert sorted(out["id"].to_pylist()) == list(range(1000))
+
+
+def test_hive_partitions_become_typed_columns_and_filters_prune(tmp_path: Path) -> None:
+    table = _table(600).append_column("year", pa.array([2020 + i % 3 for i in range(600)]))
+    _write(table, tmp_path / "p", partition_cols=["year"])
+    assert sorted(os.listdir(tmp_path / "p")) == ["year=2020", "year=2021", "year=2022"]
+    source = ParquetDatasource(str(tmp_path / "p"))
+    assert source.schema().field("year").type == pa.int64()
+    io_stats.snapshot(reset=True)
+    out = read_all(source.apply_filter(pc.field("year") == 2021))
+    assert out.num_rows == 200 and set(out["year"].to_pylist()) == {2021}
+    stats = io_stats.snapshot()
+    assert stats["row_groups_read"] == 1 and stats["row_groups_skipped"] == 2
+
+
+def test_filter_skips_row_groups_by_statistics(tmp_path: Path) -> None:
+    pq.write_table(_table(10_000), tmp_path / "f.parquet", row_group_size=1000)
+    source = ParquetDatasource(str(tmp_path / "f.parquet"), filter=pc.field("id") >= 9500, columns=["id"])
+    io_stats.snapshot(reset=True)
+    out = read_all(source)
+    assert out.column_names == ["id"]
+    assert out["id"].to_pylist() == list(range(9500, 10_000))
+    stats = io_stats.snapshot()
+    assert stats["row_groups_read"] == 1 and stats["row_groups_skipped"] == 9
+    assert source.count_rows() is None  # a filter makes the footer count wrong
+
+
+def test_projection_and_include_paths(tmp_path: Path) -> None:
+    pq.write_table(_table(10), tmp_path / "a.parquet")
+    source = ParquetDatasource(str(tmp_path), include_paths=True).apply_projection(["name", "path"])
+    assert source.schema().names == ["name", "path"]
+    out = read_all(source)
+    assert out.column_names == ["name", "path"]
+    assert set(out["path"].to_pylist()) == {str(tmp_path / "a.parquet")}
+    with pytest.raises(ValueError, match="nope"):
+        ParquetDatasource(str(tmp_path), columns=["nope"]).schema()
+
+
+def test_big_file_is_split_by_row_groups_exactly_once(tmp_path: Path) -> None:
+    pq.write_table(_table(20_000), tmp_path / "big.parquet", row_group_size=1000)
+    size = (tmp_path / "big.parquet").stat().st_size
+    source = ParquetDatasource(str(tmp_path / "big.parquet"), target_task_bytes=size // 5)
+    tasks = list(source.get_read_tasks(8))
+    assert len(tasks) >= 5
+    out = read_all(source, 8)
+    assert sorted(out["id"].to_pylist()) == list(range(20_000))  # every row group read exactly once
+
+
+def test_many_small_files_are_coalesced_into_few_tasks(tmp_path: Path) -> None:
+    for i in range(40):
+        pq.write_table(_table(5, i * 5), tmp_path / f"part-{i:03d}.parquet")
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / ".part-000.parquet.crc").write_text("x")
+    source = ParquetDatasource(str(tmp_path))
+    tasks = list(source.get_read_tasks(4))
+    assert len(tasks) == 4
+    assert sum(len(t.metadata.input_files) for t in tasks) == 40
+    assert source.count_rows() == 200
+    out = read_all(source)
+    assert sorted(out["id"].to_pylist()) == list(range(200))
+    assert out.num_rows == 200
+
+
+def test_missing_path_fails_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(PathNotFoundError, match="nope.parquet") as info:
+        ParquetDatasource(str(tmp_path / "nope.parquet"))
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_empty_folder_fails_naming_the_folder(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not parquet")
+    with pytest.raises(FileNotFoundError, match="empty.*no files to read"):
+        ParquetDatasource(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_file_names_the_file(tmp_path: Path, damage: str) -> None:
+    pq.write_table(_table(100), tmp_path / "good.parquet")
+    pq.write_table(_table(100), tmp_path / "bad.parquet")
+    data = (tmp_path / "bad.parquet").read_bytes()
+    broken = {"truncate": data[: len(data) // 2], "garbage": b"not a parquet file at all", "empty": b""}[damage]
+    (tmp_path / "bad.parquet").write_bytes(broken)
+    source = ParquetDatasource(str(tmp_path), schema=_table(1).schema)
+    with pytest.raises(FileFormatError, match="bad.parquet") as info:
+        read_all(source)
+    assert isinstance(info.value, ValueError)
+    assert info.value.path == str(tmp_path / "bad.parquet")
+
+
+def test_flipped_byte_is_caught_by_page_checksums(tmp_path: Path) -> None:
+    table = pa.table({"x": pa.array(range(5000), pa.int64())})
+    _write(table, tmp_path / "out", compression="none")
+    [name] = os.listdir(tmp_path / "out")
+    path = tmp_path / "out" / name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # inside the data page
+    path.write_bytes(bytes(data))
+    with pytest.raises(FileFormatError, match=name):
+        read_all(ParquetDatasource(str(path)))
+
+
+def test_schema_mismatch_between_files_names_the_file_and_column(tmp_path: Path) -> None:
+    pq.write_table(_table(10), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": ["x"] * 10, "name": ["y"] * 10}), tmp_path / "b.parquet")
+    with pytest.raises(SchemaMismatchError, match="b.parquet.*'id'") as info:
+        read_all(ParquetDatasource(str(tmp_path)))
+    assert info.value.column == "id"
+    pq.write_table(_table(10).append_column("extra", pa.array([1] * 10)), tmp_path / "b.parquet")
+    with pytest.raises(SchemaMismatchError, match="extra"):
+        read_all(ParquetDatasource(str(tmp_path)))
+    # an explicit schema reconciles compatible files
+    pq.write_table(pa.table({"id": pa.array(range(10), pa.int32()), "name": ["y"] * 10}), tmp_path / "b.parquet")
+    out = read_all(ParquetDatasource(str(tmp_path), schema=_table(1).schema))
+    assert out.num_rows == 20 and out.schema.field("id").type == pa.int64()
+
+
+def test_partition_value_of_another_type_is_a_clear_error(tmp_path: Path) -> None:
+    for value in ("1", "abc"):
+        (tmp_path / f"k={value}").mkdir()
+        pq.write_table(_table(3), tmp_path / f"k={value}" / "f.parquet")
+    with pytest.raises(SchemaMismatchError, match="k=abc.*'abc'"):
+        read_all(ParquetDatasource(str(tmp_path)))
+    out = read_all(ParquetDatasource(str(tmp_path), partitioning=pa.schema([("k", pa.string())])))
+    assert sorted(set(out["k"].to_pylist())) == ["1", "abc"]
+
+
+def test_failed_write_leaves_nothing_and_commit_is_atomic(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    sink = ParquetDatasink(str(dest))
+    sink.on_write_start()
+    first = sink.write(iter([_table(10)]), TaskContext(0))
+    assert os.listdir(dest) == [os.path.basename(sink.staging_dir)]  # only the hidden staging folder
+    with pytest.raises(FileNotFoundError):
+        ParquetDatasource(str(dest))  # readers never see staged files
+
+    def failing_blocks():
+        yield _table(10)
+        raise RuntimeError("task died")
+
+    with pytest.raises(RuntimeError):
+        sink.write(failing_blocks(), TaskContext(1))
+    sink.on_write_failed(RuntimeError("task died"))
+    assert os.listdir(dest) == []
+    assert first.num_rows == 10
+
+
+def test_retried_task_attempt_does_not_duplicate(tmp_path: Path) -> None:
+    sink = ParquetDatasink(str(tmp_path / "out"))
+    sink.on_write_start()
+    sink.write(iter([_table(10)]), TaskContext(0, attempt=0))  # lost attempt: result never reported
+    kept = sink.write(iter([_table(10)]), TaskContext(0, attempt=1))
+    sink.on_write_complete([kept])
+    assert os.listdir(tmp_path / "out") == [os.path.basename(kept.files[0])]
+    assert read_all(ParquetDatasource(str(tmp_path / "out"))).num_rows == 10
+
+
+def test_sink_options_and_min_rows(tmp_path: Path) -> None:
+    sink = ParquetDatasink(str(tmp_path / "o"), min_rows_per_file=50)
+    assert sink.min_rows_per_write == 50
+    with pytest.raises(ValueError, match="min_rows_per_file"):
+        ParquetDatasink(str(tmp_path / "o"), min_rows_per_file=10, max_rows_per_file=5)
+    sink = ParquetDatasink(str(tmp_path / "o"), partition_cols=["missing"])
+    sink.on_write_start()
+    with pytest.raises(ValueError, match="missing"):
+        sink.write(iter([_table(3)]), TaskContext(0))
+    sink.on_write_failed(ValueError())
+
+
+def test_null_partition_values_round_trip(tmp_path: Path) -> None:
+    table = pa.table({"x": [1, 2, 3], "k": ["a", None, "b/c"]})
+    _write(table, tmp_path / "p", partition_cols=["k"])
+    out = read_all(ParquetDatasource(str(tmp_path / "p")))
+    assert sorted(zip(out["x"].to_pylist(), out["k"].to_pylist())) == [(1, "a"), (2, None), (3, "b/c")]
+
+
+def test_user_filesystem_and_glob(tmp_path: Path) -> None:
+    for i in range(3):
+        (tmp_path / f"d{i}").mkdir()
+        pq.write_table(_table(4, i * 4), tmp_path / f"d{i}" / "x.parquet")
+    source = ParquetDatasource(f"{tmp_path}/d*/*.parquet", filesystem=pafs.LocalFileSystem())
+    assert read_all(source).num_rows == 12
+    expr = pads.field("id") < 2
+    assert read_all(ParquetDatasource([str(tmp_path / "d0"), str(tmp_path / "d1")], filter=expr)).num_rows == 2

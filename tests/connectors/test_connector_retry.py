@@ -1,0 +1,193 @@
+"""retry: classification, backoff bounds, exactly-once resumption, and the AIMD limiter."""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import pickle
+import random
+
+import pytest
+
+from connectors import io_stats
+from connectors.errors import AccessDeniedError, FileFormatError, PathNotFoundError, RetriesExhaustedError
+from connectors.retry import AimdLimiter, ErrorKind, Retrier, RetryPolicy, classify
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (OSError(errno.EBUSY, "SlowDown"), ErrorKind.THROTTLED),
+        (OSError("AWS Error SLOW_DOWN during GetObject operation"), ErrorKind.THROTTLED),
+        (OSError("AWS Error UNKNOWN (HTTP status 503) during HeadObject operation"), ErrorKind.THROTTLED),
+        (RuntimeError("Please reduce your request rate."), ErrorKind.THROTTLED),
+        (TimeoutError("read timed out"), ErrorKind.TRANSIENT),
+        (ConnectionResetError(104, "Connection reset by peer"), ErrorKind.TRANSIENT),
+        (http.client.IncompleteRead(b"abc", 10), ErrorKind.TRANSIENT),
+        (FileNotFoundError("NoSuchBucket"), ErrorKind.PERMANENT),
+        (PermissionError("AccessDenied"), ErrorKind.PERMANENT),
+        (ValueError("Parquet magic bytes not found in footer"), ErrorKind.PERMANENT),
+        (KeyError("x"), ErrorKind.PERMANENT),
+    ],
+)
+def test_classify(exc: BaseException, kind: ErrorKind) -> None:
+    assert classify(exc) is kind
+
+
+def test_classify_follows_the_cause_chain() -> None:
+    try:
+        try:
+            raise ConnectionResetError("reset")
+        except ConnectionResetError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert classify(outer) is ErrorKind.TRANSIENT
+
+
+def test_backoff_is_full_jitter_and_capped() -> None:
+    policy = RetryPolicy(base_delay_s=0.1, max_delay_s=1.0)
+    rng = random.Random(0)
+    for attempt in range(1, 12):
+        cap = min(1.0, 0.1 * 2 ** (attempt - 1))
+        delays = [policy.delay(attempt, rng) for _ in range(50)]
+        assert all(0 <= d <= cap for d in delays)
+        assert max(delays) > cap / 2  # spread over the whole range, not a fixed step
+
+
+def _retrier(attempts: int = 5) -> tuple[Retrier, list[float]]:
+    sleeps: list[float] = []
+    retrier = Retrier(
+        RetryPolicy(max_attempts=attempts, base_delay_s=0.1, max_delay_s=1.0),
+        limiter=AimdLimiter(max_limit=8),
+        sleep=sleeps.append,
+        rng=random.Random(1),
+    )
+    return retrier, sleeps
+
+
+def test_transient_errors_are_retried_then_succeed() -> None:
+    retrier, sleeps = _retrier()
+    calls = iter([ConnectionResetError("reset"), TimeoutError("slow"), "ok"])
+
+    def flaky() -> str:
+        item = next(calls)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    before = io_stats.snapshot()["retries"]
+    assert retrier.call(flaky, path="s3://b/k") == "ok"
+    assert len(sleeps) == 2
+    assert io_stats.snapshot()["retries"] - before == 2
+
+
+def test_permanent_errors_fail_at_once_naming_the_path() -> None:
+    retrier, sleeps = _retrier()
+
+    def missing() -> None:
+        raise FileNotFoundError("The specified bucket does not exist")
+
+    with pytest.raises(PathNotFoundError, match="s3://nope/k") as info:
+        retrier.call(missing, path="s3://nope/k")
+    assert sleeps == []
+    assert isinstance(info.value, FileNotFoundError)
+
+    def denied() -> None:
+        raise PermissionError("Access Denied")
+
+    with pytest.raises(AccessDeniedError, match="s3://b/secret"):
+        retrier.call(denied, path="s3://b/secret")
+    assert sleeps == []
+
+
+def test_gives_up_after_max_attempts_naming_the_path() -> None:
+    retrier, sleeps = _retrier(attempts=3)
+
+    def always() -> None:
+        raise TimeoutError("timed out")
+
+    with pytest.raises(RetriesExhaustedError, match="s3://b/k.*3 attempts") as info:
+        retrier.call(always, path="s3://b/k")
+    assert len(sleeps) == 2
+    assert isinstance(info.value, OSError)
+    again = pickle.loads(pickle.dumps(info.value))
+    assert again.path == "s3://b/k" and str(again) == str(info.value)
+
+
+def test_iterate_resumes_without_duplicates() -> None:
+    retrier, sleeps = _retrier()
+    opens = 0
+
+    def stream():  # fails after item 2 on the first open, after item 4 on the second
+        nonlocal opens
+        opens += 1
+        fail_at = {1: 2, 2: 4}.get(opens)
+        for i in range(6):
+            if i == fail_at:
+                raise ConnectionResetError("cut")
+            yield i
+
+    assert list(retrier.iterate(stream, path="f")) == [0, 1, 2, 3, 4, 5]
+    assert opens == 3
+    assert len(sleeps) == 2
+
+
+def test_iterate_counts_only_failures_without_progress() -> None:
+    retrier, _ = _retrier(attempts=2)
+    opens = 0
+
+    def stream():  # every open gets one item further, then fails: progress each time
+        nonlocal opens
+        opens += 1
+        for i in range(4):
+            if i == opens:
+                raise TimeoutError("slow")
+            yield i
+
+    assert list(retrier.iterate(stream, path="f")) == [0, 1, 2, 3]
+
+
+def test_format_errors_are_not_retried() -> None:
+    retrier, sleeps = _retrier()
+
+    def bad():
+        raise FileFormatError("garbage", path="f")
+        yield  # pragma: no cover
+
+    with pytest.raises(FileFormatError):
+        list(retrier.iterate(bad, path="f"))
+    assert sleeps == []
+
+
+def test_aimd_halves_on_throttle_and_grows_back() -> None:
+    now = [0.0]
+    limiter = AimdLimiter(max_limit=16, cooldown_s=1.0, clock=lambda: now[0])
+    limiter.on_throttle()
+    limiter.on_throttle()  # same burst: counted once
+    assert limiter.limit == 8
+    now[0] = 2.0
+    limiter.on_throttle()
+    assert limiter.limit == 4
+    for _ in range(4):
+        limiter.on_success()
+    assert 4.9 < limiter.limit < 5.1  # about one slot per `limit` successes
+    for _ in range(1000):
+        limiter.on_success()
+    assert limiter.limit == 16
+    assert limiter.statistics()["throttle_events"] == 2
+
+
+def test_throttling_lowers_the_limit_through_the_retrier() -> None:
+    limiter = AimdLimiter(max_limit=32, cooldown_s=0.0)
+    retrier = Retrier(RetryPolicy(max_attempts=5), limiter=limiter, sleep=lambda s: None)
+    calls = iter([OSError(errno.EBUSY, "SlowDown")] * 3 + ["ok"])
+
+    def throttled() -> str:
+        item = next(calls)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    assert retrier.call(throttled, path="k") == "ok"
+    assert limiter.limit < 5
+    assert limiter.in_flight == 0

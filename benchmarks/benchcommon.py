@@ -192,6 +192,8 @@ def fmt_num(x, unit: str = "s") -> str:
     if x is None:
         return "-"
     if unit == "s":
+        if x < 0.1:
+            return f"{x * 1e3:.2f} ms"
         return f"{x:.3f} s" if x < 100 else f"{x:.1f} s"
     if unit == "GB":
         return f"{x:.3f} GB"
@@ -214,7 +216,7 @@ def status_text(res: dict) -> str:
     if st == "not installed":
         return "not installed"
     err = (res.get("error") or "").strip().splitlines()
-    return f"{st}: {err[-1][:70] if err else ''}"
+    return f"{st}: {err[-1][:60] if err else ''}"
 
 
 def report(workload: str, results: dict[str, dict], metric: str = "median_s", baseline: str = "raw",

@@ -195,6 +195,8 @@ def fmt_num(x, unit: str = "s") -> str:
         if x < 0.1:
             return f"{x * 1e3:.2f} ms"
         return f"{x:.3f} s" if x < 100 else f"{x:.1f} s"
+    if unit == "int":
+        return f"{int(x):,}"
     if unit == "GB":
         return f"{x:.3f} GB"
     return f"{x:.3g} {unit}".strip()
@@ -221,7 +223,8 @@ def status_text(res: dict) -> str:
 
 def report(workload: str, results: dict[str, dict], metric: str = "median_s", baseline: str = "raw",
            target: dict | None = None, extra: dict | None = None, unit: str = "s",
-           json_out: Path | None = None, columns: list[tuple[str, str, str]] | None = None) -> dict:
+           json_out: Path | None = None, columns: list[tuple[str, str, str]] | None = None,
+           notes: list[str] | None = None) -> dict:
     """Print the human table and the final JSON line; return the JSON object.
 
     ``metric`` is the key in each side's result compared across sides (lower is better);
@@ -250,6 +253,8 @@ def report(workload: str, results: dict[str, dict], metric: str = "median_s", ba
     if target:
         verdict = evaluate_target(results, target)
         print(f"target: {target['text']} -> {verdict}")
+    for note in notes or []:
+        print(note)
     obj = {"workload": workload, "metric": metric, "baseline": baseline, "target": target,
            "target_met": verdict, "machine": machine_info(), "results": results,
            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}

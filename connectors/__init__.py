@@ -18,39 +18,55 @@ Modules, in the order a row meets them on its way in and out:
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from connectors.base import BlockMetadata, Datasink, Datasource, ReadTask, TaskContext
-from connectors.binary_format import BinaryDatasource
-from connectors.csv_format import CSVDatasink, CSVDatasource
-from connectors.errors import (
-    AccessDeniedError,
-    FileFormatError,
-    PathNotFoundError,
-    RetriesExhaustedError,
-    SchemaMismatchError,
-)
-from connectors.image_format import ImageDatasource
-from connectors.json_format import JSONDatasink, JSONDatasource
-from connectors.numpy_format import NumpyDatasource
-from connectors.parquet_format import ParquetDatasink, ParquetDatasource
-from connectors.text_format import TextDatasource
 
-SOURCES: dict[str, type[Datasource]] = {
-    "parquet": ParquetDatasource,
-    "csv": CSVDatasource,
-    "json": JSONDatasource,
-    "text": TextDatasource,
-    "binary": BinaryDatasource,
-    "images": ImageDatasource,
-    "numpy": NumpyDatasource,
+# Formats are imported on first use: ``import dataflow`` must stay fast (pyarrow.dataset,
+# pandas and fsspec cost ~0.5 s), and a job that reads Parquet never loads the image reader.
+_LAZY: dict[str, str] = {
+    "BinaryDatasource": "connectors.binary_format",
+    "CSVDatasink": "connectors.csv_format",
+    "CSVDatasource": "connectors.csv_format",
+    "ImageDatasource": "connectors.image_format",
+    "JSONDatasink": "connectors.json_format",
+    "JSONDatasource": "connectors.json_format",
+    "NumpyDatasource": "connectors.numpy_format",
+    "ParquetDatasink": "connectors.parquet_format",
+    "ParquetDatasource": "connectors.parquet_format",
+    "TextDatasource": "connectors.text_format",
+    "AccessDeniedError": "connectors.errors",
+    "FileFormatError": "connectors.errors",
+    "PathNotFoundError": "connectors.errors",
+    "RetriesExhaustedError": "connectors.errors",
+    "SchemaMismatchError": "connectors.errors",
 }
-"""Format name -> Datasource class (``read_<name>`` builds one)."""
 
-SINKS: dict[str, type[Datasink]] = {
-    "parquet": ParquetDatasink,
-    "csv": CSVDatasink,
-    "json": JSONDatasink,
+_SOURCE_NAMES = {
+    "parquet": "ParquetDatasource",
+    "csv": "CSVDatasource",
+    "json": "JSONDatasource",
+    "text": "TextDatasource",
+    "binary": "BinaryDatasource",
+    "images": "ImageDatasource",
+    "numpy": "NumpyDatasource",
 }
-"""Format name -> Datasink class (``Dataset.write_<name>`` builds one)."""
+_SINK_NAMES = {"parquet": "ParquetDatasink", "csv": "CSVDatasink", "json": "JSONDatasink"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name == "SOURCES":
+        # Format name -> Datasource class (``read_<name>`` builds one).
+        return {fmt: __getattr__(cls) for fmt, cls in _SOURCE_NAMES.items()}
+    if name == "SINKS":
+        # Format name -> Datasink class (``Dataset.write_<name>`` builds one).
+        return {fmt: __getattr__(cls) for fmt, cls in _SINK_NAMES.items()}
+    msg = f"module 'connectors' has no attribute {name!r}"
+    raise AttributeError(msg)
+
 
 __all__ = [
     "SINKS",

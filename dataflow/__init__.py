@@ -1,0 +1,121 @@
+"""dataflow: a streaming data engine for AI workloads, with Ray Data's API.
+
+    import dataflow
+    ds = dataflow.read_parquet("s3://bucket/data/").map_batches(fn, batch_size=1024)
+    for batch in ds.iter_batches(batch_size=256):
+        ...
+
+Modules, in the order a dataset meets them:
+
+* ``read_api``    range / from_* / read_*: build a Read node (nothing runs yet)
+* ``dataset``     Dataset: lazy transformations append plan nodes; consumers execute
+* ``udf``         map / map_batches / filter arguments -> validated plan nodes
+* ``builtins``    column operations (select, drop, rename, add, expression filter, aggregates)
+* ``plan``        logical nodes and explain()
+* ``optimizer``   fuse maps, push projections and filters into reads, count from metadata
+* ``compile``     logical plan -> engine operators
+* ``iterator``    DataIterator: fetch -> rebatch -> shuffle -> format -> prefetch
+* ``context``     DataContext and options(); the environment is read there only
+* ``errors``      the exceptions users catch
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dataflow.context import DataContext, options
+from dataflow.dataset import Dataset, MaterializedDataset
+from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError
+from dataflow.iterator import DataIterator
+from dataflow.read_api import (
+    from_arrow,
+    from_items,
+    from_numpy,
+    from_pandas,
+    from_polars,
+    range,
+    read_datasource,
+    read_parquet,
+)
+
+__version__ = "0.1.0"
+
+
+def init(
+    *,
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    object_store_memory: int | None = None,
+    execution_mode: str | None = None,
+    **engine_options: Any,
+) -> None:
+    """Start the engine now with these settings (otherwise the first consuming call starts it).
+
+    ``execution_mode="local"`` runs everything synchronously in this process (for debugging).
+    """
+    from dataclasses import replace
+
+    from engine.session import current_session, get_session
+
+    ctx = DataContext.get_current()
+    if execution_mode is not None:
+        ctx.execution_mode = execution_mode
+        ctx.__post_init__()
+    changes = dict(engine_options)
+    if num_cpus is not None:
+        changes["num_cpus"] = num_cpus
+    if num_gpus is not None:
+        changes["num_gpus"] = num_gpus
+    if object_store_memory is not None:
+        changes["object_store_memory"] = object_store_memory
+    if changes:
+        if current_session() is not None:
+            msg = "dataflow is already running; call dataflow.shutdown() before init() with new settings"
+            raise RuntimeError(msg)
+        ctx.execution_options = replace(ctx.execution_options, **changes)
+    if ctx.execution_mode == "streaming":
+        get_session(ctx.execution_options)
+
+
+def shutdown() -> None:
+    """Stop workers and free all shared memory of this process's engine session."""
+    from engine.session import shutdown as _shutdown
+
+    _shutdown()
+
+
+def col(name: str) -> Any:
+    """A column reference for ``filter(expr=...)``: ``dataflow.col("x") > 3``."""
+    import pyarrow.compute as pc
+
+    return pc.field(name)
+
+
+def lit(value: Any) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.scalar(value)
+
+
+__all__ = [
+    "DataContext",
+    "DataIterator",
+    "DataflowError",
+    "Dataset",
+    "MaterializedDataset",
+    "UserCodeError",
+    "WorkerDiedError",
+    "col",
+    "from_arrow",
+    "from_items",
+    "from_numpy",
+    "from_pandas",
+    "from_polars",
+    "init",
+    "lit",
+    "options",
+    "range",
+    "read_datasource",
+    "read_parquet",
+    "shutdown",
+]

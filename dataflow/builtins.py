@@ -1,0 +1,111 @@
+"""The column operations dataflow provides, as picklable batch functions on Arrow tables.
+
+Each fails with a message naming the column and listing what exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+
+
+def _missing(table: pa.Table, names: list[str], what: str) -> None:
+    missing = [n for n in names if n not in table.column_names]
+    if missing:
+        msg = f"{what}: no column {missing[0]!r}; the columns are {table.column_names}"
+        raise KeyError(msg)
+
+
+class SelectColumns:
+    def __init__(self, cols: list[str]) -> None:
+        self.cols = cols
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        _missing(table, self.cols, "select_columns")
+        return table.select(self.cols)
+
+
+class DropColumns:
+    def __init__(self, cols: list[str]) -> None:
+        self.cols = cols
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        _missing(table, self.cols, "drop_columns")
+        return table.drop_columns(self.cols)
+
+
+class RenameColumns:
+    def __init__(self, mapping: dict[str, str] | list[str]) -> None:
+        self.mapping = mapping
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if isinstance(self.mapping, dict):
+            _missing(table, list(self.mapping), "rename_columns")
+            return table.rename_columns([self.mapping.get(n, n) for n in table.column_names])
+        if len(self.mapping) != table.num_columns:
+            msg = f"rename_columns got {len(self.mapping)} names for {table.num_columns} columns {table.column_names}"
+            raise ValueError(msg)
+        return table.rename_columns(list(self.mapping))
+
+
+class AddColumn:
+    """``add_column(col, fn)``: ``fn`` gets the batch in ``batch_format`` and returns the values."""
+
+    def __init__(self, col: str, fn: Callable[[Any], Any], batch_format: str) -> None:
+        self.col, self.fn, self.batch_format = col, fn, batch_format
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from engine.block_format import _column_from_values, to_batch
+
+        values = self.fn(to_batch(table, self.batch_format))
+        column = _column_from_values(self.col, values)
+        if len(column) != table.num_rows:
+            msg = f"add_column({self.col!r}): the function returned {len(column)} values for {table.num_rows} rows"
+            raise ValueError(msg)
+        if self.col in table.column_names:
+            return table.set_column(table.column_names.index(self.col), self.col, column)
+        return table.append_column(self.col, column)
+
+
+class FilterExpression:
+    def __init__(self, expr: pc.Expression) -> None:
+        self.expr = expr
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.filter(self.expr)
+
+
+class PartialAggregate:
+    """Per-block (count, sum, min, max, mean, M2) of one column, combined on the driver."""
+
+    def __init__(self, on: str, ignore_nulls: bool = True) -> None:
+        self.on, self.ignore_nulls = on, ignore_nulls
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        import pyarrow.compute as pc
+
+        _missing(table, [self.on], "aggregate")
+        col = table.column(self.on)
+        nulls = col.null_count
+        valid = pc.drop_null(col)
+        n = len(valid)
+        total = pc.sum(valid).as_py() if n else None
+        mean = total / n if n else None
+        m2 = pc.sum(pc.power(pc.subtract(pc.cast(valid, pa.float64()), mean), 2)).as_py() if n else None
+        minmax = pc.min_max(valid) if n else None
+        return pa.table(
+            {
+                "count": [n],
+                "nulls": [nulls],
+                "sum": [total],
+                "min": [minmax["min"].as_py() if minmax else None],
+                "max": [minmax["max"].as_py() if minmax else None],
+                "mean": [mean],
+                "m2": [m2],
+            }
+        )

@@ -1,0 +1,128 @@
+"""Logical plan -> engine operators, through one table of build functions.
+
+A read followed by maps becomes one MapOperator whose tasks read and transform in one go
+(``source=`` read tasks); other maps read their upstream's blocks. The last operator can count
+rows instead of producing blocks (``count()``), or write them to a Datasink (``write_*``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union
+from engine.operators.base import PhysicalOperator
+from engine.operators.input import InputOperator
+from engine.operators.limit import LimitOperator
+from engine.operators.map import MapOperator
+from engine.operators.union import UnionOperator
+from engine.options import ExecutionOptions
+from engine.task import OUTPUT_BLOCKS
+from engine.transform import BlockTransform
+
+
+class _Compiler:
+    def __init__(self, options: ExecutionOptions) -> None:
+        self.options = options
+        self.ops: list[PhysicalOperator] = []
+
+    def add(self, op: PhysicalOperator) -> PhysicalOperator:
+        self.ops.append(op)
+        return op
+
+    def transform(self, stages: tuple[Any, ...] | list[Any]) -> BlockTransform:
+        return BlockTransform(list(stages), self.options.target_max_block_size)
+
+    def bundle_bytes(self, datasource: Any) -> int:
+        """Small reads are bundled, but never into fewer than ~2 tasks per worker."""
+        total = datasource.estimate_inmemory_data_size()
+        target = self.options.min_task_input_bytes
+        if total:
+            target = min(target, max(1, total // (2 * self.options.resolved_num_cpus())))
+        return target
+
+    def build(self, node: LogicalNode) -> PhysicalOperator:
+        return BUILDERS[type(node)](self, node)
+
+
+def _read(c: _Compiler, node: Read) -> PhysicalOperator:
+    return _read_with(c, node, None)
+
+
+def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOperator:
+    parallelism = node.parallelism if node.parallelism > 0 else 2 * c.options.resolved_num_cpus()
+    stages = maps.stages if maps is not None else ()
+    name = node.name + ("->" + maps.name if maps is not None else "")
+    return c.add(
+        MapOperator(
+            name,
+            c.transform(stages),
+            source=node.datasource.get_read_tasks(parallelism),
+            resources=maps.resources if maps is not None else None,
+            actor_pool=maps.actor_pool if maps is not None else None,
+            max_concurrency=maps.max_concurrency if maps is not None else None,
+            min_bundle_bytes=c.bundle_bytes(node.datasource),
+        )
+    )
+
+
+def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
+    if isinstance(node.input, Read):
+        return _read_with(c, node.input, node)
+    upstream = c.build(node.input)
+    return c.add(
+        MapOperator(
+            node.name,
+            c.transform(node.stages),
+            upstream=upstream,
+            resources=node.resources,
+            actor_pool=node.actor_pool,
+            max_concurrency=node.max_concurrency,
+            min_bundle_bytes=c.options.min_task_input_bytes,
+        )
+    )
+
+
+def _input(c: _Compiler, node: InputBlocks) -> PhysicalOperator:
+    return c.add(InputOperator(list(node.refs)))
+
+
+def _limit(c: _Compiler, node: Limit) -> PhysicalOperator:
+    return c.add(LimitOperator(node.limit, c.build(node.input)))
+
+
+def _union(c: _Compiler, node: Union) -> PhysicalOperator:
+    children = [c.build(child) for child in node.children]
+    return c.add(UnionOperator(children))
+
+
+BUILDERS: dict[type, Callable[[_Compiler, Any], PhysicalOperator]] = {
+    Read: _read,
+    MapStages: _map,
+    InputBlocks: _input,
+    Limit: _limit,
+    Union: _union,
+}
+
+
+def compile_plan(
+    node: LogicalNode,
+    options: ExecutionOptions,
+    output: str = OUTPUT_BLOCKS,
+    sink: Any = None,
+) -> list[PhysicalOperator]:
+    """Engine operators for ``node``, in topological order (the last is the output)."""
+    c = _Compiler(options)
+    last = c.build(node)
+    if output != OUTPUT_BLOCKS:
+        if not isinstance(last, MapOperator) or last.output != OUTPUT_BLOCKS or last.actor_pool is not None:
+            last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,
+                                     min_bundle_bytes=options.min_task_input_bytes))
+        assert isinstance(last, MapOperator)
+        last.output = output
+        last.sink = sink
+        if sink is not None:
+            last.name = f"{last.name}->Write[{sink.get_name()}]"
+            last.stats.name = last.name
+            last.min_rows_per_task = getattr(sink, "min_rows_per_write", None)
+    return c.ops

@@ -1,0 +1,439 @@
+"""Dataset: a lazy, immutable plan. Transformations return new Datasets; consumers run them.
+
+Nothing executes until a consuming call (``iter_*``, ``take*``, ``count``, ``schema`` when not
+known from metadata, ``show``, ``materialize``, ``to_*``, ``write_*``, aggregates). Every
+consuming call runs the plan again, except on a MaterializedDataset.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from dataflow import builtins as bi
+from dataflow.context import DataContext
+from dataflow.iterator import DataIterator
+from dataflow.optimizer import count_from_metadata, optimize
+from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain
+from dataflow.udf import builtin_node, map_node
+from engine.runner import ExecutionHandle, execute
+from engine.stats import ExecutionStats
+from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
+
+
+class Dataset:
+    """A distributed collection of rows, computed lazily and streamed block by block."""
+
+    def __init__(self, plan: LogicalNode) -> None:
+        self._plan = plan
+        self._last_stats: ExecutionStats | None = None
+
+    # running ------------------------------------------------------------------------------
+    def _execute(self, plan: LogicalNode | None = None, output: str = OUTPUT_BLOCKS, sink: Any = None) -> ExecutionHandle:
+        from dataflow.compile import compile_plan
+
+        ctx = DataContext.get_current()
+        options = ctx.execution_options
+        if ctx.execution_mode == "streaming":
+            from engine.session import get_session
+
+            session = get_session(options)
+            options = session.options
+        else:
+            session = None
+        ops = compile_plan(optimize(plan or self._plan), options, output, sink)
+        handle = execute(ops, options, ctx.execution_mode, session)
+        self._last_handle = handle
+        return handle
+
+    def _derive(self, plan: LogicalNode) -> Dataset:
+        return Dataset(plan)
+
+    # transformations ------------------------------------------------------------------------
+    def map(
+        self,
+        fn: Callable[..., Any],
+        *,
+        compute: Any = None,
+        fn_args: Any = None,
+        fn_kwargs: Any = None,
+        fn_constructor_args: Any = None,
+        fn_constructor_kwargs: Any = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        concurrency: int | tuple[int, int] | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> Dataset:
+        """Apply ``fn`` to each row (a dict) and keep the row it returns."""
+        return self._derive(
+            map_node(self._plan, "map", fn, kind="rows", row_mode="map", fn_args=fn_args, fn_kwargs=fn_kwargs,
+                     fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
+                     num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources,
+                     preserves_rows=True)
+        )
+
+    def map_batches(
+        self,
+        fn: Callable[..., Any],
+        *,
+        batch_size: int | str | None = None,
+        compute: Any = None,
+        batch_format: str = "default",
+        zero_copy_batch: bool = True,
+        fn_args: Any = None,
+        fn_kwargs: Any = None,
+        fn_constructor_args: Any = None,
+        fn_constructor_kwargs: Any = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        concurrency: int | tuple[int, int] | None = None,
+        resources: dict[str, float] | None = None,
+        udf_modifying_row_count: bool = True,
+    ) -> Dataset:
+        """Apply ``fn`` to batches of ``batch_size`` rows (None: whole blocks).
+
+        ``fn`` may be a function or a callable class (run on an actor pool: constructed once per
+        actor); it may return a batch or yield several; the row count may change.
+        """
+        return self._derive(
+            map_node(self._plan, "map_batches", fn, kind="batches", batch_size=batch_size,
+                     batch_format=batch_format, fn_args=fn_args, fn_kwargs=fn_kwargs,
+                     fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
+                     num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources,
+                     preserves_rows=not udf_modifying_row_count)
+        )
+
+    def flat_map(
+        self,
+        fn: Callable[..., Any],
+        *,
+        compute: Any = None,
+        fn_args: Any = None,
+        fn_kwargs: Any = None,
+        fn_constructor_args: Any = None,
+        fn_constructor_kwargs: Any = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        concurrency: int | tuple[int, int] | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> Dataset:
+        """Apply ``fn`` to each row; it returns a list (or iterable) of rows."""
+        return self._derive(
+            map_node(self._plan, "flat_map", fn, kind="rows", row_mode="flat_map", fn_args=fn_args,
+                     fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
+                     fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
+                     concurrency=concurrency, resources=resources)
+        )
+
+    def filter(
+        self,
+        fn: Callable[..., Any] | None = None,
+        expr: Any = None,
+        *,
+        compute: Any = None,
+        fn_args: Any = None,
+        fn_kwargs: Any = None,
+        fn_constructor_args: Any = None,
+        fn_constructor_kwargs: Any = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        concurrency: int | tuple[int, int] | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> Dataset:
+        """Keep rows for which ``fn(row)`` is true, or which match ``expr``.
+
+        ``expr`` is a ``pyarrow.compute`` expression (``dataflow.col("x") > 3``); it is pushed
+        into readers that support it (Parquet skips row groups by their statistics).
+        """
+        if (fn is None) == (expr is None):
+            msg = "filter() takes exactly one of fn or expr"
+            raise ValueError(msg)
+        if expr is not None:
+            if isinstance(expr, str):
+                msg = "filter(expr=...) takes a pyarrow expression such as dataflow.col('x') > 3, not a string"
+                raise TypeError(msg)
+            return self._derive(builtin_node(self._plan, f"Filter({expr})", bi.FilterExpression(expr),
+                                             preserves_rows=False, filter_expr=expr))
+        return self._derive(
+            map_node(self._plan, "filter", fn, kind="rows", row_mode="filter", fn_args=fn_args,
+                     fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
+                     fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
+                     concurrency=concurrency, resources=resources)
+        )
+
+    def add_column(self, col: str, fn: Callable[[Any], Any], *, batch_format: str = "pandas") -> Dataset:
+        """Add (or replace) column ``col`` with ``fn(batch)``."""
+        return self._derive(builtin_node(self._plan, f"AddColumn({col})", bi.AddColumn(col, fn, batch_format)))
+
+    def drop_columns(self, cols: list[str]) -> Dataset:
+        return self._derive(builtin_node(self._plan, f"DropColumns({cols})", bi.DropColumns(list(cols))))
+
+    def select_columns(self, cols: list[str] | str) -> Dataset:
+        cols = [cols] if isinstance(cols, str) else list(cols)
+        return self._derive(builtin_node(self._plan, f"SelectColumns({cols})", bi.SelectColumns(cols),
+                                         projection=tuple(cols)))
+
+    def rename_columns(self, names: dict[str, str] | list[str]) -> Dataset:
+        return self._derive(builtin_node(self._plan, "RenameColumns", bi.RenameColumns(names)))
+
+    def limit(self, limit: int) -> Dataset:
+        """The first ``limit`` rows; upstream work stops once they have been produced."""
+        if limit < 0:
+            msg = f"limit must be >= 0, got {limit}"
+            raise ValueError(msg)
+        return self._derive(Limit(self._plan, limit))
+
+    def union(self, *other: Dataset) -> Dataset:
+        """The rows of this dataset and the others."""
+        return self._derive(Union((self._plan, *(o._plan for o in other))))
+
+    # consuming ------------------------------------------------------------------------------
+    def iterator(self) -> DataIterator:
+        return DataIterator(self._execute, explain(self._plan).splitlines()[0])
+
+    def iter_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int | None = 256,
+        batch_format: str = "default",
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+    ) -> Iterator[Any]:
+        """Stream batches of exactly ``batch_size`` rows (the last may be short)."""
+        return self.iterator().iter_batches(
+            prefetch_batches=prefetch_batches, batch_size=batch_size, batch_format=batch_format,
+            drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed,
+        )
+
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        return self.iterator().iter_rows()
+
+    def take(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The first ``limit`` rows as dicts."""
+        return list(self.limit(limit).iter_rows())
+
+    def take_all(self, limit: int | None = None) -> list[dict[str, Any]]:
+        rows = []
+        for row in self.iter_rows():
+            rows.append(row)
+            if limit is not None and len(rows) > limit:
+                msg = f"the dataset has more than the given limit of {limit} rows"
+                raise ValueError(msg)
+        return rows
+
+    def take_batch(self, batch_size: int = 20, *, batch_format: str = "default") -> Any:
+        """One batch of up to ``batch_size`` rows."""
+        for batch in self.limit(batch_size).iter_batches(batch_size=batch_size, batch_format=batch_format,
+                                                         prefetch_batches=0):
+            return batch
+        msg = "the dataset is empty"
+        raise ValueError(msg)
+
+    def count(self) -> int:
+        """Rows in the dataset; from metadata (e.g. Parquet footers) when nothing changes the count."""
+        known = count_from_metadata(optimize(self._plan))
+        if known is not None:
+            return known
+        handle = self._execute(output=OUTPUT_COUNT)
+        for ref in handle.iter_refs():
+            handle.release(ref)
+        self._last_stats = handle.stats()
+        return handle.row_count()
+
+    def schema(self) -> pa.Schema | None:
+        """The schema; from the source when the plan does not change it, else from the first block."""
+        plan = optimize(self._plan)
+        if isinstance(plan, Read):
+            known = plan.datasource.schema()
+            if known is not None:
+                return known
+        if isinstance(plan, InputBlocks) and not plan.refs:
+            return None
+        for table in self.limit(1).iterator().iter_blocks():
+            return table.schema
+        return None
+
+    def columns(self) -> list[str] | None:
+        schema = self.schema()
+        return list(schema.names) if schema is not None else None
+
+    def show(self, limit: int = 20) -> None:
+        for row in self.take(limit):
+            print(row)  # noqa: T201 - show() prints by definition
+
+    def to_arrow(self) -> pa.Table:
+        tables = [t for t in self.iterator().iter_blocks()]
+        if not tables:
+            schema = self.schema() if not isinstance(self._plan, InputBlocks) else None
+            return schema.empty_table() if schema is not None else pa.table({})
+        return pa.concat_tables(tables, promote_options="default")
+
+    def to_pandas(self, limit: int | None = None) -> Any:
+        ds = self.limit(limit) if limit is not None else self
+        return ds.to_arrow().to_pandas()
+
+    def to_polars(self) -> Any:
+        import polars as pl
+
+        return pl.from_arrow(self.to_arrow())
+
+    def to_numpy(self, column: str | None = None) -> Any:
+        from engine.block_format import to_batch
+
+        batch = to_batch(self.to_arrow(), "numpy")
+        return batch[column] if column is not None else batch
+
+    def materialize(self) -> MaterializedDataset:
+        """Run the plan once and keep its blocks; the result can be iterated many times."""
+        handle = self._execute()
+        refs = []
+        for ref in handle.iter_refs():
+            handle.detach(ref)
+            refs.append(ref)
+        self._last_stats = handle.stats()
+        return MaterializedDataset(refs, handle, self._last_stats)
+
+    # writing --------------------------------------------------------------------------------
+    def write_datasink(self, datasink: Any) -> None:
+        """Write every block with ``datasink``: ``write`` on workers, the commit on the driver."""
+        datasink.on_write_start()
+        try:
+            handle = self._execute(output=OUTPUT_WRITE, sink=datasink)
+            for ref in handle.iter_refs():
+                handle.release(ref)
+            self._last_stats = handle.stats()
+        except BaseException as err:
+            datasink.on_write_failed(err)
+            raise
+        datasink.on_write_complete(handle.results())
+
+    def write_parquet(self, path: str, **kwargs: Any) -> None:
+        """Write Parquet files under ``path`` (see ``connectors.parquet_format.ParquetDatasink``)."""
+        from connectors.parquet_format import ParquetDatasink
+
+        self.write_datasink(ParquetDatasink(path, **kwargs))
+
+    def write_csv(self, path: str, **kwargs: Any) -> None:
+        from connectors.csv_format import CSVDatasink
+
+        self.write_datasink(CSVDatasink(path, **kwargs))
+
+    def write_json(self, path: str, **kwargs: Any) -> None:
+        from connectors.json_format import JSONDatasink
+
+        self.write_datasink(JSONDatasink(path, **kwargs))
+
+    # aggregates -----------------------------------------------------------------------------
+    def _partials(self, on: str, ignore_nulls: bool) -> dict[str, Any]:
+        node = builtin_node(self._plan, f"Aggregate({on})", bi.PartialAggregate(on, ignore_nulls), preserves_rows=False)
+        rows = Dataset(node).take_all()
+        count = nulls = 0
+        total: Any = 0
+        mean = m2 = 0.0
+        lo: Any = None
+        hi: Any = None
+        for r in rows:
+            nulls += r["nulls"]
+            n = r["count"]
+            if not n:
+                continue
+            total += r["sum"]
+            lo = r["min"] if lo is None else min(lo, r["min"])
+            hi = r["max"] if hi is None else max(hi, r["max"])
+            delta = r["mean"] - mean
+            new = count + n
+            m2 += r["m2"] + delta * delta * count * n / new
+            mean += delta * n / new
+            count = new
+        return {"count": count, "nulls": nulls, "sum": total, "min": lo, "max": hi, "mean": mean, "m2": m2}
+
+    def _agg(self, on: str, ignore_nulls: bool) -> dict[str, Any] | None:
+        p = self._partials(on, ignore_nulls)
+        if p["count"] == 0 or (p["nulls"] and not ignore_nulls):
+            return None
+        return p
+
+    def sum(self, on: str, ignore_nulls: bool = True) -> Any:
+        p = self._agg(on, ignore_nulls)
+        return p["sum"] if p else None
+
+    def min(self, on: str, ignore_nulls: bool = True) -> Any:
+        p = self._agg(on, ignore_nulls)
+        return p["min"] if p else None
+
+    def max(self, on: str, ignore_nulls: bool = True) -> Any:
+        p = self._agg(on, ignore_nulls)
+        return p["max"] if p else None
+
+    def mean(self, on: str, ignore_nulls: bool = True) -> Any:
+        p = self._agg(on, ignore_nulls)
+        return p["mean"] if p else None
+
+    def std(self, on: str, ddof: int = 1, ignore_nulls: bool = True) -> Any:
+        """Standard deviation (sample, ``ddof=1``, as Ray Data)."""
+        p = self._agg(on, ignore_nulls)
+        if not p or p["count"] - ddof <= 0:
+            return None
+        return math.sqrt(p["m2"] / (p["count"] - ddof))
+
+    # introspection --------------------------------------------------------------------------
+    def stats(self) -> str:
+        """Per-operator time, rows, bytes, tasks and why each operator waited (last execution)."""
+        handle = getattr(self, "_last_handle", None)
+        if handle is not None:
+            self._last_stats = handle.stats()
+        if self._last_stats is None:
+            return "This dataset has not been executed yet."
+        return str(self._last_stats)
+
+    def explain(self) -> str:
+        """The logical plan, and the plan after optimization (fused maps, pushdowns)."""
+        text = f"-------- Logical Plan --------\n{explain(self._plan)}\n"
+        text += f"-------- Optimized Plan --------\n{explain(optimize(self._plan))}"
+        print(text)  # noqa: T201 - explain() prints, as in Ray Data
+        return text
+
+    def __repr__(self) -> str:
+        return f"Dataset(plan={explain(self._plan).splitlines()[0]!r})"
+
+
+class _Blocks:
+    """Owns a materialized dataset's blocks; frees them when the dataset is collected."""
+
+    def __init__(self, refs: list[Any], handle: ExecutionHandle) -> None:
+        self.refs = refs
+        weakref.finalize(self, _release_all, handle, list(refs))
+
+
+def _release_all(handle: ExecutionHandle, refs: list[Any]) -> None:
+    try:
+        for ref in refs:
+            handle.free_detached(ref)
+    except Exception:  # the session may already be gone at interpreter exit
+        pass
+
+
+class MaterializedDataset(Dataset):
+    """A dataset whose blocks are computed and held; iterating it does not recompute."""
+
+    def __init__(self, refs: list[Any], handle: ExecutionHandle, stats: ExecutionStats | None) -> None:
+        self._blocks = _Blocks(refs, handle)
+        super().__init__(InputBlocks(tuple(refs), self._blocks))
+        self._last_stats = stats
+
+    def num_blocks(self) -> int:
+        return len(self._blocks.refs)
+
+    def __repr__(self) -> str:
+        rows = sum(r.num_rows for r in self._blocks.refs)
+        return f"MaterializedDataset(num_blocks={len(self._blocks.refs)}, num_rows={rows})"
+
+
+__all__ = ["Dataset", "MapStages", "MaterializedDataset"]

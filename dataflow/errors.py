@@ -1,0 +1,22 @@
+"""The exceptions users catch. A failing UDF raises an instance of both ``UserCodeError`` and
+the UDF's own exception class, so ``except ValueError`` still works."""
+
+from __future__ import annotations
+
+from engine.errors import (
+    DataflowError,
+    EngineError,
+    ObjectStoreFullError,
+    ResourceError,
+    UserCodeError,
+    WorkerDiedError,
+)
+
+__all__ = [
+    "DataflowError",
+    "EngineError",
+    "ObjectStoreFullError",
+    "ResourceError",
+    "UserCodeError",
+    "WorkerDiedError",
+]

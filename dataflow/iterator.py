@@ -1,0 +1,181 @@
+"""DataIterator: how a consumer reads a dataset, as a chain of named stages.
+
+    execute -> fetch (map blocks zero-copy) -> rebatch (exact batch_size) -> shuffle (optional,
+    local buffer) -> format (numpy / pandas / pyarrow / polars) -> prefetch (background thread)
+
+Each stage is a generator. Blocks are released back to the engine as soon as every row of
+them has been handed on, so a slow consumer holds at most its prefetch window.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.block_format import iter_rows, to_batch
+
+_END = object()
+
+
+class DataIterator:
+    """Iterates one dataset; every ``iter_*`` call runs the plan again (one epoch)."""
+
+    def __init__(self, execute: Callable[[], Any], name: str = "Dataset") -> None:
+        self._execute = execute
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"DataIterator({self._name})"
+
+    def iter_blocks(self) -> Iterator[pa.Table]:
+        """Blocks as Arrow tables, each released once the caller moves to the next."""
+        handle = self._execute()
+        refs = handle.iter_refs()
+        try:
+            for ref in refs:
+                table = handle.get(ref)
+                try:
+                    yield table
+                finally:
+                    handle.release(ref)
+        finally:
+            refs.close()  # type: ignore[attr-defined]
+
+    def iter_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int | None = 256,
+        batch_format: str = "default",
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+    ) -> Iterator[Any]:
+        """Batches of exactly ``batch_size`` rows (the last may be short unless ``drop_last``)."""
+        if batch_size is not None and batch_size <= 0:
+            msg = f"batch_size must be a positive integer or None, got {batch_size}"
+            raise ValueError(msg)
+        tables = rebatch(self.iter_blocks(), batch_size, drop_last)
+        if local_shuffle_buffer_size:
+            tables = local_shuffle(tables, batch_size or 256, local_shuffle_buffer_size, local_shuffle_seed)
+        batches = (to_batch(t, batch_format) for t in tables)
+        return prefetch(batches, prefetch_batches)
+
+    def iter_rows(self) -> Iterator[dict[str, Any]]:
+        """Rows as dicts."""
+        for table in self.iter_blocks():
+            yield from iter_rows(table)
+
+
+def rebatch(blocks: Iterator[pa.Table], batch_size: int | None, drop_last: bool = False) -> Iterator[pa.Table]:
+    """Tables of exactly ``batch_size`` rows across block boundaries; None: one per block."""
+    if batch_size is None:
+        for block in blocks:
+            if block.num_rows:
+                yield block
+        return
+    pending: list[pa.Table] = []
+    have = 0
+    for block in blocks:
+        offset = 0
+        n = block.num_rows
+        while offset < n:
+            if not pending and n - offset >= batch_size:
+                yield block.slice(offset, batch_size)  # zero-copy: the common case
+                offset += batch_size
+                continue
+            take = min(batch_size - have, n - offset)
+            pending.append(block.slice(offset, take))
+            have += take
+            offset += take
+            if have == batch_size:
+                yield _concat(pending)
+                pending, have = [], 0
+    if have and not drop_last:
+        yield _concat(pending)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables).combine_chunks()
+
+
+def local_shuffle(
+    tables: Iterator[pa.Table], batch_size: int, buffer_size: int, seed: int | None
+) -> Iterator[pa.Table]:
+    """Rows shuffled within a buffer of at least ``buffer_size`` rows, re-cut to ``batch_size``."""
+    rng = np.random.default_rng(seed)
+    buffer: list[pa.Table] = []
+    rows = 0
+    for table in tables:
+        buffer.append(table)
+        rows += table.num_rows
+        if rows < buffer_size + batch_size:
+            continue
+        mixed = _shuffled(buffer, rng)
+        emit = (rows - buffer_size) // batch_size * batch_size
+        for start in range(0, emit, batch_size):
+            yield mixed.slice(start, batch_size)
+        buffer, rows = [mixed.slice(emit)], rows - emit
+    if rows:
+        mixed = _shuffled(buffer, rng)
+        for start in range(0, rows, batch_size):
+            yield mixed.slice(start, batch_size)
+
+
+def _shuffled(tables: list[pa.Table], rng: np.random.Generator) -> pa.Table:
+    table = pa.concat_tables(tables)
+    return table.take(pa.array(rng.permutation(table.num_rows)))
+
+
+def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """Run ``items`` on a background thread, ``depth`` ahead of the consumer (0: inline)."""
+    if depth <= 0:
+        yield from items
+        return
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    break
+            q.put(_END)
+        except BaseException as err:  # handed to the consumer, raised there
+            q.put(err)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="dataflow-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(0.05)

@@ -1,0 +1,161 @@
+"""Converting blocks (Arrow tables) to and from what user functions see.
+
+Batch formats: "pyarrow", "numpy" (dict of arrays; n-d for tensor and fixed-size list
+columns, zero-copy where Arrow allows), "pandas", "polars"; "default" is "numpy" as in Ray Data.
+Rows are dicts. Results coming back from a UDF (dicts of arrays or lists, DataFrames, tables,
+lists of rows) become Arrow tables through ``to_block``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+BATCH_FORMATS = ("default", "numpy", "pandas", "pyarrow", "polars")
+
+
+def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """One column as a numpy array: numbers zero-copy when contiguous, tensors as n-d arrays."""
+    if isinstance(column, pa.ChunkedArray):
+        if column.num_chunks == 1:
+            column = column.chunk(0)
+        elif column.num_chunks == 0:
+            return np.empty(0, dtype=column.type.to_pandas_dtype() if _is_numeric(column.type) else object)
+        else:
+            column = column.combine_chunks() if not _is_extension(column.type) else pa.concat_arrays(column.chunks)
+    typ = column.type
+    if isinstance(typ, pa.FixedShapeTensorType):
+        return column.to_numpy_ndarray()  # type: ignore[attr-defined,no-any-return]
+    if pa.types.is_fixed_size_list(typ) and column.null_count == 0:
+        inner = column_to_numpy(column.flatten())
+        return inner.reshape(len(column), typ.list_size, *inner.shape[1:])
+    if (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and column.null_count == 0 and len(column):
+        offsets = column.offsets.to_numpy()
+        lengths = np.diff(offsets)
+        if lengths.size and (lengths == lengths[0]).all() and _is_numeric(typ.value_type):
+            inner = column.flatten().to_numpy(zero_copy_only=False)
+            return inner.reshape(len(column), int(lengths[0]))
+    if _is_numeric(typ) and column.null_count == 0:
+        return column.to_numpy(zero_copy_only=False)
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _is_numeric(typ: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ))
+
+
+def _is_extension(typ: pa.DataType) -> bool:
+    return isinstance(typ, pa.ExtensionType)
+
+
+def to_batch(table: pa.Table, batch_format: str) -> Any:
+    """``table`` in the requested batch format."""
+    if batch_format in ("default", "numpy"):
+        return {name: column_to_numpy(table.column(i)) for i, name in enumerate(table.column_names)}
+    if batch_format == "pyarrow":
+        return table
+    if batch_format == "pandas":
+        return table.to_pandas()
+    if batch_format == "polars":
+        import polars as pl
+
+        return pl.from_arrow(table, rechunk=False)
+    msg = f"batch_format must be one of {BATCH_FORMATS}, got {batch_format!r}"
+    raise ValueError(msg)
+
+
+def tensor_array(values: np.ndarray) -> pa.Array:
+    """An n-d numpy array (first axis = rows) as an Arrow column."""
+    if values.ndim == 1:
+        return pa.array(values)
+    if values.ndim == 2 and values.dtype != object:
+        flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+        return pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+    if values.dtype == object:
+        return pa.array(list(values))
+    return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
+
+
+def _column_from_values(name: str, values: Any) -> pa.Array | pa.ChunkedArray:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values
+    if isinstance(values, np.ndarray):
+        return tensor_array(values)
+    if hasattr(values, "to_arrow") and hasattr(values, "dtype"):  # polars Series
+        return values.to_arrow()
+    if hasattr(values, "to_numpy") and hasattr(values, "dtype"):  # pandas Series
+        return pa.Array.from_pandas(values)
+    values = list(values)
+    if values and isinstance(values[0], np.ndarray):
+        try:
+            return tensor_array(np.stack(values))
+        except ValueError:
+            return pa.array([v.tolist() for v in values])
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        msg = f"column {name!r}: cannot convert values to Arrow ({err})"
+        raise TypeError(msg) from err
+
+
+def to_block(batch: Any) -> pa.Table:
+    """Whatever a batch UDF returned, as an Arrow table."""
+    if isinstance(batch, pa.Table):
+        return batch
+    if isinstance(batch, pa.RecordBatch):
+        return pa.Table.from_batches([batch])
+    if isinstance(batch, Mapping):
+        names = list(batch.keys())
+        columns = [_column_from_values(str(n), batch[n]) for n in names]
+        lengths = {len(c) for c in columns}
+        if len(lengths) > 1:
+            sizes = {str(n): len(c) for n, c in zip(names, columns, strict=True)}
+            msg = f"a batch's columns must all have the same length, got {sizes}"
+            raise ValueError(msg)
+        return pa.Table.from_arrays(columns, names=[str(n) for n in names])
+    module = type(batch).__module__.split(".")[0]
+    if module == "pandas":
+        return pa.Table.from_pandas(batch, preserve_index=False)
+    if module == "polars":
+        return batch.to_arrow()  # type: ignore[no-any-return]
+    msg = (
+        "a batch function must return a dict of columns, a pyarrow Table, a pandas or polars "
+        f"DataFrame; got {type(batch).__name__}"
+    )
+    raise TypeError(msg)
+
+
+def iter_rows(table: pa.Table) -> Iterable[dict[str, Any]]:
+    """Rows of ``table`` as dicts (tensor cells as numpy arrays)."""
+    names = table.column_names
+    columns: list[Any] = []
+    for column in table.columns:
+        typ = column.type
+        if isinstance(typ, pa.FixedShapeTensorType) or pa.types.is_fixed_size_list(typ):
+            columns.append(list(column_to_numpy(column)))
+        else:
+            columns.append(column.to_pylist())
+    for values in zip(*columns, strict=True):
+        yield dict(zip(names, values, strict=True))
+
+
+def rows_to_block(rows: list[Any]) -> pa.Table:
+    """Rows (dicts) back into a table; one pass per column when every row has the same keys."""
+    if not rows:
+        return pa.table({})
+    first = rows[0]
+    if not isinstance(first, Mapping):
+        msg = f"a row function must return a dict, got {type(first).__name__}"
+        raise TypeError(msg)
+    keys = list(first.keys())
+    key_set = set(keys)
+    if all(isinstance(r, Mapping) and r.keys() == key_set for r in rows):
+        return to_block({k: [r[k] for r in rows] for k in keys})
+    for r in rows:
+        if not isinstance(r, Mapping):
+            msg = f"a row function must return a dict, got {type(r).__name__}"
+            raise TypeError(msg)
+    return pa.Table.from_pylist([dict(r) for r in rows])

@@ -1,0 +1,94 @@
+"""Exceptions the engine raises, and how a UDF's exception keeps its identity across processes.
+
+``UserCodeError`` wraps an exception raised by user code on a worker. The instance the caller
+sees is also an instance of the original exception's class (``except ValueError`` works), names
+the UDF, and carries the worker's traceback with engine frames trimmed. Failures that are our
+fault are ``EngineError`` and say it is a bug.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DataflowError(Exception):
+    """Base class of every error dataflow raises on its own account."""
+
+
+class UserCodeError(DataflowError):
+    """A user function (UDF, class constructor, read task) raised; see ``__cause__``."""
+
+    udf_name: str = "<unknown>"
+    remote_traceback: str = ""
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else "user code failed"
+
+
+class WorkerDiedError(DataflowError):
+    """A worker process died while running a task, more times than allowed."""
+
+
+class ObjectStoreFullError(DataflowError):
+    """The object store and the spill folder are both out of space."""
+
+
+class ResourceError(DataflowError, ValueError):
+    """A task asks for resources no node can ever provide."""
+
+
+class EngineError(DataflowError):
+    """An internal failure: this is a bug in dataflow, please report it."""
+
+
+_subclass_cache: dict[type, type] = {}
+
+
+def _user_error_class(original: type[BaseException]) -> type[UserCodeError]:
+    """A class that is both ``UserCodeError`` and ``original`` (cached), or UserCodeError."""
+    if issubclass(original, UserCodeError) or not issubclass(original, Exception):
+        return UserCodeError
+    cls = _subclass_cache.get(original)
+    if cls is None:
+        try:
+            cls = type(original.__name__, (UserCodeError, original), {"__str__": UserCodeError.__str__})
+            cls.__module__ = original.__module__
+            cls.__qualname__ = f"UserCodeError[{original.__qualname__}]"
+        except TypeError:  # a class that refuses to be subclassed or combined
+            cls = UserCodeError
+        _subclass_cache[original] = cls
+    return cls
+
+
+def make_user_error(
+    udf_name: str,
+    cause: BaseException | None,
+    cause_type: str,
+    remote_traceback: str,
+    context: str = "",
+) -> UserCodeError:
+    """Build the exception the caller sees for a failed UDF.
+
+    ``cause`` is the unpickled original exception when it could cross the process boundary; the
+    result is then an instance of its class too. ``cause_type`` and ``remote_traceback`` are
+    always available as text.
+    """
+    where = f" {context}" if context else ""
+    message = (
+        f"{cause_type} in {udf_name}{where}: {cause if cause is not None else ''}\n\n"
+        f"Traceback from the worker (engine frames removed):\n{remote_traceback.rstrip()}"
+    )
+    cls = _user_error_class(type(cause)) if cause is not None else UserCodeError
+    err: Any = cls.__new__(cls, message)
+    err.args = (message,)
+    if cause is not None:
+        for attr in ("errno", "strerror", "filename", "code"):
+            if hasattr(cause, attr):
+                try:
+                    setattr(err, attr, getattr(cause, attr))
+                except (AttributeError, TypeError):
+                    pass
+    err.udf_name = udf_name
+    err.remote_traceback = remote_traceback
+    err.__cause__ = cause
+    return err  # type: ignore[no-any-return]

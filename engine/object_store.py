@@ -1,0 +1,157 @@
+"""Shared-memory block store: one Arrow IPC file per block in a per-session 0700 folder.
+
+Writers (workers, or the driver in inline mode) reserve the file's full size with
+``posix_fallocate`` before writing, so a full ``/dev/shm`` is a clean ``ENOSPC`` we answer by
+spilling to disk, never a SIGBUS. Readers map the file with ``pyarrow.memory_map``: the batches
+they get are views into the mapping, zero-copy. The driver owns every reference and calls
+``free`` when a block is consumed; unlinking a mapped file is safe (pages live until unmapped).
+
+Lifetime: the session folder is created and removed by ``engine.session``; a session that died
+is detected by its unlocked ``lock`` file and swept by the next one.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import mmap
+import os
+import threading
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from engine.errors import ObjectStoreFullError
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRef:
+    """Where a block lives and what it holds. Small and picklable: this is what moves around."""
+
+    block_id: str
+    path: str | None
+    """The IPC file; None for blocks held in the driver's memory (local mode)."""
+    num_rows: int
+    size_bytes: int
+    """Bytes of Arrow data (what budgets count)."""
+    spilled: bool = False
+
+
+class BlockStore:
+    """Interface shared by the shared-memory store and the in-process one."""
+
+    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+        raise NotImplementedError
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        raise NotImplementedError
+
+    def free(self, ref: BlockRef) -> None:
+        raise NotImplementedError
+
+
+def _ipc_size(table: pa.Table) -> int:
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return int(sink.size())
+
+
+class SharedMemoryStore(BlockStore):
+    """Blocks as files under ``shm_dir`` (tmpfs), spilled to ``spill_dir`` when asked or full."""
+
+    def __init__(self, shm_dir: str, spill_dir: str, owner: str) -> None:
+        self.shm_dir = shm_dir
+        self.spill_dir = spill_dir
+        self._prefix = owner
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def _next_id(self) -> str:
+        with self._lock:
+            return f"{self._prefix}-{next(self._counter)}"
+
+    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+        """Write ``table`` as one IPC file; to disk when ``spill`` or when shared memory is full."""
+        block_id = self._next_id()
+        size = _ipc_size(table)
+        if not spill:
+            path = os.path.join(self.shm_dir, block_id + ".arrow")
+            try:
+                self._write_reserved(path, table, size)
+                return BlockRef(block_id, path, table.num_rows, table.nbytes, False)
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.ENOMEM):
+                    raise
+        os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
+        path = os.path.join(self.spill_dir, block_id + ".arrow")
+        try:
+            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+        except OSError as err:
+            _unlink_quietly(path)
+            msg = f"object store is full and spilling to {self.spill_dir} failed: {err}"
+            raise ObjectStoreFullError(msg) from err
+        return BlockRef(block_id, path, table.num_rows, table.nbytes, True)
+
+    @staticmethod
+    def _write_reserved(path: str, table: pa.Table, size: int) -> None:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(size, 1))
+            with mmap.mmap(fd, size) as mapped:
+                buf = pa.py_buffer(mapped)
+                sink = pa.FixedSizeBufferWriter(buf)
+                with pa.ipc.new_file(sink, table.schema) as writer:
+                    writer.write_table(table)
+                sink.close()
+                del sink, buf, writer
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(path)
+            raise
+        os.close(fd)
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        """Map the block's file and return its table (views into the mapping, no copy)."""
+        if ref.path is None:
+            msg = f"block {ref.block_id} is not in shared memory"
+            raise KeyError(msg)
+        source = pa.memory_map(ref.path, "r")
+        return pa.ipc.open_file(source).read_all()
+
+    def free(self, ref: BlockRef) -> None:
+        if ref.path is not None:
+            _unlink_quietly(ref.path)
+
+
+class MemoryStore(BlockStore):
+    """Blocks kept as Python objects in the driver (the synchronous in-process mode)."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[str, pa.Table] = {}
+        self._counter = itertools.count()
+        self._lock = threading.Lock()
+
+    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+        with self._lock:
+            block_id = f"mem-{next(self._counter)}"
+            self._blocks[block_id] = table
+        return BlockRef(block_id, None, table.num_rows, table.nbytes)
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        return self._blocks[ref.block_id]
+
+    def free(self, ref: BlockRef) -> None:
+        with self._lock:
+            self._blocks.pop(ref.block_id, None)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

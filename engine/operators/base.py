@@ -1,0 +1,89 @@
+"""The physical operator interface, and the bookkeeping every operator shares.
+
+An operator receives items (block refs, or read tasks for a source) with ``add_input``, turns
+them into outputs either on the driver (``limit``, ``union``) or by handing out tasks
+(``map``), and reports ``statistics()``. The executor is the only caller: it moves each
+operator's outputs to its downstream operator and decides when tasks may be dispatched.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.object_store import BlockRef
+
+
+@dataclass
+class OpStats:
+    """Counters one operator accumulates; the executor adds the wait reasons."""
+
+    name: str
+    tasks: int = 0
+    tasks_failed: int = 0
+    tasks_retried: int = 0
+    rows_out: int = 0
+    bytes_out: int = 0
+    task_wall_s: float = 0.0
+    task_cpu_s: float = 0.0
+    peak_held_bytes: int = 0
+    waits: dict[str, float] = field(default_factory=dict)
+    first_start: float | None = None
+    last_end: float | None = None
+
+    def add_wait(self, reason: str, seconds: float) -> None:
+        self.waits[reason] = self.waits.get(reason, 0.0) + seconds
+
+
+class PhysicalOperator:
+    """Base class. Subclasses override ``add_input`` and, if they run tasks, the task hooks."""
+
+    runs_tasks = False
+
+    def __init__(self, name: str, upstream: list[PhysicalOperator]) -> None:
+        self.name = name
+        self.upstream = upstream
+        self.downstream: PhysicalOperator | None = None
+        self.outputs: deque[BlockRef] = deque()
+        self.stats = OpStats(name)
+        self.inputs_done = not upstream
+        self._upstream_done: set[int] = set()
+        self.cancelled = False
+        self.held_bytes = 0
+        """Bytes of this operator's output blocks not yet freed (its memory footprint)."""
+
+    # data flow ---------------------------------------------------------------------------
+    def add_input(self, item: Any, index: int) -> None:
+        raise NotImplementedError
+
+    def upstream_finished(self, index: int) -> None:
+        self._upstream_done.add(index)
+        if len(self._upstream_done) == len(self.upstream):
+            self.inputs_done = True
+
+    def emit(self, ref: BlockRef) -> None:
+        self.outputs.append(ref)
+        self.held_bytes += ref.size_bytes
+        self.stats.rows_out += ref.num_rows
+        self.stats.bytes_out += ref.size_bytes
+        self.stats.peak_held_bytes = max(self.stats.peak_held_bytes, self.held_bytes)
+
+    def completed(self) -> bool:
+        """True when this operator will produce no more outputs."""
+        return self.cancelled or (self.inputs_done and not self.has_pending_work())
+
+    def has_pending_work(self) -> bool:
+        return False
+
+    def cancel(self) -> list[Any]:
+        """Stop: return queued input items so the executor can free them."""
+        self.cancelled = True
+        return []
+
+    # tasks (only for operators with runs_tasks) ---------------------------------------------
+    def in_flight(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"

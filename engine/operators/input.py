@@ -1,0 +1,25 @@
+"""InputOperator: blocks that already exist (a materialized dataset) enter a plan here.
+
+It runs no tasks; the blocks are borrowed, so the execution never frees them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from engine.object_store import BlockRef
+from engine.operators.base import PhysicalOperator
+
+
+class InputOperator(PhysicalOperator):
+    def __init__(self, refs: Sequence[BlockRef], name: str = "Input") -> None:
+        super().__init__(name, [])
+        self.borrowed = {r.block_id for r in refs}
+        for ref in refs:
+            self.emit(ref)
+        self.inputs_done = True
+
+    def add_input(self, item: Any, index: int) -> None:
+        msg = "InputOperator has no upstream"
+        raise TypeError(msg)

@@ -1,0 +1,45 @@
+"""LimitOperator: pass blocks through until N rows have gone by, then stop upstream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.object_store import BlockRef
+from engine.operators.base import PhysicalOperator
+
+
+class LimitOperator(PhysicalOperator):
+    """Runs on the driver; the last block is sliced (a new small block) when it overshoots."""
+
+    def __init__(self, limit: int, upstream: PhysicalOperator) -> None:
+        super().__init__(f"Limit[{limit}]", [upstream])
+        self.remaining = limit
+        self._slice: Callable[[BlockRef, int], BlockRef] | None = None
+        self._free: Callable[[BlockRef], None] | None = None
+        if limit <= 0:
+            self.inputs_done = True
+
+    def bind(self, slicer: Callable[[BlockRef, int], BlockRef], free: Callable[[BlockRef], None]) -> None:
+        """Give the operator the store functions it needs (done by the execution)."""
+        self._slice, self._free = slicer, free
+
+    def add_input(self, item: Any, index: int) -> None:
+        ref: BlockRef = item
+        assert self._slice is not None and self._free is not None
+        if self.remaining <= 0:
+            self._free(ref)
+            return
+        if ref.num_rows <= self.remaining:
+            self.remaining -= ref.num_rows
+            self.emit(ref)
+        else:
+            piece = self._slice(ref, self.remaining)
+            self._free(ref)
+            self.remaining = 0
+            self.emit(piece)
+        if self.remaining <= 0:
+            self.inputs_done = True
+
+    def reached(self) -> bool:
+        return self.remaining <= 0

@@ -1,0 +1,231 @@
+"""MapOperator: bundles its inputs into tasks that run a fused BlockTransform on workers.
+
+Inputs are block refs from an upstream operator, or read tasks from a source (a lazy iterator,
+pulled only as fast as tasks are dispatched, so listing 100,000 files streams). Small inputs are
+bundled until a task has ``min_bundle_bytes`` of input. With a callable-class UDF the operator
+runs on an actor pool (``ActorPoolSpec``): dedicated workers that construct the class once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine import serialization
+from engine.object_store import BlockRef
+from engine.operators.base import PhysicalOperator
+from engine.task import OUTPUT_BLOCKS, TaskResult, TaskSpec
+from engine.transform import BlockTransform
+
+_task_ids = itertools.count(1)
+_op_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one task (or one actor) needs."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    custom: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class ActorPoolSpec:
+    """An actor pool between ``min_size`` and ``max_size`` actors."""
+
+    min_size: int = 1
+    max_size: int = 1
+
+
+@dataclass
+class Pending:
+    """A dispatched task: what it consumed, so it can be retried or its inputs freed."""
+
+    spec: TaskSpec
+    bundle: list[tuple[Any, PhysicalOperator | None]]
+    input_bytes: int
+
+
+@dataclass
+class _Item:
+    value: Any
+    producer: PhysicalOperator | None
+    size: int
+
+
+class MapOperator(PhysicalOperator):
+    runs_tasks = True
+
+    def __init__(
+        self,
+        name: str,
+        transform: BlockTransform,
+        *,
+        upstream: PhysicalOperator | None = None,
+        source: Iterable[Any] | None = None,
+        source_owned: bool = True,
+        resources: Resources | None = None,
+        actor_pool: ActorPoolSpec | None = None,
+        max_concurrency: int | None = None,
+        min_bundle_bytes: int = 4 << 20,
+        output: str = OUTPUT_BLOCKS,
+        sink: Any = None,
+        min_rows_per_task: int | None = None,
+    ) -> None:
+        super().__init__(name, [upstream] if upstream is not None else [])
+        self.key = f"op{next(_op_ids)}"
+        self.transform = transform
+        self.transform_bytes = serialization.dumps(transform)
+        self.digest = serialization.digest(self.transform_bytes)
+        self.resources = resources or Resources()
+        self.actor_pool = actor_pool
+        self.max_concurrency = max_concurrency
+        self.min_bundle_bytes = min_bundle_bytes
+        self.min_rows_per_task = min_rows_per_task
+        self.output = output
+        self.sink = sink
+        self.source_owned = source_owned
+        self._source: Iterator[Any] | None = iter(source) if source is not None else None
+        self.inputs_done = source is None and upstream is None
+        self._queue: deque[_Item] = deque()
+        self._queued_bytes = 0
+        self._queued_rows = 0
+        self.pending: dict[int, Pending] = {}
+        self._task_index = itertools.count()
+        self.results: list[Any] = []
+        self.rows_counted = 0
+        self.retry_queue: deque[Pending] = deque()
+        self._out_bytes_per_task: float | None = None
+
+    # inputs ------------------------------------------------------------------------------
+    def add_input(self, item: Any, index: int, producer: PhysicalOperator | None = None) -> None:
+        size = _item_bytes(item)
+        self._queue.append(_Item(item, producer, size))
+        self._queued_bytes += size
+        self._queued_rows += _item_rows(item)
+
+    def _pull_source(self) -> None:
+        """Pull from the source until a bundle is full or the source ends."""
+        if self._source is None:
+            return
+        while self._queued_bytes < self.min_bundle_bytes:
+            try:
+                item = next(self._source)
+            except StopIteration:
+                self._source = None
+                self.inputs_done = True
+                return
+            self.add_input(item, 0, None)
+
+    def has_pending_work(self) -> bool:
+        return bool(self._queue or self.pending or self.retry_queue or self._source is not None)
+
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def has_ready_task(self, upstream_busy: bool) -> bool:
+        """Is there a bundle worth dispatching now?"""
+        if self.cancelled:
+            return False
+        if self.retry_queue:
+            return True
+        self._pull_source()
+        if not self._queue:
+            return False
+        if self.min_rows_per_task is not None:
+            return self._queued_rows >= self.min_rows_per_task or self.inputs_done
+        return self._queued_bytes >= self.min_bundle_bytes or self.inputs_done or not upstream_busy
+
+    def next_task(self) -> Pending:
+        """Take the next bundle (or a task to retry) as a task."""
+        if self.retry_queue:
+            retry = self.retry_queue.popleft()
+            retry.spec.task_id = next(_task_ids)
+            retry.spec.attempt += 1
+            self.pending[retry.spec.task_id] = retry
+            return retry
+        bundle: list[tuple[Any, PhysicalOperator | None]] = []
+        size = rows = 0
+        while self._queue:
+            item = self._queue[0]
+            if bundle and self.min_rows_per_task is None and size + item.size > max(self.min_bundle_bytes, 1):
+                break
+            if bundle and self.min_rows_per_task is not None and rows >= self.min_rows_per_task:
+                break
+            self._queue.popleft()
+            self._queued_bytes -= item.size
+            item_rows = _item_rows(item.value)
+            self._queued_rows -= item_rows
+            bundle.append((item.value, item.producer))
+            size += item.size
+            rows += item_rows
+        spec = TaskSpec(
+            task_id=next(_task_ids),
+            op_key=self.key,
+            transform_digest=self.digest,
+            inputs=[value for value, _ in bundle],
+            output=self.output,
+            sink=self.sink,
+            task_index=next(self._task_index),
+        )
+        pending = Pending(spec, bundle, size)
+        self.pending[spec.task_id] = pending
+        return pending
+
+    def expected_output_bytes(self) -> float:
+        """Bytes a new task is expected to produce (history first, else its input size)."""
+        if self._out_bytes_per_task is not None:
+            return self._out_bytes_per_task
+        return float(max(min(self._queued_bytes, self.min_bundle_bytes), 1 << 20))
+
+    def task_finished(self, task_id: int, result: TaskResult) -> Pending:
+        pending = self.pending.pop(task_id)
+        self.stats.tasks += 1
+        self.stats.task_wall_s += result.wall_s
+        self.stats.task_cpu_s += result.cpu_s
+        out = float(result.size_bytes)
+        self._out_bytes_per_task = out if self._out_bytes_per_task is None else 0.8 * self._out_bytes_per_task + 0.2 * out
+        return pending
+
+    def task_lost(self, task_id: int) -> Pending:
+        """The task's worker died: queue it again (same inputs) and return it."""
+        pending = self.pending.pop(task_id)
+        self.stats.tasks_retried += 1
+        self.retry_queue.append(pending)
+        return pending
+
+    def cancel(self) -> list[Any]:
+        self.cancelled = True
+        items = [(i.value, i.producer) for i in self._queue]
+        for retry in self.retry_queue:
+            items.extend(retry.bundle)
+        self._queue.clear()
+        self.retry_queue.clear()
+        self._queued_bytes = 0
+        self._source = None
+        return items
+
+
+def _item_bytes(item: Any) -> int:
+    if isinstance(item, BlockRef):
+        return item.size_bytes
+    metadata = getattr(item, "metadata", None)
+    size = getattr(metadata, "size_bytes", None)
+    return int(size) if size else 1 << 20
+
+
+def _item_rows(item: Any) -> int:
+    if isinstance(item, BlockRef):
+        return item.num_rows
+    metadata = getattr(item, "metadata", None)
+    rows = getattr(metadata, "num_rows", None)
+    return int(rows) if rows else 0
+
+

@@ -1,0 +1,92 @@
+"""The wire protocol between the driver and workers: typed messages, one version, one module.
+
+Every message is a list of frames: a 4-byte header (magic ``DF``, protocol version, kind) and
+one pickled body; a task also carries its operator's transform as a third frame the first time
+a worker sees it (afterwards the worker has it cached by digest). The header is checked before
+anything is unpickled. Frames are the only thing ``transport`` moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine import serialization
+
+VERSION = 1
+MAGIC = b"DF"
+
+
+class ProtocolError(Exception):
+    """A peer spoke another protocol or version."""
+
+
+@dataclass
+class Ready:
+    """Worker -> driver: started and waiting for tasks."""
+
+    worker_id: str
+    pid: int
+
+
+@dataclass
+class RunTask:
+    """Driver -> worker: run ``spec`` with the transform identified by ``spec.transform_digest``."""
+
+    spec: Any
+    transform: bytes | None = None
+    """The pickled transform, sent only if the worker does not have it yet."""
+
+
+@dataclass
+class TaskDone:
+    """Worker -> driver: a finished task, successful or not (``result.error``)."""
+
+    result: Any
+
+
+@dataclass
+class Heartbeat:
+    """Either way: I am alive (used on tcp links, where there is no pidfd to watch)."""
+
+    worker_id: str
+
+
+@dataclass
+class Shutdown:
+    """Driver -> worker: exit now."""
+
+
+_KINDS: dict[type, int] = {Ready: 1, RunTask: 2, TaskDone: 3, Heartbeat: 4, Shutdown: 5}
+_TYPES = {v: k for k, v in _KINDS.items()}
+
+
+def encode(msg: Any) -> list[bytes]:
+    """Frames for ``msg``."""
+    header = MAGIC + bytes((VERSION, _KINDS[type(msg)]))
+    if isinstance(msg, RunTask):
+        frames = [header, serialization.dumps(msg.spec)]
+        if msg.transform is not None:
+            frames.append(msg.transform)
+        return frames
+    return [header, serialization.dumps(msg)]
+
+
+def decode(frames: list[bytes] | list[Any]) -> Any:
+    """The message in ``frames``; raises ProtocolError before unpickling anything unexpected."""
+    if not frames or len(frames[0]) != 4 or bytes(frames[0][:2]) != MAGIC:
+        msg = "not a dataflow message (bad header frame)"
+        raise ProtocolError(msg)
+    version, kind = frames[0][2], frames[0][3]
+    if version != VERSION:
+        msg = f"protocol version {version} from peer, this process speaks {VERSION}"
+        raise ProtocolError(msg)
+    cls = _TYPES.get(kind)
+    if cls is None:
+        msg = f"unknown message kind {kind}"
+        raise ProtocolError(msg)
+    if cls is RunTask:
+        spec = serialization.loads(frames[1])
+        transform = bytes(frames[2]) if len(frames) > 2 else None
+        return RunTask(spec, transform)
+    return serialization.loads(frames[1])

@@ -1,0 +1,143 @@
+"""The engine's entry point for callers: run a list of operators, get refs and blocks back.
+
+``ExecutionHandle`` is what ``dataflow`` sees of a running plan, whichever executor runs it:
+iterate refs, read a block, release it when done, cancel, read statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from engine.execution import Execution
+from engine.local import LocalExecutor
+from engine.object_store import BlockRef, BlockStore
+from engine.operators.base import PhysicalOperator
+from engine.options import ExecutionOptions
+from engine.stats import ExecutionStats
+
+
+class ExecutionHandle:
+    """A running (or finished) plan."""
+
+    def __init__(self, execution: Execution, store: BlockStore) -> None:
+        self.execution = execution
+        self.store = store
+        self._closed = False
+
+    def iter_refs(self) -> Iterator[BlockRef]:
+        raise NotImplementedError
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        return self.store.get(ref)
+
+    def release(self, ref: BlockRef) -> None:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        raise NotImplementedError
+
+    def detach(self, ref: BlockRef) -> None:
+        """Keep ``ref`` after the execution (it no longer counts against its budget)."""
+        raise NotImplementedError
+
+    def free_detached(self, ref: BlockRef) -> None:
+        """Free a block kept with ``detach``."""
+        raise NotImplementedError
+
+    def stats(self) -> ExecutionStats:
+        return ExecutionStats.of(self.execution)
+
+    def results(self) -> list[Any]:
+        """Write results (for write plans) once finished."""
+        return list(getattr(self.execution.output_op, "results", []))
+
+    def row_count(self) -> int:
+        return int(getattr(self.execution.output_op, "rows_counted", 0))
+
+
+class StreamingHandle(ExecutionHandle):
+    def __init__(self, execution: Execution, session: Any) -> None:
+        super().__init__(execution, session.store)
+        self.executor = session.executor
+
+    def iter_refs(self) -> Iterator[BlockRef]:
+        try:
+            while True:
+                ref = self.execution.buffer.get()
+                if ref is None:
+                    return
+                self.execution_handed(ref)
+                yield ref
+        finally:
+            if not self.execution.buffer.done or self.execution.buffer.error is None:
+                self.cancel()
+
+    def execution_handed(self, ref: BlockRef) -> None:
+        self.executor.call_soon(lambda: self.execution.handed_to_consumer(ref))
+
+    def release(self, ref: BlockRef) -> None:
+        self.executor.release(self.execution, ref)
+
+    def detach(self, ref: BlockRef) -> None:
+        self.executor.call_soon(lambda: self.execution.detach(ref))
+
+    def free_detached(self, ref: BlockRef) -> None:
+        if not self.executor.stopped:
+            self.executor.call_soon(lambda: self.executor.free(ref))
+
+    def cancel(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if not self.execution.done:
+                self.executor.cancel(self.execution)
+
+
+class LocalHandle(ExecutionHandle):
+    def __init__(self, execution: Execution, local: LocalExecutor) -> None:
+        super().__init__(execution, local.store)
+        self.local = local
+
+    def iter_refs(self) -> Iterator[BlockRef]:
+        try:
+            for ref in self.local.run(self.execution):
+                self.execution.handed_to_consumer(ref)
+                yield ref
+        finally:
+            self.cancel()
+
+    def release(self, ref: BlockRef) -> None:
+        self.execution.release_consumed(ref)
+
+    def detach(self, ref: BlockRef) -> None:
+        self.execution.detach(ref)
+
+    def free_detached(self, ref: BlockRef) -> None:
+        self.local.free(ref)
+
+    def cancel(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.execution.cancel()
+            self.execution.release_undelivered()
+
+
+def execute(
+    ops: list[PhysicalOperator],
+    options: ExecutionOptions,
+    mode: str = "streaming",
+    session: Any = None,
+) -> ExecutionHandle:
+    """Start running ``ops`` (topologically ordered; the last one is the output)."""
+    if mode == "local":
+        local = LocalExecutor(options)
+        return LocalHandle(Execution(ops, options, local.free, local.store), local)
+    if session is None:
+        from engine.session import get_session
+
+        session = get_session(options)
+    execution = Execution(ops, session.options, session.executor.free, session.store)
+    session.executor.submit(execution)
+    return StreamingHandle(execution, session)

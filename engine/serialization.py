@@ -1,0 +1,39 @@
+"""The one module that pickles and unpickles: cloudpickle for code and task specs.
+
+Blocks never pass through here: they travel as Arrow IPC files in the object store.
+Only frames from authenticated peers reach ``loads`` (ipc sockets live in a 0700 folder;
+tcp sockets use CurveZMQ), see ``transport``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from typing import Any
+
+
+def dumps(obj: Any) -> bytes:
+    """Serialize anything, closures and classes included."""
+    import cloudpickle
+
+    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes | memoryview) -> Any:
+    """Deserialize what ``dumps`` produced."""
+    return pickle.loads(data)
+
+
+def digest(data: bytes) -> str:
+    """A short content hash, used to cache UDFs once per worker."""
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def dumps_exception(exc: BaseException) -> bytes | None:
+    """Pickle an exception if it survives a round trip, else None (its text is sent anyway)."""
+    try:
+        data = dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        return None
+    return data

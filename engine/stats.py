@@ -1,0 +1,66 @@
+"""Per-operator statistics of an execution, and how they print.
+
+``ExecutionStats.of`` takes a snapshot (it only reads state). The text shows, for each
+operator: tasks, rows and bytes out, task wall and CPU time, peak bytes held, and how long it
+was held back and why (no free worker, output budget full, concurrency cap...).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.operators.base import OpStats
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+@dataclass
+class ExecutionStats:
+    wall_s: float
+    operators: list[OpStats] = field(default_factory=list)
+
+    @staticmethod
+    def of(execution: Any) -> ExecutionStats:
+        end = execution.finished_at or time.perf_counter()
+        return ExecutionStats(end - execution.started, [op.stats for op in execution.ops])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "wall_s": self.wall_s,
+            "operators": [
+                {
+                    "name": s.name,
+                    "tasks": s.tasks,
+                    "rows_out": s.rows_out,
+                    "bytes_out": s.bytes_out,
+                    "task_wall_s": s.task_wall_s,
+                    "task_cpu_s": s.task_cpu_s,
+                    "peak_held_bytes": s.peak_held_bytes,
+                    "retried": s.tasks_retried,
+                    "waits": dict(s.waits),
+                }
+                for s in self.operators
+            ],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"Execution: {self.wall_s:.3f} s wall"]
+        for i, s in enumerate(self.operators):
+            lines.append(
+                f"  Operator {i} {s.name}: {s.tasks} tasks, {s.rows_out} rows, {_fmt_bytes(s.bytes_out)} out; "
+                f"task wall {s.task_wall_s:.3f} s, cpu {s.task_cpu_s:.3f} s; peak held {_fmt_bytes(s.peak_held_bytes)}"
+            )
+            if s.tasks_retried:
+                lines.append(f"    retried {s.tasks_retried} tasks after worker deaths")
+            for reason, seconds in sorted(s.waits.items(), key=lambda kv: -kv[1]):
+                if seconds >= 0.0005:
+                    lines.append(f"    held back {seconds:.3f} s: {reason}")
+        return "\n".join(lines)

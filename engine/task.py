@@ -1,0 +1,155 @@
+"""What crosses the process boundary for one task, and the code that runs it anywhere.
+
+A task reads its inputs (read tasks, or blocks from the store), runs its operator's fused
+``BlockTransform`` and either puts the output blocks in the store, counts rows, or hands the
+blocks to a ``Datasink``. ``run_task`` is the same in a worker process and in the driver's
+inline slot, which is what keeps the two execution modes semantically identical.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from engine.object_store import BlockRef, BlockStore
+from engine.transform import BlockTransform, UDFFailure
+
+OUTPUT_BLOCKS = "blocks"
+OUTPUT_COUNT = "count"
+OUTPUT_WRITE = "write"
+
+
+@dataclass
+class TaskSpec:
+    """One unit of work for a worker. ``inputs`` is a list of ReadTasks or of BlockRefs."""
+
+    task_id: int
+    op_key: str
+    transform_digest: str
+    inputs: list[Any]
+    output: str = OUTPUT_BLOCKS
+    sink: Any = None
+    """For write tasks: the Datasink (pickled with the task; small)."""
+    task_index: int = 0
+    attempt: int = 0
+    spill: bool = False
+
+
+@dataclass
+class TaskError:
+    """A failure inside a task, as text plus (when it pickles) the original exception."""
+
+    udf_name: str
+    exc_type: str
+    message: str
+    traceback: str
+    exception: bytes | None
+    user_code: bool
+    context: str = ""
+
+
+@dataclass
+class TaskResult:
+    task_id: int
+    refs: list[BlockRef] = field(default_factory=list)
+    num_rows: int = 0
+    size_bytes: int = 0
+    value: Any = None
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    error: TaskError | None = None
+
+
+def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
+    for item in spec.inputs:
+        if isinstance(item, BlockRef):
+            yield store.get(item)
+        else:
+            try:
+                yield from item()
+            except UDFFailure:
+                raise
+            except Exception as err:
+                files = getattr(getattr(item, "metadata", None), "input_files", ()) or ()
+                where = f"(reading {', '.join(files[:3])}{'...' if len(files) > 3 else ''})" if files else ""
+                raise UDFFailure("Read", err, where) from err
+
+
+def run_task(spec: TaskSpec, transform: BlockTransform, store: BlockStore) -> TaskResult:
+    """Run ``spec`` to completion; failures come back as ``TaskResult.error``, never raised."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    result = TaskResult(spec.task_id)
+    written: list[BlockRef] = []
+    try:
+        blocks = transform(_input_blocks(spec, store))
+        if spec.output == OUTPUT_COUNT:
+            result.num_rows = sum(b.num_rows for b in blocks)
+        elif spec.output == OUTPUT_WRITE:
+            from connectors.base import TaskContext
+
+            counted = _counting(blocks, result)
+            result.value = spec.sink.write(counted, TaskContext(spec.task_index, spec.attempt))
+        else:
+            for block in blocks:
+                ref = store.put(block, spill=spec.spill)
+                written.append(ref)
+                result.num_rows += ref.num_rows
+                result.size_bytes += ref.size_bytes
+            result.refs = written
+    except Exception as err:  # everything is reported; nothing escapes a task
+        for ref in written:
+            store.free(ref)
+        result.refs = []
+        result.error = describe_error(err)
+    result.wall_s = time.perf_counter() - start
+    result.cpu_s = time.process_time() - cpu_start
+    return result
+
+
+def _counting(blocks: Iterator[pa.Table], result: TaskResult) -> Iterator[pa.Table]:
+    for block in blocks:
+        result.num_rows += block.num_rows
+        result.size_bytes += block.nbytes
+        yield block
+
+
+_ENGINE_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m)) + os.sep
+    for m in (__file__, os.path.join(os.path.dirname(__file__), "..", "dataflow", "x"))
+)
+
+
+def trimmed_traceback(err: BaseException) -> str:
+    """The traceback of ``err`` without engine and API frames: only the user's own code."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(_ENGINE_DIRS)]
+    lines = traceback.format_list(frames)
+    lines += traceback.format_exception_only(type(err), err)
+    return "".join(lines)
+
+
+def describe_error(err: BaseException) -> TaskError:
+    """Turn an exception raised in a task into a picklable ``TaskError``."""
+    from engine.serialization import dumps_exception
+
+    if isinstance(err, UDFFailure):
+        original, name, user = err.error, err.udf_name, True
+        context = err.context
+    else:
+        original, name, user, context = err, "the engine", False, ""
+    tb = trimmed_traceback(original) if user else "".join(traceback.format_exception(original))
+    return TaskError(
+        udf_name=name,
+        exc_type=type(original).__name__,
+        message=str(original),
+        traceback=tb,
+        exception=dumps_exception(original),
+        user_code=user,
+        context=context,
+    )
+

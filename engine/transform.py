@@ -1,0 +1,235 @@
+"""BlockTransform: the picklable, fused chain of per-row and per-batch functions a task runs.
+
+``map``, ``filter``, ``flat_map`` and ``map_batches`` all become stages of one transform, so
+adjacent maps run in one task with no block written in between. Consecutive row stages share
+one row iterator (a block is turned into Python rows once). A transform is pickled once per
+operator, cached by digest in each worker, and constructs callable classes once per worker:
+that is what makes a map over a class an actor.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from engine.block_format import iter_rows, rows_to_block, to_batch, to_block
+
+ROW_CHUNK = 4096
+"""Rows collected before they are turned back into a table inside a row-stage chain."""
+
+
+class UDFFailure(Exception):
+    """Internal: user code raised ``error`` inside stage ``udf_name`` (unwrapped by the worker)."""
+
+    def __init__(self, udf_name: str, error: BaseException, context: str = "") -> None:
+        super().__init__(udf_name, error)
+        self.udf_name = udf_name
+        self.error = error
+        self.context = context
+
+
+def udf_name(fn: Any) -> str:
+    """A readable name for a function or callable class."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return str(name)
+
+
+@dataclass
+class Stage:
+    """One user-visible step. ``kind`` is "rows" (row -> rows) or "batches" (table -> tables)."""
+
+    name: str
+    kind: str
+    fn: Any
+    fn_args: tuple[Any, ...] = ()
+    fn_kwargs: dict[str, Any] = field(default_factory=dict)
+    fn_constructor_args: tuple[Any, ...] = ()
+    fn_constructor_kwargs: dict[str, Any] = field(default_factory=dict)
+    row_mode: str = "map"
+    """For row stages: "map" (one row out), "filter" (keep if true), "flat_map" (rows out)."""
+    batch_size: int | None = None
+    batch_format: str = "default"
+    user_code: bool = True
+    """False for engine-provided steps (select_columns...), whose errors are not UDF errors."""
+    _callable: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_callable"] = None
+        return state
+
+    def prepare(self) -> Callable[..., Any]:
+        """The callable to invoke: constructs a callable class once (per worker) and keeps it."""
+        if self._callable is None:
+            if isinstance(self.fn, type):
+                try:
+                    self._callable = self.fn(*self.fn_constructor_args, **self.fn_constructor_kwargs)
+                except Exception as err:
+                    raise UDFFailure(f"{self.name} (constructor of {udf_name(self.fn)})", err) from err
+            else:
+                self._callable = self.fn
+        return self._callable  # type: ignore[no-any-return]
+
+
+class BlockTransform:
+    """Run a list of stages over a stream of blocks."""
+
+    def __init__(self, stages: list[Stage], target_block_bytes: int = 128 << 20) -> None:
+        self.stages = stages
+        self.target_block_bytes = target_block_bytes
+
+    @property
+    def name(self) -> str:
+        return "->".join(s.name for s in self.stages) or "Identity"
+
+    def prepare(self) -> None:
+        """Construct callable classes now (an actor's constructor runs before its first batch)."""
+        for stage in self.stages:
+            stage.prepare()
+
+    def __call__(self, blocks: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        stream: Iterator[pa.Table] = iter(blocks)
+        i = 0
+        while i < len(self.stages):
+            stage = self.stages[i]
+            if stage.kind == "rows":
+                j = i
+                while j < len(self.stages) and self.stages[j].kind == "rows":
+                    j += 1
+                stream = _run_row_stages(self.stages[i:j], stream)
+                i = j
+            else:
+                stream = _run_batch_stage(stage, stream)
+                i += 1
+        return _shape_output(stream, self.target_block_bytes)
+
+
+def _call(stage: Stage, fn: Callable[..., Any], value: Any) -> Any:
+    try:
+        return fn(value, *stage.fn_args, **stage.fn_kwargs)
+    except UDFFailure:
+        raise
+    except Exception as err:
+        if not stage.user_code:
+            raise
+        raise UDFFailure(stage.name, err) from err
+
+
+def _run_row_stages(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    fns = [(s, s.prepare()) for s in stages]
+
+    def apply(rows: Iterable[Any]) -> Iterator[Any]:
+        for stage, fn in fns:
+            rows = _row_stage(stage, fn, rows)
+        return iter(rows)
+
+    for block in blocks:
+        out: list[Any] = []
+        for row in apply(iter_rows(block)):
+            out.append(row)
+            if len(out) >= ROW_CHUNK:
+                yield _rows_block(stages[-1], out)
+                out = []
+        if out:
+            yield _rows_block(stages[-1], out)
+
+
+def _rows_block(stage: Stage, rows: list[Any]) -> pa.Table:
+    try:
+        return rows_to_block(rows)
+    except (TypeError, ValueError) as err:
+        raise UDFFailure(stage.name, err, "(converting its output rows)") from err
+
+
+def _row_stage(stage: Stage, fn: Callable[..., Any], rows: Iterable[Any]) -> Iterator[Any]:
+    if stage.row_mode == "map":
+        for row in rows:
+            yield _call(stage, fn, row)
+    elif stage.row_mode == "filter":
+        for row in rows:
+            if _call(stage, fn, row):
+                yield row
+    elif stage.row_mode == "flat_map":
+        for row in rows:
+            out = _call(stage, fn, row)
+            try:
+                yield from out
+            except TypeError as err:
+                raise UDFFailure(stage.name, err, "(flat_map must return an iterable of rows)") from err
+    else:
+        msg = f"unknown row mode {stage.row_mode!r}"
+        raise ValueError(msg)
+
+
+def _rebatch(blocks: Iterator[pa.Table], batch_size: int | None) -> Iterator[pa.Table]:
+    """Tables of exactly ``batch_size`` rows (the last may be short); None: one per block."""
+    if batch_size is None:
+        for block in blocks:
+            if block.num_rows:
+                yield block
+        return
+    pending: list[pa.Table] = []
+    have = 0
+    for block in blocks:
+        offset = 0
+        while offset < block.num_rows:
+            take = min(batch_size - have, block.num_rows - offset)
+            pending.append(block.slice(offset, take))
+            have += take
+            offset += take
+            if have == batch_size:
+                yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+                pending, have = [], 0
+    if have:
+        yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+
+
+def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    fn = stage.prepare()
+    for batch in _rebatch(blocks, stage.batch_size):
+        formatted = to_batch(batch, stage.batch_format)
+        result = _call(stage, fn, formatted)
+        outputs = result if inspect.isgenerator(result) else (result,)
+        try:
+            for out in outputs:
+                yield to_block(out)
+        except UDFFailure:
+            raise
+        except Exception as err:
+            if not stage.user_code:
+                raise
+            raise UDFFailure(stage.name, err) from err
+
+
+def _shape_output(blocks: Iterator[pa.Table], target_bytes: int) -> Iterator[pa.Table]:
+    """Coalesce small outputs and split big ones so blocks are near ``target_bytes``."""
+    pending: list[pa.Table] = []
+    size = 0
+    for block in blocks:
+        if block.num_rows == 0 and block.num_columns == 0:
+            continue
+        if block.nbytes > target_bytes and block.num_rows > 1:
+            yield from _flush(pending)
+            pending, size = [], 0
+            pieces = -(-block.nbytes // target_bytes)
+            step = -(-block.num_rows // pieces)
+            for start in range(0, block.num_rows, step):
+                yield block.slice(start, step)
+            continue
+        if pending and (size + block.nbytes > target_bytes or block.schema != pending[0].schema):
+            yield from _flush(pending)
+            pending, size = [], 0
+        pending.append(block)
+        size += block.nbytes
+    yield from _flush(pending)
+
+
+def _flush(pending: list[pa.Table]) -> Iterator[pa.Table]:
+    if len(pending) == 1:
+        yield pending[0]
+    elif pending:
+        yield pa.concat_tables(pending)

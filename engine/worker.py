@@ -1,0 +1,79 @@
+"""A worker process: receive a task, run it, put its blocks in the store, reply. Repeat.
+
+Workers are forked by ``engine.forkserver`` with pyarrow already imported. Each one caches
+its operators' transforms by digest, so a UDF is unpickled, and a callable class constructed,
+once per worker. A worker never raises out of a task: failures go back as ``TaskError``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from engine import protocol, serialization
+from engine.object_store import SharedMemoryStore
+from engine.task import TaskResult, TaskSpec, describe_error, run_task
+from engine.transform import BlockTransform, UDFFailure
+
+
+def main(
+    address: str,
+    worker_id: str,
+    shm_dir: str,
+    spill_dir: str,
+    env: dict[str, str] | None = None,
+    server_public: bytes | None = None,
+    client_keys: tuple[bytes, bytes] | None = None,
+) -> None:
+    """Serve tasks from the driver at ``address`` until told to stop or the driver is gone."""
+    import pyarrow as pa
+    import zmq
+
+    from engine.transport import WorkerSocket
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(env or {})
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(max(4, pa.io_thread_count()))
+    store = SharedMemoryStore(shm_dir, spill_dir, owner=f"{worker_id}.{os.getpid()}")
+    transforms: dict[str, BlockTransform] = {}
+    ctx = zmq.Context()
+    sock = WorkerSocket(ctx, address, worker_id, server_public, client_keys)
+    try:
+        sock.send(protocol.encode(protocol.Ready(worker_id, os.getpid())))
+        while True:
+            frames = sock.recv()
+            assert frames is not None
+            msg = protocol.decode(frames)
+            if isinstance(msg, protocol.Shutdown):
+                break
+            if isinstance(msg, protocol.RunTask):
+                result = _serve_task(msg, transforms, store)
+                sock.send(protocol.encode(protocol.TaskDone(result)))
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def _serve_task(msg: protocol.RunTask, transforms: dict[str, BlockTransform], store: SharedMemoryStore) -> TaskResult:
+    spec: TaskSpec = msg.spec
+    transform = transforms.get(spec.transform_digest)
+    if transform is None:
+        try:
+            if msg.transform is None:
+                err = RuntimeError(f"worker has no transform {spec.transform_digest} and none was sent")
+                return TaskResult(spec.task_id, error=describe_error(err))
+            transform = load_transform(msg.transform)
+        except Exception as err:
+            return TaskResult(spec.task_id, error=describe_error(UDFFailure("deserializing the UDF", err)))
+        transforms[spec.transform_digest] = transform
+    return run_task(spec, transform, store)
+
+
+def load_transform(data: bytes) -> BlockTransform:
+    transform: Any = serialization.loads(data)
+    if not isinstance(transform, BlockTransform):
+        msg = f"expected a BlockTransform, got {type(transform).__name__}"
+        raise TypeError(msg)
+    return transform

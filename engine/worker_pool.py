@@ -1,0 +1,102 @@
+"""The driver's view of its worker processes: who exists, what each is doing, who died.
+
+Workers are forked by the zygote (``engine.forkserver``). Each has a pidfd the executor polls,
+so a death is noticed the moment it happens (no heartbeat needed on one machine). Task workers
+serve any operator; actor workers (``kind="actor:<op>"``) belong to one operator's pool.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.forkserver import ForkServer
+
+STARTING, IDLE, BUSY, DEAD = "starting", "idle", "busy", "dead"
+TASK_KIND = "task"
+
+
+@dataclass
+class WorkerHandle:
+    worker_id: str
+    kind: str
+    state: str = STARTING
+    pid: int | None = None
+    pidfd: int | None = None
+    task: tuple[Any, Any, Any] | None = None
+    """(execution, operator, pending task) while busy."""
+    digests: set[str] = field(default_factory=set)
+    idle_since: float = 0.0
+
+
+class WorkerPool:
+    """Starts workers through the zygote and keeps their handles."""
+
+    def __init__(self, worker_args: dict[str, Any], env: dict[str, str] | None = None) -> None:
+        self._args = worker_args
+        self._env = env or {}
+        self._ids = itertools.count()
+        self.forkserver: ForkServer | None = None
+        self.workers: dict[str, WorkerHandle] = {}
+        self.by_pidfd: dict[int, WorkerHandle] = {}
+
+    def start_forkserver(self) -> ForkServer:
+        if self.forkserver is None or not self.forkserver.alive():
+            self.forkserver = ForkServer(self._env)
+        return self.forkserver
+
+    def spawn(self, kind: str, extra_env: dict[str, str] | None = None) -> WorkerHandle:
+        handle = WorkerHandle(f"w{next(self._ids)}", kind)
+        self.workers[handle.worker_id] = handle
+        args = dict(self._args, worker_id=handle.worker_id)
+        try:
+            self.start_forkserver().request(handle.worker_id, args, extra_env)
+        except (BrokenPipeError, OSError):
+            self.forkserver = None
+            self.start_forkserver().request(handle.worker_id, args, extra_env)
+        return handle
+
+    def on_forked(self) -> list[WorkerHandle]:
+        """Record pids the zygote reported; returns the handles now being watched."""
+        if self.forkserver is None:
+            return []
+        started = []
+        for worker_id, pid in self.forkserver.read_replies():
+            handle = self.workers.get(worker_id)
+            if handle is None:
+                continue
+            handle.pid = pid
+            try:
+                handle.pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                handle.state = DEAD
+                continue
+            self.by_pidfd[handle.pidfd] = handle
+            started.append(handle)
+        return started
+
+    def mark_dead(self, handle: WorkerHandle) -> None:
+        handle.state = DEAD
+        if handle.pidfd is not None:
+            self.by_pidfd.pop(handle.pidfd, None)
+            os.close(handle.pidfd)
+            handle.pidfd = None
+        self.workers.pop(handle.worker_id, None)
+
+    def live(self, kind: str | None = None) -> list[WorkerHandle]:
+        return [w for w in self.workers.values() if w.state != DEAD and (kind is None or w.kind == kind)]
+
+    def idle(self, kind: str) -> list[WorkerHandle]:
+        return [w for w in self.workers.values() if w.state == IDLE and w.kind == kind]
+
+    def close(self) -> None:
+        if self.forkserver is not None:
+            self.forkserver.close()
+            self.forkserver = None
+        for handle in list(self.workers.values()):
+            if handle.pidfd is not None:
+                os.close(handle.pidfd)
+        self.workers.clear()
+        self.by_pidfd.clear()

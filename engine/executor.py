@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -109,6 +110,12 @@ class StreamingExecutor:
             execution.buffer.finish()
 
         self.call_soon(do)
+
+    def sync(self, timeout: float = 10.0) -> bool:
+        """Wait until the loop has handled every command posted before this call."""
+        done = threading.Event()
+        self.call_soon(done.set)
+        return done.wait(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.call_soon(self._begin_stop)
@@ -303,7 +310,8 @@ class StreamingExecutor:
         slot.state = BUSY
         slot.task = (execution, op, pending)
         try:
-            self._socket.send(slot.worker_id, protocol.encode(protocol.RunTask(spec, transform)))
+            sys_path = sys.path if transform is not None else None
+            self._socket.send(slot.worker_id, protocol.encode(protocol.RunTask(spec, transform, sys_path)))
         except zmq.ZMQError:  # the worker vanished between Ready and now: its pidfd will say so
             pass
 

@@ -8,6 +8,7 @@ anything is unpickled. Frames are the only thing ``transport`` moves.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,9 @@ class RunTask:
     spec: Any
     transform: bytes | None = None
     """The pickled transform, sent only if the worker does not have it yet."""
+    sys_path: list[str] | None = None
+    """The driver's ``sys.path``, sent with the transform, so UDFs defined in modules the driver
+    can import (a script's folder, a test folder) unpickle in the worker too."""
 
 
 @dataclass
@@ -67,7 +71,7 @@ def encode(msg: Any) -> list[bytes]:
     if isinstance(msg, RunTask):
         frames = [header, serialization.dumps(msg.spec)]
         if msg.transform is not None:
-            frames.append(msg.transform)
+            frames += [msg.transform, json.dumps(msg.sys_path or []).encode()]
         return frames
     return [header, serialization.dumps(msg)]
 
@@ -88,5 +92,6 @@ def decode(frames: list[bytes] | list[Any]) -> Any:
     if cls is RunTask:
         spec = serialization.loads(frames[1])
         transform = bytes(frames[2]) if len(frames) > 2 else None
-        return RunTask(spec, transform)
+        sys_path = json.loads(bytes(frames[3])) if len(frames) > 3 else None
+        return RunTask(spec, transform, sys_path)
     return serialization.loads(frames[1])

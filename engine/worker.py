@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any
 
 from engine import protocol, serialization
@@ -64,6 +65,9 @@ def _serve_task(msg: protocol.RunTask, transforms: dict[str, BlockTransform], st
             if msg.transform is None:
                 err = RuntimeError(f"worker has no transform {spec.transform_digest} and none was sent")
                 return TaskResult(spec.task_id, error=describe_error(err))
+            for entry in msg.sys_path or ():
+                if entry not in sys.path:
+                    sys.path.append(entry)
             transform = load_transform(msg.transform)
         except Exception as err:
             return TaskResult(spec.task_id, error=describe_error(UDFFailure("deserializing the UDF", err)))

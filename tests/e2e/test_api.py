@@ -1,0 +1,225 @@
+"""The Dataset API end to end, on both execution modes, with Ray Data's semantics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+
+
+def test_range_rows_and_count(mode):
+    ds = dataflow.range(1000)
+    assert ds.count() == 1000
+    rows = ds.take_all()
+    assert [r["id"] for r in rows] == list(range(1000))
+    assert ds.take(3) == [{"id": 0}, {"id": 1}, {"id": 2}]
+
+
+def test_from_items_dicts_and_values(mode):
+    assert dataflow.from_items([{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]).take_all() == [
+        {"a": 1, "b": "x"},
+        {"a": 2, "b": "y"},
+    ]
+    assert dataflow.from_items([1, 2, 3]).take_all() == [{"item": 1}, {"item": 2}, {"item": 3}]
+
+
+def test_from_arrow_pandas_polars_numpy(mode):
+    table = pa.table({"x": [1, 2, 3]})
+    assert dataflow.from_arrow(table).to_arrow().equals(table)
+    df = pd.DataFrame({"x": [1.0, 2.0]})
+    pd.testing.assert_frame_equal(dataflow.from_pandas(df).to_pandas(), df)
+    assert dataflow.from_polars(pl.DataFrame({"x": [1, 2]})).to_polars()["x"].to_list() == [1, 2]
+    images = np.arange(4 * 2 * 3, dtype=np.float32).reshape(4, 2, 3)
+    batch = dataflow.from_numpy(images).take_batch(10)
+    np.testing.assert_array_equal(batch["data"], images)
+
+
+def test_map_filter_flat_map(mode):
+    ds = (
+        dataflow.range(100)
+        .map(lambda r: {"id": r["id"], "sq": r["id"] ** 2})
+        .filter(lambda r: r["id"] % 2 == 0)
+        .flat_map(lambda r: [r, {"id": -r["id"], "sq": 0}])
+    )
+    rows = ds.take_all()
+    assert len(rows) == 100
+    assert {r["id"] for r in rows if r["id"] >= 0} == set(range(0, 100, 2))
+    assert ds.count() == 100
+
+
+@pytest.mark.parametrize("fmt", ["default", "numpy", "pandas", "pyarrow", "polars"])
+def test_map_batches_formats(mode, fmt):
+    def double(batch):
+        if fmt in ("default", "numpy"):
+            assert isinstance(batch["id"], np.ndarray)
+            return {"id": batch["id"] * 2}
+        if fmt == "pandas":
+            assert isinstance(batch, pd.DataFrame)
+            return batch.assign(id=batch["id"] * 2)
+        if fmt == "polars":
+            assert isinstance(batch, pl.DataFrame)
+            return batch.with_columns(pl.col("id") * 2)
+        assert isinstance(batch, pa.Table)
+        return pa.table({"id": pa.compute.multiply(batch["id"], 2)})
+
+    out = dataflow.range(50).map_batches(double, batch_format=fmt).take_all()
+    assert sorted(r["id"] for r in out) == [2 * i for i in range(50)]
+
+
+def test_map_batches_exact_batch_size_and_args(mode):
+    sizes = []
+
+    def record(batch, scale, *, offset):
+        return {"n": np.full(len(batch["id"]), len(batch["id"])), "v": batch["id"] * scale + offset}
+
+    rows = dataflow.range(1000, override_num_blocks=7).map_batches(
+        record, batch_size=64, fn_args=(10,), fn_kwargs={"offset": 1}
+    ).take_all()
+    sizes = {r["n"] for r in rows}
+    # batches never span tasks, so besides 64 only the last batch of a task may be short
+    assert 64 in sizes
+    assert sorted(r["v"] for r in rows) == [i * 10 + 1 for i in range(1000)]
+
+
+def test_map_batches_generator_changes_row_count(mode):
+    def explode(batch):
+        for i in range(3):
+            yield {"id": batch["id"], "copy": np.full(len(batch["id"]), i)}
+
+    ds = dataflow.range(10).map_batches(explode)
+    assert ds.count() == 30
+
+
+class AddOffset:
+    def __init__(self, offset):
+        import os
+
+        self.offset = offset
+        self.pid = os.getpid()
+        self.calls = 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        return {
+            "id": batch["id"] + self.offset,
+            "pid": np.full(len(batch["id"]), self.pid),
+            "calls": np.full(len(batch["id"]), self.calls),
+        }
+
+
+def test_callable_class_is_an_actor(mode):
+    rows = (
+        dataflow.range(400, override_num_blocks=8)
+        .map_batches(AddOffset, fn_constructor_args=(1000,), batch_size=50, concurrency=2)
+        .take_all()
+    )
+    assert sorted(r["id"] for r in rows) == list(range(1000, 1400))
+    pids = {r["pid"] for r in rows}
+    assert len(pids) <= 2
+    # state is kept across batches: some actor has seen several calls
+    assert max(r["calls"] for r in rows) > 1
+
+
+def test_column_operations(mode):
+    ds = dataflow.from_items([{"a": 1, "b": 2, "c": 3}] * 5)
+    assert ds.select_columns(["a", "c"]).columns() == ["a", "c"]
+    assert ds.drop_columns(["b"]).columns() == ["a", "c"]
+    assert ds.rename_columns({"a": "x"}).columns() == ["x", "b", "c"]
+    added = ds.add_column("d", lambda df: df["a"] + df["c"]).take(1)
+    assert added == [{"a": 1, "b": 2, "c": 3, "d": 4}]
+    with pytest.raises(KeyError, match="no column 'zzz'"):
+        ds.select_columns(["zzz"]).take_all()
+
+
+def test_filter_expression(mode):
+    ds = dataflow.range(100).filter(expr=dataflow.col("id") >= 90)
+    assert [r["id"] for r in ds.take_all()] == list(range(90, 100))
+
+
+def test_limit_and_union(mode):
+    ds = dataflow.range(1000, override_num_blocks=10)
+    assert ds.limit(15).count() == 15
+    assert [r["id"] for r in ds.limit(15).take_all()] == list(range(15))
+    assert ds.map(lambda r: r).limit(0).take_all() == []
+    u = dataflow.range(3).union(dataflow.from_items([{"id": 10}]))
+    assert sorted(r["id"] for r in u.take_all()) == [0, 1, 2, 10]
+    assert u.count() == 4
+
+
+def test_iter_batches_exact_sizes_across_blocks(mode):
+    ds = dataflow.range(1000, override_num_blocks=13)
+    sizes = [len(b["id"]) for b in ds.iter_batches(batch_size=64)]
+    assert sizes == [64] * 15 + [40]
+    sizes = [len(b["id"]) for b in ds.iter_batches(batch_size=64, drop_last=True)]
+    assert sizes == [64] * 15
+    ids = np.concatenate([b["id"] for b in ds.iter_batches(batch_size=100, prefetch_batches=3)])
+    assert sorted(ids.tolist()) == list(range(1000))
+    for fmt, cls in (("pandas", pd.DataFrame), ("pyarrow", pa.Table), ("polars", pl.DataFrame)):
+        assert all(isinstance(b, cls) for b in ds.iter_batches(batch_size=500, batch_format=fmt))
+
+
+def test_local_shuffle_keeps_every_row(mode):
+    ds = dataflow.range(500)
+    ids = np.concatenate(
+        [b["id"] for b in ds.iter_batches(batch_size=32, local_shuffle_buffer_size=100, local_shuffle_seed=1)]
+    )
+    assert sorted(ids.tolist()) == list(range(500))
+    assert ids.tolist() != list(range(500))
+
+
+def test_iter_rows_take_batch_schema(mode):
+    ds = dataflow.from_items([{"a": i, "s": str(i)} for i in range(10)])
+    assert next(iter(ds.iter_rows())) == {"a": 0, "s": "0"}
+    batch = ds.take_batch(4)
+    assert list(batch["a"]) == [0, 1, 2, 3]
+    schema = ds.map(lambda r: {"a": r["a"] * 1.5}).schema()
+    assert schema.field("a").type == pa.float64()
+
+
+def test_materialize_is_reiterable(mode):
+    calls = []
+    mat = dataflow.range(100).map(lambda r: {"id": r["id"] + 1}).materialize()
+    assert mat.count() == 100
+    assert sorted(r["id"] for r in mat.take_all()) == list(range(1, 101))
+    assert sorted(r["id"] for r in mat.take_all()) == list(range(1, 101))
+    assert mat.map(lambda r: {"id": r["id"] * 2}).count() == 100
+    assert not calls
+    del mat
+
+
+def test_aggregates(mode):
+    values = np.random.default_rng(0).normal(size=1000)
+    ds = dataflow.from_numpy(values)
+    assert ds.sum("data") == pytest.approx(values.sum())
+    assert ds.min("data") == pytest.approx(values.min())
+    assert ds.max("data") == pytest.approx(values.max())
+    assert ds.mean("data") == pytest.approx(values.mean())
+    assert ds.std("data") == pytest.approx(values.std(ddof=1))
+
+
+def test_parquet_round_trip(mode, tmp_path):
+    table = pa.table({"a": np.arange(1000), "b": np.random.default_rng(1).random(1000)})
+    for i in range(3):
+        pq.write_table(table.slice(i * 300, 300 if i < 2 else 400), tmp_path / f"part-{i}.parquet")
+    ds = dataflow.read_parquet(str(tmp_path))
+    assert ds.count() == 1000
+    assert ds.map_batches(lambda b: {"a": b["a"]}).sum("a") == sum(range(1000))
+    assert dataflow.read_parquet(str(tmp_path), columns=["b"]).columns() == ["b"]
+    out = tmp_path / "out"
+    ds.filter(expr=dataflow.col("a") < 500).write_parquet(str(out))
+    back = dataflow.read_parquet(str(out))
+    assert sorted(r["a"] for r in back.take_all()) == list(range(500))
+
+
+def test_stats_and_explain(mode):
+    ds = dataflow.range(100).map(lambda r: r).filter(lambda r: True)
+    text = ds.explain()
+    assert "Optimized Plan" in text and "Map(" in text
+    ds.take_all()
+    stats = ds.stats()
+    assert "tasks" in stats and "rows" in stats

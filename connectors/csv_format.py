@@ -45,12 +45,32 @@ class CSVDatasource(FileDatasource):
     ) -> None:
         super().__init__(paths, **kwargs)
         self._read_options = read_options or pacsv.ReadOptions()
-        self._parse_options = parse_options or pacsv.ParseOptions()
+        self._parse_options_kwargs = _parse_options_kwargs(parse_options or pacsv.ParseOptions())
         self._convert_options = convert_options or pacsv.ConvertOptions()
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
         data = read_file_bytes(fs, piece.entry.path, retrier, display)
-        yield parse_csv(data, display, self._read_options, self._parse_options, self._convert_options)
+        parse_options = pacsv.ParseOptions(**self._parse_options_kwargs)
+        yield parse_csv(data, display, self._read_options, parse_options, self._convert_options)
+
+
+def _parse_options_kwargs(options: pacsv.ParseOptions) -> dict[str, Any]:
+    """``options`` as constructor arguments: an unpickled ParseOptions has a broken row handler
+    (pyarrow calls a None ``invalid_row_handler``), so tasks carry the arguments and rebuild it."""
+    kwargs = {
+        name: getattr(options, name)
+        for name in (
+            "delimiter",
+            "quote_char",
+            "double_quote",
+            "escape_char",
+            "newlines_in_values",
+            "ignore_empty_lines",
+        )
+    }
+    if options.invalid_row_handler is not None:
+        kwargs["invalid_row_handler"] = options.invalid_row_handler
+    return kwargs
 
 
 def parse_csv(
@@ -106,13 +126,17 @@ def _with_column_types(options: pacsv.ConvertOptions, forced: dict[str, pa.DataT
     return copy
 
 
-def _column_names(data: bytes, read_options: pacsv.ReadOptions, parse_options: pacsv.ParseOptions) -> list[str]:
+def _column_names(
+    data: bytes, read_options: pacsv.ReadOptions, parse_options: pacsv.ParseOptions
+) -> list[str]:
     all_strings = pacsv.ConvertOptions(column_types={}, strings_can_be_null=False)
     reader = pacsv.open_csv(pa.BufferReader(data), read_options, parse_options, all_strings)
     return list(reader.schema.names)
 
 
-def _bad_line(data: bytes, read_options: pacsv.ReadOptions, parse_options: pacsv.ParseOptions, expected: int) -> int | None:
+def _bad_line(
+    data: bytes, read_options: pacsv.ReadOptions, parse_options: pacsv.ParseOptions, expected: int
+) -> int | None:
     """1-based line number (header included) of the first row without ``expected`` fields."""
     text = io.StringIO(data.decode(read_options.encoding, errors="replace"), newline="")
     quotechar = parse_options.quote_char or '"'

@@ -59,7 +59,9 @@ class FileDatasink(Datasink):
         if max_rows_per_file is not None and max_rows_per_file < 1:
             raise ValueError(f"max_rows_per_file must be at least 1, got {max_rows_per_file}")
         if min_rows_per_file and max_rows_per_file and min_rows_per_file > max_rows_per_file:
-            raise ValueError(f"min_rows_per_file ({min_rows_per_file}) > max_rows_per_file ({max_rows_per_file})")
+            raise ValueError(
+                f"min_rows_per_file ({min_rows_per_file}) > max_rows_per_file ({max_rows_per_file})"
+            )
         fs, roots, prefix = resolve_filesystem([str(path)], filesystem)
         self._fs: pafs.FileSystem = fs
         self._root = roots[0].rstrip("/")
@@ -87,7 +89,11 @@ class FileDatasink(Datasink):
     def on_write_start(self) -> None:
         """Create the destination and the staging folder."""
         retrier = Retrier(self._retry_policy)
-        retrier.call(lambda: self._fs.create_dir(self.staging_dir, recursive=True), path=self._display(self.staging_dir), action="create")
+        retrier.call(
+            lambda: self._fs.create_dir(self.staging_dir, recursive=True),
+            path=self._display(self.staging_dir),
+            action="create",
+        )
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> WriteResult:
         """Encode ``blocks`` into staged files; returns what was staged."""
@@ -121,9 +127,17 @@ class FileDatasink(Datasink):
                 source, target = f"{self.staging_dir}/{relative}", f"{self._root}/{relative}"
                 parent = target.rsplit("/", 1)[0]
                 if parent not in made:
-                    retrier.call(lambda p=parent: self._fs.create_dir(p, recursive=True), path=self._display(parent), action="create")
+                    retrier.call(
+                        lambda p=parent: self._fs.create_dir(p, recursive=True),
+                        path=self._display(parent),
+                        action="create",
+                    )
                     made.add(parent)
-                retrier.call(lambda s=source, t=target: self._fs.move(s, t), path=self._display(target), action="commit")
+                retrier.call(
+                    lambda s=source, t=target: self._fs.move(s, t),
+                    path=self._display(target),
+                    action="commit",
+                )
                 self.written_files.append(self._display(target))
         self._remove_staging()
 
@@ -150,7 +164,11 @@ class FileDatasink(Datasink):
         for key in keys:
             mask = None
             for name, value in key.items():
-                term = pc.is_null(table[name]) if value is None else pc.equal(table[name], pa.scalar(value, table.schema.field(name).type))
+                term = (
+                    pc.is_null(table[name])
+                    if value is None
+                    else pc.equal(table[name], pa.scalar(value, table.schema.field(name).type))
+                )
                 mask = term if mask is None else pc.and_(mask, term)
             folder = "/".join(folder_name(name, key[name]) for name in self._partition_cols)
             yield folder, table.filter(mask).select(data_columns)

@@ -116,7 +116,9 @@ def coalesce(tables: Iterable[pa.Table], max_bytes: int) -> Iterator[pa.Table]:
     pending: list[pa.Table] = []
     pending_bytes = 0
     for table in tables:
-        if pending and (pending_bytes + table.nbytes > max_bytes or not pending[0].schema.equals(table.schema)):
+        if pending and (
+            pending_bytes + table.nbytes > max_bytes or not pending[0].schema.equals(table.schema)
+        ):
             yield pa.concat_tables(pending)
             pending, pending_bytes = [], 0
         if table.nbytes >= max_bytes:
@@ -145,7 +147,7 @@ class FileDatasource(Datasource):
         paths: PathArg,
         *,
         filesystem: Any = None,
-        file_extensions: Sequence[str] | None | str = "default",
+        file_extensions: Sequence[str] | str | None = "default",
         include_paths: bool = False,
         partitioning: Partitioning | str = "default",
         target_task_bytes: int = DEFAULT_TASK_BYTES,
@@ -193,7 +195,9 @@ class FileDatasource(Datasource):
             )
             yield ReadTask(functools.partial(self._read_pieces, tuple(group), part_schema), metadata)
 
-    def _read_pieces(self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None) -> Iterator[pa.Table]:
+    def _read_pieces(
+        self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None
+    ) -> Iterator[pa.Table]:
         retrier = Retrier(self._retry_policy)
         yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), DEFAULT_BLOCK_BYTES)
 
@@ -212,7 +216,9 @@ class FileDatasource(Datasource):
                     table = table.append_column("path", pa.array([display] * table.num_rows, pa.string()))
                 yield table
 
-    def _read_file_checked(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
+    def _read_file_checked(
+        self, fs: Any, piece: FilePiece, display: str, retrier: Retrier
+    ) -> Iterator[pa.Table]:
         try:
             yield from self._read_file(fs, piece, display, retrier)
         except (FileFormatError, PathNotFoundError, AccessDeniedError, RetriesExhaustedError):

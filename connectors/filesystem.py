@@ -90,7 +90,9 @@ class FileSet:
                 raise PathNotFoundError(msg, path=self.display(root))
 
     def _info(self, path: str, retrier: Retrier) -> pafs.FileInfo:
-        return retrier.call(lambda: self.filesystem.get_file_info(path), path=self.display(path), action="look up")
+        return retrier.call(
+            lambda: self.filesystem.get_file_info(path), path=self.display(path), action="look up"
+        )
 
     def _iter_root(self, root: str) -> Iterator[FileEntry]:
         if _has_glob(root):
@@ -178,7 +180,9 @@ def as_pyarrow_filesystem(filesystem: Any) -> pafs.FileSystem:
     raise TypeError(f"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, got {filesystem!r}")
 
 
-def read_file_bytes(fs: pafs.FileSystem, path: str, retrier: Retrier, display: str, *, decompress: bool = True) -> bytes:
+def read_file_bytes(
+    fs: pafs.FileSystem, path: str, retrier: Retrier, display: str, *, decompress: bool = True
+) -> bytes:
     """The whole file, retried as a unit; decompressed by extension (``.gz``...) when asked."""
     compression = "detect" if decompress else None
 

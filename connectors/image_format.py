@@ -53,5 +53,5 @@ class ImageDatasource(FileDatasource):
             raise FileFormatError(f"not a readable image: {exc}", path=display) from exc
         if array.ndim == 2:
             array = array[:, :, np.newaxis]
-        column = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(array[np.newaxis]))
+        column = pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack([array]))
         yield pa.table({"image": column})

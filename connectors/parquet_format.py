@@ -34,7 +34,13 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from connectors import io_stats
-from connectors.errors import FileFormatError, SchemaMismatchError
+from connectors.errors import (
+    AccessDeniedError,
+    FileFormatError,
+    PathNotFoundError,
+    RetriesExhaustedError,
+    SchemaMismatchError,
+)
 from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import LOOKAHEAD, FileDatasource, FilePiece
 from connectors.filesystem import FileEntry, open_input_file
@@ -109,7 +115,9 @@ class ParquetDatasource(FileDatasource):
 
     def _file_schema(self, first: FileEntry | None) -> pa.Schema | None:
         if self._file_schema_cache is None and first is not None:
-            self._file_schema_cache = _read_footer(self._files.filesystem, first, self._display(first), Retrier()).schema.to_arrow_schema()
+            self._file_schema_cache = _read_footer(
+                self._files.filesystem, first, self._display(first), Retrier()
+            ).schema.to_arrow_schema()
         return self._file_schema_cache
 
     def _display(self, entry: FileEntry) -> str:
@@ -196,7 +204,9 @@ class ParquetDatasource(FileDatasource):
         fmt = parquet_file_format()
         for piece in pieces:
             display = self._display(piece.entry)
-            values = typed_values(part_schema, piece.entry.path, piece.entry.root, display) if part_schema else {}
+            values = (
+                typed_values(part_schema, piece.entry.path, piece.entry.root, display) if part_schema else {}
+            )
             try:
                 for table in retrier.iterate(
                     functools.partial(self._open_row_groups, fmt, fs, piece, display, part_schema, values),
@@ -228,7 +238,9 @@ class ParquetDatasource(FileDatasource):
         self._check_schema(fragment.physical_schema, expected, display)
         dataset_schema = expected
         if part_schema is not None:
-            dataset_schema = pa.schema(list(expected) + [f for f in part_schema if f.name not in expected.names])
+            dataset_schema = pa.schema(
+                list(expected) + [f for f in part_schema if f.name not in expected.names]
+            )
         ids = list(range(metadata.num_row_groups))
         if piece.count > 1:
             size = piece.entry.size or 0
@@ -259,7 +271,9 @@ class ParquetDatasource(FileDatasource):
                 raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=name)
             got = physical.field(name).type
             if got != want and self._user_schema is None:
-                msg = f"column {name!r} is {got} here but {want} in the dataset's schema (from the first file)"
+                msg = (
+                    f"column {name!r} is {got} here but {want} in the dataset's schema (from the first file)"
+                )
                 raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=name)
         if self._columns is None and self._user_schema is None:
             extra = [n for n in physical.names if n not in expected.names]
@@ -273,8 +287,12 @@ _SCHEMA_HINT = "; pass schema=... to read files with different schemas as one"
 
 def _is_data_error(exc: BaseException) -> bool:
     """An OSError from decoding (corrupt pages, bad CRC), not from storage."""
+    if isinstance(exc, PathNotFoundError | AccessDeniedError | RetriesExhaustedError):
+        return False
     text = str(exc).lower()
-    return any(m in text for m in ("corrupt", "checksum", "page integrity", "decompress", "parquet", "thrift"))
+    return any(
+        m in text for m in ("corrupt", "checksum", "page integrity", "decompress", "magic bytes", "thrift")
+    )
 
 
 def _format_error(exc: BaseException, display: str) -> FileFormatError:

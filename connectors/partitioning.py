@@ -33,7 +33,9 @@ def check_partitioning(partitioning: Any) -> None:
     """Raise ``ValueError`` unless ``partitioning`` is ``"hive"``, a ``pa.Schema`` or None."""
     if partitioning is None or partitioning == "hive" or isinstance(partitioning, pa.Schema):
         return
-    raise ValueError(f"partitioning must be 'hive', a pyarrow.Schema of partition fields, or None; got {partitioning!r}")
+    raise ValueError(
+        f"partitioning must be 'hive', a pyarrow.Schema of partition fields, or None; got {partitioning!r}"
+    )
 
 
 def parse_hive(path: str, root: str) -> dict[str, str | None]:
@@ -67,7 +69,9 @@ def _infer_type(value: str | None) -> pa.DataType:
     return pa.string()
 
 
-def partition_schema(partitioning: Partitioning, sample_path: str | None, root: str | None) -> pa.Schema | None:
+def partition_schema(
+    partitioning: Partitioning, sample_path: str | None, root: str | None
+) -> pa.Schema | None:
     """The partition fields: the given schema, or inferred from ``sample_path``; None when not partitioned."""
     if partitioning is None:
         return None
@@ -88,7 +92,9 @@ def typed_values(schema: pa.Schema, path: str, root: str, display: str) -> dict[
     for field in schema:
         value = raw.get(field.name)
         if field.name not in raw:
-            msg = f"the file has no {field.name}=... folder, but other files are partitioned by {field.name!r}"
+            msg = (
+                f"the file has no {field.name}=... folder, but other files are partitioned by {field.name!r}"
+            )
             raise SchemaMismatchError(msg, path=display, column=field.name)
         try:
             if value is None or pa.types.is_string(field.type):

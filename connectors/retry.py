@@ -257,13 +257,15 @@ class Retrier:
             try:
                 with self.limiter.slot():
                     result = fn()
-            except Exception as exc:  # noqa: BLE001 - classified right below
+            except Exception as exc:  # classified right below
                 self._after_failure(exc, attempt, path, action)
                 continue
             self.limiter.on_success()
             return result
 
-    def iterate(self, open_stream: Callable[[], Iterator[T]], *, path: str, action: str = "read") -> Iterator[T]:
+    def iterate(
+        self, open_stream: Callable[[], Iterator[T]], *, path: str, action: str = "read"
+    ) -> Iterator[T]:
         """Items of ``open_stream()``; after a transient error, reopen and skip those already yielded.
 
         The stream must be deterministic (the same items in the same order on every open), as a
@@ -289,7 +291,7 @@ class Retrier:
                         failures = 0
                         self.limiter.on_success()
                         yield item  # type: ignore[misc]
-            except Exception as exc:  # noqa: BLE001 - classified right below
+            except Exception as exc:  # classified right below
                 failures += 1
                 self._after_failure(exc, failures, path, action)
             finally:
@@ -317,6 +319,8 @@ class Retrier:
 _END = object()
 
 
-def call_with_retry(fn: Callable[[], T], *, path: str, action: str = "read", policy: RetryPolicy | None = None) -> T:
+def call_with_retry(
+    fn: Callable[[], T], *, path: str, action: str = "read", policy: RetryPolicy | None = None
+) -> T:
     """Shorthand for ``Retrier(policy).call(fn, path=path)`` with the process limiter."""
     return Retrier(policy or default_retry_policy()).call(fn, path=path, action=action)

@@ -50,8 +50,10 @@ def is_s3(fs: Any) -> bool:
     return isinstance(fs, s3fs.S3FileSystem)
 
 
-def iter_s3_objects(fs: s3fs.S3FileSystem, prefix: str, retrier: Retrier) -> Iterator[tuple[str, int]]:
-    """``(bucket/key, size)`` of every object under ``bucket/prefix``, one listing page at a time.
+def iter_s3_objects(
+    fs: s3fs.S3FileSystem, prefix: str, retrier: Retrier, *, page_size: int = 1000
+) -> Iterator[tuple[str, int]]:
+    """``(bucket/key, size)`` of every object under ``bucket/prefix``, one listing page (``page_size`` keys) at a time.
 
     Keys come in S3's order (lexicographic); folder markers (keys ending in ``/``) are left out.
     """
@@ -60,7 +62,7 @@ def iter_s3_objects(fs: s3fs.S3FileSystem, prefix: str, retrier: Retrier) -> Ite
         key_prefix += "/"
     token: str | None = None
     while True:
-        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": key_prefix, "MaxKeys": 1000}
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": key_prefix, "MaxKeys": page_size}
         if token:
             kwargs["ContinuationToken"] = token
         page = retrier.call(

@@ -26,6 +26,7 @@ SERVER = Path(__file__).with_name("s3_server.py")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "s3: needs a local S3 (moto server subprocess on 127.0.0.1)")
+    config.addinivalue_line("markers", "s3_faults: S3 with injected faults (throttling, delays, cut bodies)")
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,9 @@ from typing import Any
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import make_server
 
-_ERROR = "<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+_ERROR = (
+    "<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+)
 
 
 class FaultInjector:
@@ -47,7 +49,9 @@ class FaultInjector:
             return self.app(environ, start_response)
         kind = rule["kind"]
         if kind == "slowdown":
-            return self._error(start_response, "503 Slow Down", "SlowDown", "Please reduce your request rate.")
+            return self._error(
+                start_response, "503 Slow Down", "SlowDown", "Please reduce your request rate."
+            )
         if kind == "denied":
             return self._error(start_response, "403 Forbidden", "AccessDenied", "Access Denied")
         if kind == "delay":
@@ -68,7 +72,9 @@ class FaultInjector:
                     return rule
         return None
 
-    def _control(self, environ: dict[str, Any], start_response: Callable[..., Any], path: str) -> Iterable[bytes]:
+    def _control(
+        self, environ: dict[str, Any], start_response: Callable[..., Any], path: str
+    ) -> Iterable[bytes]:
         with self.lock:
             if path.endswith("/reset"):
                 self.rules, self.hits = [], []

@@ -20,7 +20,12 @@ from connectors.parquet_format import ParquetDatasink, ParquetDatasource
 
 
 def _table(n: int, start: int = 0) -> pa.Table:
-    return pa.table({"id": pa.array(range(start, start + n), pa.int64()), "name": [f"n{i}" for i in range(start, start + n)]})
+    return pa.table(
+        {
+            "id": pa.array(range(start, start + n), pa.int64()),
+            "name": [f"n{i}" for i in range(start, start + n)],
+        }
+    )
 
 
 def _write(table: pa.Table, dest: Path, **kwargs) -> ParquetDatasink:
@@ -74,7 +79,7 @@ def test_projection_and_include_paths(tmp_path: Path) -> None:
     out = read_all(source)
     assert out.column_names == ["name", "path"]
     assert set(out["path"].to_pylist()) == {str(tmp_path / "a.parquet")}
-    with pytest.raises(ValueError, match="nope"):
+    with pytest.raises(ValueError, match=r"nope"):
         ParquetDatasource(str(tmp_path), columns=["nope"]).schema()
 
 
@@ -104,7 +109,7 @@ def test_many_small_files_are_coalesced_into_few_tasks(tmp_path: Path) -> None:
 
 
 def test_missing_path_fails_at_construction(tmp_path: Path) -> None:
-    with pytest.raises(PathNotFoundError, match="nope.parquet") as info:
+    with pytest.raises(PathNotFoundError, match=r"nope.parquet") as info:
         ParquetDatasource(str(tmp_path / "nope.parquet"))
     assert isinstance(info.value, FileNotFoundError)
 
@@ -112,7 +117,7 @@ def test_missing_path_fails_at_construction(tmp_path: Path) -> None:
 def test_empty_folder_fails_naming_the_folder(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("not parquet")
-    with pytest.raises(FileNotFoundError, match="empty.*no files to read"):
+    with pytest.raises(FileNotFoundError, match=r"empty.*no files to read"):
         ParquetDatasource(str(tmp_path / "empty"))
 
 
@@ -121,10 +126,12 @@ def test_corrupt_file_names_the_file(tmp_path: Path, damage: str) -> None:
     pq.write_table(_table(100), tmp_path / "good.parquet")
     pq.write_table(_table(100), tmp_path / "bad.parquet")
     data = (tmp_path / "bad.parquet").read_bytes()
-    broken = {"truncate": data[: len(data) // 2], "garbage": b"not a parquet file at all", "empty": b""}[damage]
+    broken = {"truncate": data[: len(data) // 2], "garbage": b"not a parquet file at all", "empty": b""}[
+        damage
+    ]
     (tmp_path / "bad.parquet").write_bytes(broken)
     source = ParquetDatasource(str(tmp_path), schema=_table(1).schema)
-    with pytest.raises(FileFormatError, match="bad.parquet") as info:
+    with pytest.raises(FileFormatError, match=r"bad.parquet") as info:
         read_all(source)
     assert isinstance(info.value, ValueError)
     assert info.value.path == str(tmp_path / "bad.parquet")
@@ -145,14 +152,16 @@ def test_flipped_byte_is_caught_by_page_checksums(tmp_path: Path) -> None:
 def test_schema_mismatch_between_files_names_the_file_and_column(tmp_path: Path) -> None:
     pq.write_table(_table(10), tmp_path / "a.parquet")
     pq.write_table(pa.table({"id": ["x"] * 10, "name": ["y"] * 10}), tmp_path / "b.parquet")
-    with pytest.raises(SchemaMismatchError, match="b.parquet.*'id'") as info:
+    with pytest.raises(SchemaMismatchError, match=r"b.parquet.*'id'") as info:
         read_all(ParquetDatasource(str(tmp_path)))
     assert info.value.column == "id"
     pq.write_table(_table(10).append_column("extra", pa.array([1] * 10)), tmp_path / "b.parquet")
-    with pytest.raises(SchemaMismatchError, match="extra"):
+    with pytest.raises(SchemaMismatchError, match=r"extra"):
         read_all(ParquetDatasource(str(tmp_path)))
     # an explicit schema reconciles compatible files
-    pq.write_table(pa.table({"id": pa.array(range(10), pa.int32()), "name": ["y"] * 10}), tmp_path / "b.parquet")
+    pq.write_table(
+        pa.table({"id": pa.array(range(10), pa.int32()), "name": ["y"] * 10}), tmp_path / "b.parquet"
+    )
     out = read_all(ParquetDatasource(str(tmp_path), schema=_table(1).schema))
     assert out.num_rows == 20 and out.schema.field("id").type == pa.int64()
 
@@ -161,7 +170,7 @@ def test_partition_value_of_another_type_is_a_clear_error(tmp_path: Path) -> Non
     for value in ("1", "abc"):
         (tmp_path / f"k={value}").mkdir()
         pq.write_table(_table(3), tmp_path / f"k={value}" / "f.parquet")
-    with pytest.raises(SchemaMismatchError, match="k=abc.*'abc'"):
+    with pytest.raises(SchemaMismatchError, match=r"k=abc.*'abc'"):
         read_all(ParquetDatasource(str(tmp_path)))
     out = read_all(ParquetDatasource(str(tmp_path), partitioning=pa.schema([("k", pa.string())])))
     assert sorted(set(out["k"].to_pylist())) == ["1", "abc"]
@@ -200,11 +209,11 @@ def test_retried_task_attempt_does_not_duplicate(tmp_path: Path) -> None:
 def test_sink_options_and_min_rows(tmp_path: Path) -> None:
     sink = ParquetDatasink(str(tmp_path / "o"), min_rows_per_file=50)
     assert sink.min_rows_per_write == 50
-    with pytest.raises(ValueError, match="min_rows_per_file"):
+    with pytest.raises(ValueError, match=r"min_rows_per_file"):
         ParquetDatasink(str(tmp_path / "o"), min_rows_per_file=10, max_rows_per_file=5)
     sink = ParquetDatasink(str(tmp_path / "o"), partition_cols=["missing"])
     sink.on_write_start()
-    with pytest.raises(ValueError, match="missing"):
+    with pytest.raises(ValueError, match=r"missing"):
         sink.write(iter([_table(3)]), TaskContext(0))
     sink.on_write_failed(ValueError())
 
@@ -223,4 +232,6 @@ def test_user_filesystem_and_glob(tmp_path: Path) -> None:
     source = ParquetDatasource(f"{tmp_path}/d*/*.parquet", filesystem=pafs.LocalFileSystem())
     assert read_all(source).num_rows == 12
     expr = pads.field("id") < 2
-    assert read_all(ParquetDatasource([str(tmp_path / "d0"), str(tmp_path / "d1")], filter=expr)).num_rows == 2
+    assert (
+        read_all(ParquetDatasource([str(tmp_path / "d0"), str(tmp_path / "d1")], filter=expr)).num_rows == 2
+    )

@@ -87,7 +87,7 @@ def test_permanent_errors_fail_at_once_naming_the_path() -> None:
     def missing() -> None:
         raise FileNotFoundError("The specified bucket does not exist")
 
-    with pytest.raises(PathNotFoundError, match="s3://nope/k") as info:
+    with pytest.raises(PathNotFoundError, match=r"s3://nope/k") as info:
         retrier.call(missing, path="s3://nope/k")
     assert sleeps == []
     assert isinstance(info.value, FileNotFoundError)
@@ -95,7 +95,7 @@ def test_permanent_errors_fail_at_once_naming_the_path() -> None:
     def denied() -> None:
         raise PermissionError("Access Denied")
 
-    with pytest.raises(AccessDeniedError, match="s3://b/secret"):
+    with pytest.raises(AccessDeniedError, match=r"s3://b/secret"):
         retrier.call(denied, path="s3://b/secret")
     assert sleeps == []
 
@@ -106,7 +106,7 @@ def test_gives_up_after_max_attempts_naming_the_path() -> None:
     def always() -> None:
         raise TimeoutError("timed out")
 
-    with pytest.raises(RetriesExhaustedError, match="s3://b/k.*3 attempts") as info:
+    with pytest.raises(RetriesExhaustedError, match=r"s3://b/k.*3 attempts") as info:
         retrier.call(always, path="s3://b/k")
     assert len(sleeps) == 2
     assert isinstance(info.value, OSError)

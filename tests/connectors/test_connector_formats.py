@@ -1,0 +1,214 @@
+"""CSV, JSON, text, binary, image and NumPy sources (and CSV/JSON sinks) on local files."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+from connector_testing import read_all
+
+from connectors import SINKS, SOURCES
+from connectors.base import TaskContext
+from connectors.binary_format import BinaryDatasource
+from connectors.csv_format import CSVDatasink, CSVDatasource
+from connectors.errors import FileFormatError, PathNotFoundError
+from connectors.file_datasource import plan_pieces
+from connectors.filesystem import FileEntry, resolve_files
+from connectors.image_format import ImageDatasource
+from connectors.json_format import JSONDatasink, JSONDatasource
+from connectors.numpy_format import NumpyDatasource
+from connectors.text_format import TextDatasource
+
+
+def test_registry_names_every_format() -> None:
+    assert set(SOURCES) == {"parquet", "csv", "json", "text", "binary", "images", "numpy"}
+    assert set(SINKS) == {"parquet", "csv", "json"}
+
+
+def test_csv_round_trip_with_partitions_and_gzip(tmp_path: Path) -> None:
+    (tmp_path / "k=1").mkdir()
+    (tmp_path / "k=1" / "a.csv").write_text("x,y\n1,a\n2,b\n")
+    (tmp_path / "k=2").mkdir()
+    (tmp_path / "k=2" / "b.csv.gz").write_bytes(gzip.compress(b"x,y\n3,c\n"))
+    (tmp_path / "k=2" / "notes.txt").write_text("skipped: not .csv")
+    out = read_all(CSVDatasource(str(tmp_path)))
+    rows = sorted(zip(out["x"].to_pylist(), out["y"].to_pylist(), out["k"].to_pylist()))
+    assert rows == [(1, "a", 1), (2, "b", 1), (3, "c", 2)]
+
+
+def test_csv_column_numeric_at_first_then_strings_becomes_string(tmp_path: Path) -> None:
+    lines = ["a,b"] + [f"{i},{i}" for i in range(2000)] + ["unknown,5"]
+    (tmp_path / "f.csv").write_text("\n".join(lines) + "\n")
+    # a tiny block size makes pyarrow infer from the first block only; we fall back to string
+    source = CSVDatasource(str(tmp_path / "f.csv"), read_options=pacsv.ReadOptions(block_size=1024))
+    out = read_all(source)
+    assert out.schema.field("a").type == pa.string()
+    assert out.schema.field("b").type == pa.int64()
+    assert out.num_rows == 2001 and out["a"].to_pylist()[-1] == "unknown"
+
+
+def test_csv_row_with_wrong_number_of_fields_names_file_and_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n3,4\n5,6,7\n8,9\n")
+    with pytest.raises(FileFormatError, match=r"bad.csv, row 4: expected 2 fields, got 3") as info:
+        read_all(CSVDatasource(str(tmp_path / "bad.csv")))
+    assert info.value.row == 4 and isinstance(info.value, ValueError)
+
+
+def test_csv_options_pass_through(tmp_path: Path) -> None:
+    (tmp_path / "f.csv").write_text("a;b\n1;x\n2;y\n")
+    source = CSVDatasource(
+        str(tmp_path / "f.csv"),
+        parse_options=pacsv.ParseOptions(delimiter=";"),
+        convert_options=pacsv.ConvertOptions(column_types={"a": pa.float64()}, include_columns=["a"]),
+    )
+    out = read_all(source)
+    assert out.schema == pa.schema([("a", pa.float64())])
+
+
+def test_csv_and_json_sinks_commit_and_read_back(tmp_path: Path) -> None:
+    table = pa.table({"i": [1, 2, 3, 4, 5], "s": ["a", "b", "c", "d", "e"], "b": [b"\x00"] * 5})
+    for sink_cls, source_cls in ((CSVDatasink, CSVDatasource), (JSONDatasink, JSONDatasource)):
+        dest = tmp_path / sink_cls.__name__
+        sink = sink_cls(str(dest), max_rows_per_file=2)
+        sink.on_write_start()
+        result = sink.write(
+            iter([table.select(["i", "s"]) if sink_cls is CSVDatasink else table]), TaskContext(3)
+        )
+        sink.on_write_complete([result])
+        assert len(os.listdir(dest)) == 3
+        out = read_all(source_cls(str(dest)))
+        assert sorted(out["i"].to_pylist()) == [1, 2, 3, 4, 5]
+    first = sorted(os.listdir(tmp_path / "JSONDatasink"))[0]
+    assert json.loads((tmp_path / "JSONDatasink" / first).read_text().splitlines()[0])["b"] == "AA=="
+
+
+def test_json_lines_and_arrays(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"x": 1, "y": "a"}\n{"x": 2, "y": "b"}\n')
+    (tmp_path / "b.json").write_text(json.dumps([{"x": 3, "y": "c"}, {"x": 4, "y": "d"}], indent=2))
+    out = read_all(JSONDatasource(str(tmp_path)))
+    assert sorted(out["x"].to_pylist()) == [1, 2, 3, 4]
+
+
+def test_json_bad_line_names_file_and_row(tmp_path: Path) -> None:
+    (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{"x": 2}\n{"x": nope}\n')
+    with pytest.raises(FileFormatError, match=r"bad.jsonl, row 3") as info:
+        read_all(JSONDatasource(str(tmp_path / "bad.jsonl")))
+    assert info.value.row == 3
+    (tmp_path / "bad.jsonl").write_text('{"x": 1}\n{"x": "s"}\n')
+    with pytest.raises(FileFormatError, match=r"column 'x'"):
+        read_all(JSONDatasource(str(tmp_path / "bad.jsonl")))
+    (tmp_path / "bad.jsonl").write_text("[1, 2]")
+    with pytest.raises(FileFormatError, match=r"must hold objects"):
+        read_all(JSONDatasource(str(tmp_path / "bad.jsonl")))
+
+
+def test_text_lines(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"one\r\ntwo\n\nthree")
+    assert read_all(TextDatasource(str(tmp_path / "a.txt")))["text"].to_pylist() == ["one", "two", "three"]
+    keep = read_all(TextDatasource(str(tmp_path / "a.txt"), drop_empty_lines=False))
+    assert keep["text"].to_pylist() == ["one", "two", "", "three"]
+    (tmp_path / "b.txt").write_bytes(b"\xff\xfe bad utf-8")
+    with pytest.raises(FileFormatError, match=r"b.txt"):
+        read_all(TextDatasource(str(tmp_path / "b.txt")))
+
+
+def test_binary_files_with_paths(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "b.gz").write_bytes(b"raw, not decompressed")
+    out = read_all(BinaryDatasource(str(tmp_path), include_paths=True))
+    assert sorted(zip(out["path"].to_pylist(), out["bytes"].to_pylist())) == [
+        (str(tmp_path / "a.bin"), b"\x00\x01"),
+        (str(tmp_path / "b.gz"), b"raw, not decompressed"),
+    ]
+
+
+def _png(array: np.ndarray, mode: str) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(array, mode=mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_images_decode_to_fixed_shape_tensors(tmp_path: Path) -> None:
+    rgb = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    (tmp_path / "a.png").write_bytes(_png(rgb, "RGB"))
+    (tmp_path / "b.png").write_bytes(_png(rgb, "RGB"))
+    out = read_all(ImageDatasource(str(tmp_path), include_paths=True))
+    assert out.num_rows == 2
+    images = out["image"].combine_chunks().to_numpy_ndarray()
+    assert images.shape == (2, 4, 6, 3) and images.dtype == np.uint8
+    assert np.array_equal(images[0], rgb)
+    gray = np.full((5, 5), 7, dtype=np.uint8)
+    (tmp_path / "c.png").write_bytes(_png(gray, "L"))
+    out = read_all(ImageDatasource(str(tmp_path), size=(2, 3), mode="RGB"))
+    assert out["image"].combine_chunks().to_numpy_ndarray().shape == (3, 2, 3, 3)
+    (tmp_path / "d.png").write_bytes(b"not an image")
+    with pytest.raises(FileFormatError, match=r"d.png"):
+        read_all(ImageDatasource(str(tmp_path)))
+    with pytest.raises(ValueError, match=r"size"):
+        ImageDatasource(str(tmp_path), size=(0, 3))
+
+
+def test_numpy_rows_along_first_axis(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.arange(12, dtype=np.float32).reshape(3, 2, 2))
+    np.save(tmp_path / "b.npy", np.arange(8, dtype=np.float32).reshape(2, 2, 2))
+    out = read_all(NumpyDatasource(str(tmp_path)))
+    assert out.num_rows == 5
+    assert out["data"].combine_chunks().to_numpy_ndarray().shape == (5, 2, 2)
+    np.save(tmp_path / "c.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(FileFormatError, match=r"c.npy"):
+        read_all(NumpyDatasource(str(tmp_path / "c.npy")))
+
+
+def test_missing_and_empty_inputs(tmp_path: Path) -> None:
+    with pytest.raises(PathNotFoundError, match=r"missing.csv"):
+        CSVDatasource(str(tmp_path / "missing.csv"))
+    (tmp_path / "e").mkdir()
+    with pytest.raises(PathNotFoundError, match=r"no files to read"):
+        JSONDatasource(str(tmp_path / "e"))
+    with pytest.raises(PathNotFoundError, match=r"matched no files"):
+        TextDatasource(str(tmp_path / "*.txt"))
+    with pytest.raises(ValueError, match=r"one filesystem"):
+        TextDatasource([str(tmp_path), "s3://bucket/x"])
+    with pytest.raises(ValueError, match=r"partitioning"):
+        CSVDatasource(str(tmp_path), partitioning="directory")
+
+
+def test_listing_streams_tasks_before_the_listing_ends(tmp_path: Path) -> None:
+    for i in range(300):
+        (tmp_path / f"f{i:04d}.txt").write_text("x\n")
+    listed = 0
+    files = resolve_files(str(tmp_path))
+
+    def counting():
+        nonlocal listed
+        for entry in files.iter_files():
+            listed += 1
+            yield entry
+
+    groups = plan_pieces(counting(), parallelism=4, lookahead=50)
+    first = next(groups)
+    assert listed <= 51 and len(first) >= 1  # the first task came after 50 files, not 300
+    assert sum(len(g) for g in groups) + len(first) == 300
+
+
+def test_planning_by_bytes_and_parallelism() -> None:
+    entries = [FileEntry(f"f{i}", 100, "") for i in range(100)]
+    groups = list(plan_pieces(entries, parallelism=10))
+    assert len(groups) == 10 and all(len(g) == 10 for g in groups)
+    big = [FileEntry("big", 10_000, ""), FileEntry("small", 10, "")]
+    pieces = list(plan_pieces(big, parallelism=4, split_files=True))
+    assert [(p.entry.path, p.index, p.count) for g in pieces for p in g][:4] == [
+        ("big", 0, 4),
+        ("big", 1, 4),
+        ("big", 2, 4),
+        ("big", 3, 4),
+    ]

@@ -1,0 +1,152 @@
+"""S3 against a real moto server (subprocess), with injected throttling, delays and cut bodies."""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from connector_testing import read_all
+
+from connectors import io_stats
+from connectors.base import TaskContext
+from connectors.csv_format import CSVDatasource
+from connectors.errors import AccessDeniedError, PathNotFoundError
+from connectors.parquet_format import ParquetDatasink, ParquetDatasource
+from connectors.s3_filesystem import make_s3_filesystem
+
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(60)]
+
+
+def _parquet_bytes(n: int, start: int = 0, row_group_size: int | None = None) -> bytes:
+    out = io.BytesIO()
+    pq.write_table(pa.table({"id": list(range(start, start + n))}), out, row_group_size=row_group_size)
+    return out.getvalue()
+
+
+def _ids(table: pa.Table) -> list[int]:
+    return sorted(table["id"].to_pylist())
+
+
+def test_read_parquet_folder_with_partitions(s3) -> None:
+    for k in range(3):
+        s3.put(f"data/k={k}/part.parquet", _parquet_bytes(10, k * 10))
+    s3.put("data/_SUCCESS", b"")
+    source = ParquetDatasource("s3://test-bucket/data")
+    assert source.count_rows() == 30
+    out = read_all(source)
+    assert _ids(out) == list(range(30))
+    assert sorted(set(out["k"].to_pylist())) == [0, 1, 2]
+
+
+def test_write_parquet_then_read_back_and_no_staging_left(s3) -> None:
+    sink = ParquetDatasink("s3://test-bucket/out", max_rows_per_file=40)
+    sink.on_write_start()
+    results = [
+        sink.write(iter([pa.table({"id": list(range(i * 50, i * 50 + 50))})]), TaskContext(i))
+        for i in range(2)
+    ]
+    sink.on_write_complete(results)
+    keys = s3.keys("out/")
+    assert len(keys) == 4 and not any("_staging" in k for k in keys)
+    assert _ids(read_all(ParquetDatasource("s3://test-bucket/out"))) == list(range(100))
+
+
+def test_failed_write_leaves_no_objects(s3) -> None:
+    sink = ParquetDatasink("s3://test-bucket/failed")
+    sink.on_write_start()
+    sink.write(iter([pa.table({"id": [1, 2]})]), TaskContext(0))
+    sink.on_write_failed(RuntimeError("another task failed"))
+    assert s3.keys("failed/") == []
+
+
+@pytest.mark.s3_faults
+def test_throttled_reads_are_retried_and_exact(s3) -> None:
+    for i in range(4):
+        s3.put(f"t/f{i}.parquet", _parquet_bytes(25, i * 25, row_group_size=10))
+    s3.fault("slowdown", method="GET", path=r"/t/f", times=5)
+    before = io_stats.snapshot()
+    out = read_all(ParquetDatasource("s3://test-bucket/t"))
+    assert _ids(out) == list(range(100))
+    after = io_stats.snapshot()
+    assert s3.hits() == [5]
+    assert after["throttled"] - before["throttled"] == 5 and after["retries"] - before["retries"] == 5
+
+
+@pytest.mark.s3_faults
+def test_listing_is_retried_under_throttling(s3) -> None:
+    for i in range(3):
+        s3.put(f"l/f{i}.csv", b"id\n%d\n" % i)
+    s3.fault("slowdown", method="GET", path=r"^/test-bucket/?$", times=3)
+    assert _ids(read_all(CSVDatasource("s3://test-bucket/l"))) == [0, 1, 2]
+    assert s3.hits() == [3]
+
+
+@pytest.mark.s3_faults
+def test_body_cut_mid_stream_is_retried_and_exact(s3) -> None:
+    s3.put("cut/a.csv", b"id\n" + b"".join(b"%d\n" % i for i in range(5000)))
+    s3.put("cut/b.parquet", _parquet_bytes(3000, 0, row_group_size=500))
+    s3.fault("truncate", method="GET", path=r"/cut/", times=2)
+    assert _ids(read_all(CSVDatasource("s3://test-bucket/cut/a.csv"))) == list(range(5000))
+    assert _ids(read_all(ParquetDatasource("s3://test-bucket/cut/b.parquet"))) == list(range(3000))
+    assert s3.hits() == [2]
+
+
+@pytest.mark.s3_faults
+def test_slow_response_times_out_and_is_retried(s3) -> None:
+    s3.put("slow/a.csv", b"id\n1\n2\n")
+    fs = make_s3_filesystem(read_timeout=0.5, connect_timeout=0.5)
+    s3.fault("delay", method="GET", path=r"/slow/a.csv", times=1, seconds=1.5)
+    out = read_all(CSVDatasource("s3://test-bucket/slow/a.csv", filesystem=fs))
+    assert _ids(out) == [1, 2]
+
+
+@pytest.mark.s3_faults
+def test_throttled_writes_are_retried(s3) -> None:
+    s3.fault("slowdown", method="PUT", path=r"/w/", times=3)
+    sink = ParquetDatasink("s3://test-bucket/w")
+    sink.on_write_start()
+    result = sink.write(iter([pa.table({"id": list(range(10))})]), TaskContext(0))
+    sink.on_write_complete([result])
+    assert _ids(read_all(ParquetDatasource("s3://test-bucket/w"))) == list(range(10))
+    assert s3.hits() == [3]
+
+
+def test_missing_bucket_and_key_fail_at_once_naming_the_path(s3) -> None:
+    with pytest.raises(PathNotFoundError, match=r"s3://no-such-bucket-here/data"):
+        ParquetDatasource("s3://no-such-bucket-here/data")
+    with pytest.raises(PathNotFoundError, match=r"s3://test-bucket/missing.parquet"):
+        ParquetDatasource("s3://test-bucket/missing.parquet")
+    with pytest.raises(FileNotFoundError, match=r"s3://test-bucket/empty"):
+        s3.put("empty/readme.txt", b"x")
+        ParquetDatasource("s3://test-bucket/empty")
+
+
+@pytest.mark.s3_faults
+def test_access_denied_fails_at_once_naming_the_path(s3) -> None:
+    s3.put("secret/a.parquet", _parquet_bytes(5))
+    source = ParquetDatasource("s3://test-bucket/secret/a.parquet")
+    s3.fault("denied", method="GET", path=r"/secret/", times=100)
+    before = io_stats.snapshot()["retries"]
+    with pytest.raises(AccessDeniedError, match=r"s3://test-bucket/secret/a.parquet") as info:
+        read_all(source)
+    assert isinstance(info.value, PermissionError)
+    assert io_stats.snapshot()["retries"] == before  # no retry storm
+    assert s3.hits() == [1]
+
+
+def test_listing_pages_through_and_streams(s3) -> None:
+    from connectors.filesystem import as_pyarrow_filesystem
+    from connectors.retry import Retrier
+    from connectors.s3_filesystem import iter_s3_objects
+
+    for i in range(45):
+        s3.put(f"many/f{i:05d}.csv", b"id\n%d\n" % i)
+    s3.put("many/_tmp/skip.csv", b"id\n-1\n")
+    fs = as_pyarrow_filesystem(make_s3_filesystem()).handler.fs
+    pages = iter_s3_objects(fs, "test-bucket/many", Retrier(), page_size=10)
+    first = next(pages)
+    assert first == ("test-bucket/many/_tmp/skip.csv", 6)  # raw listing; the FileSet skips it
+    assert len([first, *pages]) == 46
+    assert _ids(read_all(CSVDatasource("s3://test-bucket/many"), parallelism=8)) == list(range(45))

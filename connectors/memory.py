@@ -7,6 +7,7 @@ as their buffers), so they run on workers like any other read.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+
 import numpy as np
 import pyarrow as pa
 

@@ -69,10 +69,12 @@ def init(
     if object_store_memory is not None:
         changes["object_store_memory"] = object_store_memory
     if changes:
-        if current_session() is not None:
-            msg = "dataflow is already running; call dataflow.shutdown() before init() with new settings"
+        wanted = replace(ctx.execution_options, **changes)
+        running = current_session()
+        if running is not None and running.options != wanted:
+            msg = "dataflow is already running with other settings; call dataflow.shutdown() first"
             raise RuntimeError(msg)
-        ctx.execution_options = replace(ctx.execution_options, **changes)
+        ctx.execution_options = wanted
     if ctx.execution_mode == "streaming":
         get_session(ctx.execution_options)
 

@@ -277,3 +277,23 @@ def _user_error(op: MapOperator, result: TaskResult) -> BaseException:
             cause = None
     context = err.context or f"(operator {op.name})"
     return make_user_error(err.udf_name, cause, err.exc_type, err.traceback, context)
+
+
+def check_resources(execution: Execution, options: ExecutionOptions) -> None:
+    """Fail at once (ResourceError) if an operator asks for more than this cluster can ever offer."""
+    from engine.errors import ResourceError
+
+    offered = dict(options.resources)
+    cpus = options.resolved_num_cpus()
+    for op in execution.map_ops():
+        res = op.resources
+        if res.num_gpus > options.num_gpus:
+            msg = f"{op.name} asks for num_gpus={res.num_gpus} but this cluster has {options.num_gpus} GPUs; it could never run"
+            raise ResourceError(msg)
+        if res.num_cpus > cpus:
+            msg = f"{op.name} asks for num_cpus={res.num_cpus} but this cluster has {cpus} CPUs; it could never run"
+            raise ResourceError(msg)
+        for name, amount in res.custom:
+            if offered.get(name, 0) < amount:
+                msg = f"{op.name} asks for {amount} of resource {name!r}; this cluster offers {offered.get(name, 0)}"
+                raise ResourceError(msg)

@@ -26,8 +26,8 @@ import zmq
 
 from engine import protocol
 from engine.backpressure import WAIT_ACTORS, WAIT_WORKER
-from engine.errors import EngineError, ResourceError
-from engine.execution import Execution
+from engine.errors import EngineError
+from engine.execution import Execution, check_resources
 from engine.object_store import BlockRef, SharedMemoryStore
 from engine.operators.map import MapOperator, Pending
 from engine.options import ExecutionOptions
@@ -39,6 +39,7 @@ from engine.worker_pool import BUSY, DEAD, IDLE, STARTING, TASK_KIND, WorkerHand
 log = logging.getLogger("dataflow.engine")
 
 INLINE = "inline"
+MAX_START_FAILURES = 5
 
 
 class StreamingExecutor:
@@ -56,10 +57,9 @@ class StreamingExecutor:
         self.store_used = 0
         self.store_capacity = options.resolved_store_capacity()
         self._ctx: zmq.Context[Any] = zmq.Context()
-        self._curve = CurveKeys.generate(64) if transport == "tcp" else None
+        self._curve = CurveKeys.generate(0) if transport == "tcp" else None
         address = "tcp://127.0.0.1:0" if transport == "tcp" else f"ipc://{socket_dir}/driver.sock"
         self._socket = DriverSocket(self._ctx, address, self._curve)
-        self._client_keys = list(self._curve.clients.items()) if self._curve else []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._commands: deque[Callable[[], None]] = deque()
@@ -70,7 +70,9 @@ class StreamingExecutor:
             "shm_dir": store.shm_dir,
             "spill_dir": store.spill_dir,
         }
-        self.pool = WorkerPool(worker_args)
+        self.pool = WorkerPool(worker_args, per_worker_args=self._worker_keys if self._curve else None)
+        self._start_failures = 0
+        self._broken: str | None = None
         self._inline_queue: queue.SimpleQueue[tuple[Execution, MapOperator, Pending] | None] = queue.SimpleQueue()
         self._inline_results: deque[tuple[Execution, MapOperator, Pending, TaskResult]] = deque()
         self._inline_busy = False
@@ -81,6 +83,13 @@ class StreamingExecutor:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="dataflow-executor", daemon=True)
         self._poller = zmq.Poller()
+
+    def _worker_keys(self) -> dict[str, Any]:
+        """A fresh CurveZMQ key pair for one worker, admitted by the driver's socket."""
+        assert self._curve is not None
+        public, secret = zmq.curve_keypair()
+        self._socket.admit(public)
+        return {"server_public": self._curve.server_public.decode(), "client_keys": [public.decode(), secret.decode()]}
 
     # called from any thread ----------------------------------------------------------------
     def start(self) -> None:
@@ -96,7 +105,7 @@ class StreamingExecutor:
 
     def submit(self, execution: Execution) -> None:
         """Start running ``execution``; its outputs appear in ``execution.buffer``."""
-        self._check_resources(execution)
+        check_resources(execution, self.options)
         self.call_soon(lambda: self._add_execution(execution))
 
     def release(self, execution: Execution, ref: BlockRef) -> None:
@@ -203,6 +212,7 @@ class StreamingExecutor:
         if handle is None:
             return
         if isinstance(msg, protocol.Ready):
+            self._start_failures = 0
             handle.state = IDLE
             handle.idle_since = time.monotonic()
             if handle.kind == TASK_KIND:
@@ -230,13 +240,24 @@ class StreamingExecutor:
 
     def _on_death(self, handle: WorkerHandle) -> None:
         task = handle.task
+        never_started = handle.state == STARTING
         self._poller.unregister(handle.pidfd)
         self.pool.mark_dead(handle)
         if handle.kind == TASK_KIND and self._workers_ready:
-            self._workers_ready -= 1 if handle.state != STARTING else 0
+            self._workers_ready -= 0 if never_started else 1
         if self._stopping:
             return
         log.warning("worker %s (pid %s) died", handle.worker_id, handle.pid)
+        if never_started:
+            self._start_failures += 1
+            if self._start_failures >= MAX_START_FAILURES:
+                self._broken = (
+                    f"{self._start_failures} worker processes in a row exited before they were ready; "
+                    "their error output above says why"
+                )
+                for execution in self._executions:
+                    execution.fail(EngineError(self._broken))
+                return
         if task is not None:
             execution, op, pending = task
             if not execution.cancelled:
@@ -377,6 +398,9 @@ class StreamingExecutor:
 
     # executions ----------------------------------------------------------------------------
     def _add_execution(self, execution: Execution) -> None:
+        if self._broken is not None:
+            execution.fail(EngineError(self._broken))
+            return
         self._executions.append(execution)
         self._grow_actor_pools(execution)
         execution.route()
@@ -387,24 +411,6 @@ class StreamingExecutor:
             for op in execution.map_ops():
                 for handle in self._actors.pop(f"actor:{op.key}", []):
                     self._shutdown_worker(handle)
-
-    def _check_resources(self, execution: Execution) -> None:
-        offered = dict(self.options.resources)
-        for op in execution.map_ops():
-            res = op.resources
-            if res.num_gpus > self.options.num_gpus:
-                msg = (
-                    f"{op.name} asks for num_gpus={res.num_gpus} but this cluster has "
-                    f"{self.options.num_gpus} GPUs; it could never run"
-                )
-                raise ResourceError(msg)
-            if res.num_cpus > self.options.resolved_num_cpus():
-                msg = f"{op.name} asks for num_cpus={res.num_cpus} but this cluster has {self.options.resolved_num_cpus()}"
-                raise ResourceError(msg)
-            for name, amount in res.custom:
-                if offered.get(name, 0) < amount:
-                    msg = f"{op.name} asks for {amount} of resource {name!r}; this cluster offers {offered.get(name, 0)}"
-                    raise ResourceError(msg)
 
     # start and stop ------------------------------------------------------------------------
     def _start_workers(self) -> None:

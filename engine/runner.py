@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.execution import Execution
+from engine.execution import Execution, check_resources
 from engine.local import LocalExecutor
 from engine.object_store import BlockRef, BlockStore
 from engine.operators.base import PhysicalOperator
@@ -133,7 +133,9 @@ def execute(
     """Start running ``ops`` (topologically ordered; the last one is the output)."""
     if mode == "local":
         local = LocalExecutor(options)
-        return LocalHandle(Execution(ops, options, local.free, local.store), local)
+        execution = Execution(ops, options, local.free, local.store)
+        check_resources(execution, options)
+        return LocalHandle(execution, local)
     if session is None:
         from engine.session import get_session
 

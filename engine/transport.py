@@ -37,22 +37,22 @@ class DriverSocket:
 
     def __init__(self, ctx: zmq.Context[Any], address: str, curve: CurveKeys | None = None) -> None:
         self._auth: Any = None
+        if address.startswith("tcp://") and curve is None:
+            msg = "tcp sockets need CurveZMQ keys (pass curve=CurveKeys.generate())"
+            raise ValueError(msg)
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
-        if address.startswith("tcp://"):
-            if curve is None:
-                msg = "tcp sockets need CurveZMQ keys (pass curve=CurveKeys.generate())"
-                raise ValueError(msg)
+        if curve is not None and address.startswith("tcp://"):
             from zmq.auth.thread import ThreadAuthenticator
 
             self._auth = ThreadAuthenticator(ctx)
             self._auth.start()
-            allowed = set(curve.clients)
-            self._auth.configure_curve_callback("*", _KeyAllowList(allowed))
+            self._allowed = _KeyAllowList(set(curve.clients))
+            self._auth.configure_curve_callback("*", self._allowed)
             self.sock.curve_server = True
             self.sock.curve_secretkey = curve.server_secret
             self.sock.curve_publickey = curve.server_public
@@ -62,6 +62,10 @@ class DriverSocket:
         else:
             self.sock.bind(address)
         self.address = address
+
+    def admit(self, public_key: bytes) -> None:
+        """Let the holder of ``public_key`` connect (tcp only)."""
+        self._allowed.allowed.add(public_key)
 
     def send(self, worker_id: str, frames: list[bytes]) -> None:
         self.sock.send_multipart([worker_id.encode(), *frames], copy=False)

@@ -24,8 +24,8 @@ def main(
     shm_dir: str,
     spill_dir: str,
     env: dict[str, str] | None = None,
-    server_public: bytes | None = None,
-    client_keys: tuple[bytes, bytes] | None = None,
+    server_public: str | None = None,
+    client_keys: tuple[str, str] | None = None,
 ) -> None:
     """Serve tasks from the driver at ``address`` until told to stop or the driver is gone."""
     import pyarrow as pa
@@ -40,7 +40,13 @@ def main(
     store = SharedMemoryStore(shm_dir, spill_dir, owner=f"{worker_id}.{os.getpid()}")
     transforms: dict[str, BlockTransform] = {}
     ctx = zmq.Context()
-    sock = WorkerSocket(ctx, address, worker_id, server_public, client_keys)
+    sock = WorkerSocket(
+        ctx,
+        address,
+        worker_id,
+        server_public.encode() if server_public else None,
+        (client_keys[0].encode(), client_keys[1].encode()) if client_keys else None,
+    )
     try:
         sock.send(protocol.encode(protocol.Ready(worker_id, os.getpid())))
         while True:

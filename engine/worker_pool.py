@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +35,14 @@ class WorkerHandle:
 class WorkerPool:
     """Starts workers through the zygote and keeps their handles."""
 
-    def __init__(self, worker_args: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        worker_args: dict[str, Any],
+        env: dict[str, str] | None = None,
+        per_worker_args: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self._args = worker_args
+        self._per_worker_args = per_worker_args
         self._env = env or {}
         self._ids = itertools.count()
         self.forkserver: ForkServer | None = None
@@ -51,6 +58,8 @@ class WorkerPool:
         handle = WorkerHandle(f"w{next(self._ids)}", kind)
         self.workers[handle.worker_id] = handle
         args = dict(self._args, worker_id=handle.worker_id)
+        if self._per_worker_args is not None:
+            args.update(self._per_worker_args())
         try:
             self.start_forkserver().request(handle.worker_id, args, extra_env)
         except (BrokenPipeError, OSError):

@@ -11,6 +11,7 @@ behind that is not the live engine's, and no ``/dev/shm/dataflow-*`` folder but 
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import glob
 import os
@@ -44,8 +45,22 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
 
 
-def _our_shm_dirs() -> set[str]:
-    return set(glob.glob("/dev/shm/dataflow-*"))
+def _orphaned_shm_dirs() -> set[str]:
+    """Session folders whose owner is gone (their lock is free): leaks, not other live sessions."""
+    orphaned = set()
+    for path in glob.glob("/dev/shm/dataflow-*"):
+        try:
+            fd = os.open(os.path.join(path, "lock"), os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            orphaned.add(path)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+    return orphaned
 
 
 def _block_files() -> list[str]:
@@ -70,7 +85,7 @@ def _wait_for(predicate, timeout: float = 5.0) -> bool:
 def no_leaks() -> Iterator[None]:
     """Fail the test if it leaves blocks, processes or shared-memory folders behind."""
     before_children = _children()
-    before_dirs = _our_shm_dirs()
+    before_dirs = _orphaned_shm_dirs()
     yield
     gc.collect()
     current = engine_session.current_session()
@@ -83,8 +98,7 @@ def no_leaks() -> Iterator[None]:
     assert _wait_for(lambda: not (_children() - before_children - _engine_pids())), (
         f"processes left behind: {[psutil.Process(p).cmdline() for p in _children() - before_children - _engine_pids()]}"
     )
-    live = {current.shm_dir} if current is not None else set()
-    leaked = _our_shm_dirs() - before_dirs - live
+    leaked = _orphaned_shm_dirs() - before_dirs
     assert not leaked, f"shared-memory folders left behind: {leaked}"
 
 
@@ -109,6 +123,17 @@ def mode(request: pytest.FixtureRequest) -> Iterator[str]:
                 dataflow.shutdown()
                 dataflow.init(num_cpus=NUM_CPUS)
         yield request.param
+
+
+@pytest.fixture
+def streaming() -> Iterator[None]:
+    """The multi-process engine with NUM_CPUS workers (shared between tests)."""
+    with dataflow.options(execution_mode="streaming", num_cpus=NUM_CPUS):
+        current = engine_session.current_session()
+        if current is None or current.options.resolved_num_cpus() != NUM_CPUS:
+            dataflow.shutdown()
+            dataflow.init(num_cpus=NUM_CPUS)
+        yield
 
 
 @pytest.fixture

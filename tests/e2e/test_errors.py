@@ -1,0 +1,104 @@
+"""User errors keep their identity, name the UDF and carry the worker's traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+import dataflow
+from dataflow.errors import ResourceError, UserCodeError
+
+
+def parse_price(row):
+    if row["id"] == 37:
+        raise ValueError(f"bad price in row {row['id']}")
+    return row
+
+
+def test_udf_exception_keeps_its_type(mode):
+    with pytest.raises(ValueError, match="bad price in row 37") as info:
+        dataflow.range(100).map(parse_price).take_all()
+    err = info.value
+    assert isinstance(err, UserCodeError)
+    text = str(err)
+    assert "parse_price" in text
+    assert "test_errors.py" in text  # the worker's traceback points at the user's line
+    assert "engine/" not in err.remote_traceback  # engine frames trimmed
+    assert isinstance(err.__cause__, ValueError)
+
+
+class CustomError(Exception):
+    def __init__(self, code, detail):
+        super().__init__(code, detail)
+        self.code = code
+
+
+def raise_custom(batch):
+    raise CustomError(42, "nope")
+
+
+def test_custom_exception_class_with_extra_args(mode):
+    with pytest.raises(CustomError) as info:
+        dataflow.range(10).map_batches(raise_custom).count()
+    assert "raise_custom" in str(info.value)
+    assert info.value.__cause__.code == 42
+
+
+class BrokenModel:
+    def __init__(self):
+        raise RuntimeError("weights not found")
+
+    def __call__(self, batch):
+        return batch
+
+
+def test_constructor_failure(mode):
+    with pytest.raises(RuntimeError, match="weights not found") as info:
+        dataflow.range(10).map_batches(BrokenModel, concurrency=1).take_all()
+    assert "BrokenModel" in str(info.value)
+
+
+def test_bad_udf_return_names_the_udf(mode):
+    with pytest.raises(TypeError, match="must return a dict") as info:
+        dataflow.range(10).map_batches(lambda b: 5).take_all()
+    assert "MapBatches(" in str(info.value) and "<lambda>" in str(info.value)
+    with pytest.raises(TypeError, match="must return a dict"):
+        dataflow.range(10).map(lambda r: 5).take_all()
+
+
+def test_arguments_are_checked_when_called():
+    with pytest.raises(TypeError, match="expects a function"):
+        dataflow.range(3).map(5)
+    with pytest.raises(ValueError, match="batch_format"):
+        dataflow.range(3).map_batches(lambda b: b, batch_format="arrowish")
+    with pytest.raises(ValueError, match="concurrency"):
+        dataflow.range(3).map_batches(lambda b: b, concurrency=(3, 1))
+    with pytest.raises(ValueError, match="batch_size"):
+        dataflow.range(3).map_batches(lambda b: b, batch_size=0)
+    with pytest.raises(ValueError, match="exactly one"):
+        dataflow.range(3).filter()
+
+
+def test_impossible_resources_fail_at_once(mode):
+    with pytest.raises(ResourceError, match="num_gpus=1"):
+        dataflow.range(3).map_batches(lambda b: b, num_gpus=1).take_all()
+    with pytest.raises(ResourceError, match="TPU"):
+        dataflow.range(3).map_batches(lambda b: b, resources={"TPU": 1}).take_all()
+
+
+def test_error_after_partial_consumption_frees_everything(mode):
+    def fail_late(batch):
+        if batch["id"][0] >= 500:
+            raise KeyError("late")
+        return batch
+
+    seen = 0
+    with pytest.raises(KeyError):
+        for batch in dataflow.range(1000, override_num_blocks=10).map_batches(fail_late).iter_batches(batch_size=10):
+            seen += len(batch["id"])
+    assert seen <= 500
+
+
+def test_early_break_cancels_cleanly(mode):
+    for i, _ in enumerate(dataflow.range(100_000, override_num_blocks=50).map(lambda r: r).iter_batches(batch_size=10)):
+        if i == 3:
+            break

@@ -1,0 +1,66 @@
+"""Worker deaths: detected at once, the task retried elsewhere, results exact."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import dataflow
+from dataflow.errors import WorkerDiedError
+
+
+def _kill_once(marker: str):
+    def udf(batch):
+        if batch["id"][0] == 5000 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"id": batch["id"], "pid": np.full(len(batch["id"]), os.getpid())}
+
+    return udf
+
+
+def test_sigkill_mid_task_is_retried_with_exact_results(tmp_path, streaming):
+    marker = str(tmp_path / "killed")
+    ds = dataflow.range(20_000, override_num_blocks=20).map_batches(_kill_once(marker))
+    start = time.perf_counter()
+    rows = ds.take_all()
+    elapsed = time.perf_counter() - start
+    assert os.path.exists(marker), "the worker was never killed"
+    assert sorted(r["id"] for r in rows) == list(range(20_000))
+    assert elapsed < 10, f"recovery took {elapsed:.1f}s"
+    assert "retried 1 tasks" in ds.stats()
+
+
+def test_sigkill_of_an_actor_is_replaced(tmp_path, streaming):
+    marker = str(tmp_path / "killed")
+
+    class Model:
+        def __init__(self):
+            self.pid = os.getpid()
+
+        def __call__(self, batch):
+            if batch["id"][0] == 300 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return {"id": batch["id"]}
+
+    rows = dataflow.range(1000, override_num_blocks=10).map_batches(Model, concurrency=2, batch_size=100).take_all()
+    assert os.path.exists(marker)
+    assert sorted(r["id"] for r in rows) == list(range(1000))
+
+
+def _always_die(batch):
+    if batch["id"][0] == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return batch
+
+
+def test_a_task_that_always_kills_its_worker_fails_after_three_attempts(streaming):
+    with pytest.raises(WorkerDiedError, match="failed 3 times"):
+        dataflow.range(100, override_num_blocks=4).map_batches(_always_die).take_all()
+    # the engine is still usable afterwards
+    assert dataflow.range(10).map(lambda r: r).count() == 10

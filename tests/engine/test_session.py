@@ -1,0 +1,157 @@
+"""Engine lifetime: nothing outlives a session, whatever way the driver ends."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import dataflow
+from engine import session as engine_session
+
+PY = sys.executable
+
+
+def _run_script(code: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, text=True, **kwargs)
+
+
+PRINT_DIR = "from engine.session import current_session; print(current_session().shm_dir, flush=True)"
+
+
+def _group_alive(pgid: int) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _wait(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+def test_shutdown_removes_processes_and_shared_memory(fresh_engine):
+    dataflow.init(num_cpus=2)
+    current = engine_session.current_session()
+    assert current is not None
+    shm_dir = current.shm_dir
+    assert oct(os.stat(shm_dir).st_mode & 0o777) == "0o700"
+    assert dataflow.range(1000).map_batches(lambda b: b).count() == 1000
+    mat = dataflow.range(10_000).map_batches(lambda b: b).materialize()
+    assert glob.glob(os.path.join(shm_dir, "*.arrow"))
+    assert _wait(lambda: len(psutil.Process().children(recursive=True)) >= 3)
+    dataflow.shutdown()
+    assert not os.path.exists(shm_dir)
+    assert _wait(lambda: not psutil.Process().children(recursive=True))
+    del mat
+
+
+def test_interpreter_exit_cleans_up():
+    proc = _run_script(f"""
+        import dataflow
+        print(dataflow.range(10_000).map_batches(lambda b: b).materialize().count())
+        {PRINT_DIR}
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    count, shm_dir = out.split()
+    assert count == "10000"
+    assert _wait(lambda: not _group_alive(proc.pid))
+    assert not os.path.exists(shm_dir)
+
+
+def test_ctrl_c_cleans_up():
+    proc = _run_script(f"""
+        import time, dataflow
+        def slow(b):
+            time.sleep(0.05)
+            return b
+        dataflow.init()
+        {PRINT_DIR}
+        for _ in dataflow.range(10**7, override_num_blocks=1000).map_batches(slow).iter_batches():
+            pass
+    """)
+    shm_dir = proc.stdout.readline().strip()
+    assert shm_dir.startswith("/dev/shm/dataflow-")
+    time.sleep(1.5)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the foreground group
+    _, err = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    assert _wait(lambda: not _group_alive(proc.pid)), "processes survived Ctrl-C"
+    assert not os.path.exists(shm_dir)
+
+
+def test_sigterm_cleans_up():
+    proc = _run_script(f"""
+        import time, dataflow
+        mat = dataflow.range(100_000).map_batches(lambda b: b).materialize()
+        {PRINT_DIR}
+        time.sleep(60)
+    """)
+    shm_dir = proc.stdout.readline().strip()
+    assert os.path.isdir(shm_dir)
+    proc.terminate()
+    proc.communicate(timeout=30)
+    assert _wait(lambda: not _group_alive(proc.pid))
+    assert not os.path.exists(shm_dir)
+
+
+def test_a_crashed_session_is_swept_by_the_next(fresh_engine):
+    proc = _run_script(f"""
+        import os, signal, dataflow
+        mat = dataflow.range(100_000).map_batches(lambda b: b).materialize()
+        {PRINT_DIR}
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    shm_dir = proc.stdout.readline().strip()
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert os.path.isdir(shm_dir), "a SIGKILLed driver cannot clean up; its folder must still be there"
+    assert _wait(lambda: not _group_alive(proc.pid)), "workers must die with their driver"
+    dataflow.init(num_cpus=1)
+    assert not os.path.exists(shm_dir), "the new session did not sweep the dead one's folder"
+
+
+def test_small_job_does_not_wait_for_workers():
+    proc = _run_script("""
+        import time
+        t0 = time.perf_counter()
+        import dataflow
+        rows = dataflow.range(10).take(1)
+        print(rows, time.perf_counter() - t0, flush=True)
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    rows, seconds = out.rsplit(" ", 1)
+    assert rows == "[{'id': 0}]"
+    # generous bound for a loaded CI machine; benchmarks/bench_startup.py measures it properly
+    assert float(seconds) < 3.0
+
+
+@pytest.mark.parametrize("capacity", [1])
+def test_blocks_spill_to_disk_past_capacity(fresh_engine, capacity):
+    dataflow.init(num_cpus=2, object_store_memory=capacity)
+    current = engine_session.current_session()
+    mat = dataflow.range(50_000, override_num_blocks=5).map_batches(lambda b: b).materialize()
+    spilled = glob.glob(os.path.join(current.spill_dir, "*.arrow"))
+    assert spilled, "nothing was spilled although the store holds 1 byte"
+    assert not glob.glob(os.path.join(current.shm_dir, "*.arrow"))
+    assert sorted(r["id"] for r in mat.take_all()) == list(range(50_000))
+    del mat

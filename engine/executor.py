@@ -34,7 +34,7 @@ from engine.options import ExecutionOptions
 from engine.scheduler import Candidate, pick
 from engine.task import TaskResult, run_task
 from engine.transport import CurveKeys, DriverSocket
-from engine.worker_pool import BUSY, DEAD, IDLE, STARTING, TASK_KIND, WorkerHandle, WorkerPool
+from engine.worker_pool import BUSY, DEAD, IDLE, RETIRING, STARTING, TASK_KIND, WorkerHandle, WorkerPool
 
 log = logging.getLogger("dataflow.engine")
 
@@ -241,11 +241,12 @@ class StreamingExecutor:
     def _on_death(self, handle: WorkerHandle) -> None:
         task = handle.task
         never_started = handle.state == STARTING
+        retired = handle.state == RETIRING
         self._poller.unregister(handle.pidfd)
         self.pool.mark_dead(handle)
         if handle.kind == TASK_KIND and self._workers_ready:
             self._workers_ready -= 0 if never_started else 1
-        if self._stopping:
+        if self._stopping or retired:
             return
         log.warning("worker %s (pid %s) died", handle.worker_id, handle.pid)
         if never_started:
@@ -391,6 +392,7 @@ class StreamingExecutor:
         return None
 
     def _shutdown_worker(self, handle: WorkerHandle) -> None:
+        handle.state = RETIRING
         try:
             self._socket.send(handle.worker_id, protocol.encode(protocol.Shutdown()))
         except zmq.ZMQError:
@@ -429,7 +431,7 @@ class StreamingExecutor:
         self._stop_deadline = time.monotonic() + 3.0
 
     def _stop_complete(self) -> bool:
-        if all(h.state == STARTING and h.pid is None for h in self.pool.live()):
+        if all(h.pid is None for h in self.pool.live()):  # unforked ones die with the zygote
             return True
         return time.monotonic() > self._stop_deadline
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.forkserver import ForkServer
 
-STARTING, IDLE, BUSY, DEAD = "starting", "idle", "busy", "dead"
+STARTING, IDLE, BUSY, RETIRING, DEAD = "starting", "idle", "busy", "retiring", "dead"
 TASK_KIND = "task"
 
 

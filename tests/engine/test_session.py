@@ -47,7 +47,12 @@ def _wait(pred, timeout=10.0):
     return pred()
 
 
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
 def test_shutdown_removes_processes_and_shared_memory(fresh_engine):
+    before = _children()
     dataflow.init(num_cpus=2)
     current = engine_session.current_session()
     assert current is not None
@@ -56,10 +61,10 @@ def test_shutdown_removes_processes_and_shared_memory(fresh_engine):
     assert dataflow.range(1000).map_batches(lambda b: b).count() == 1000
     mat = dataflow.range(10_000).map_batches(lambda b: b).materialize()
     assert glob.glob(os.path.join(shm_dir, "*.arrow"))
-    assert _wait(lambda: len(psutil.Process().children(recursive=True)) >= 3)
+    assert _wait(lambda: len(_children() - before) >= 3)  # the zygote and two workers
     dataflow.shutdown()
     assert not os.path.exists(shm_dir)
-    assert _wait(lambda: not psutil.Process().children(recursive=True))
+    assert _wait(lambda: not _children() - before)
     del mat
 
 

@@ -154,8 +154,10 @@ def rows_to_block(rows: list[Any]) -> pa.Table:
     key_set = set(keys)
     if all(isinstance(r, Mapping) and r.keys() == key_set for r in rows):
         return to_block({k: [r[k] for r in rows] for k in keys})
+    all_keys: dict[Any, None] = {}
     for r in rows:
         if not isinstance(r, Mapping):
             msg = f"a row function must return a dict, got {type(r).__name__}"
             raise TypeError(msg)
-    return pa.Table.from_pylist([dict(r) for r in rows])
+        all_keys.update(dict.fromkeys(r))
+    return to_block({k: [r.get(k) for r in rows] for k in all_keys})  # missing keys are nulls

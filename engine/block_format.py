@@ -128,18 +128,50 @@ def to_block(batch: Any) -> pa.Table:
     raise TypeError(msg)
 
 
-def iter_rows(table: pa.Table) -> Iterable[dict[str, Any]]:
-    """Rows of ``table`` as dicts (tensor cells as numpy arrays)."""
-    names = table.column_names
-    columns: list[Any] = []
-    for column in table.columns:
-        typ = column.type
-        if isinstance(typ, pa.FixedShapeTensorType) or pa.types.is_fixed_size_list(typ):
-            columns.append(list(column_to_numpy(column)))
+def _python_column(column: pa.ChunkedArray) -> list[Any]:
+    typ = column.type
+    if isinstance(typ, pa.FixedShapeTensorType) or pa.types.is_fixed_size_list(typ):
+        return list(column_to_numpy(column))
+    return column.to_pylist()  # type: ignore[no-any-return]
+
+
+_row_builders: dict[tuple[str, ...], Any] = {}
+
+
+def _row_builder(names: tuple[str, ...]) -> Any:
+    """A compiled ``columns -> [dict, ...]``: a dict display per row is ~3x faster than dict(zip())."""
+    builder = _row_builders.get(names)
+    if builder is None:
+        if len(set(names)) != len(names):
+            def builder(cols: list[list[Any]]) -> list[dict[str, Any]]:
+                return [dict(zip(names, vals, strict=True)) for vals in zip(*cols, strict=True)]
         else:
-            columns.append(column.to_pylist())
-    for values in zip(*columns, strict=True):
-        yield dict(zip(names, values, strict=True))
+            items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
+            loop_vars = ", ".join(f"v{i}" for i in range(len(names)))
+            source = (
+                f"def build(cols):\n    return [{{{items}}} for {loop_vars} in cols[0]]"
+                if len(names) == 1
+                else f"def build(cols):\n    return [{{{items}}} for {loop_vars} in zip(*cols)]"
+            )
+            namespace: dict[str, Any] = {}
+            exec(compile(source, "<dataflow rows>", "exec"), namespace)
+            builder = namespace["build"]
+        if len(_row_builders) < 1024:
+            _row_builders[names] = builder
+    return builder
+
+
+def rows_of(table: pa.Table) -> list[dict[str, Any]]:
+    """Rows of ``table`` as dicts (tensor cells as numpy arrays)."""
+    if table.num_columns == 0:
+        return [{} for _ in range(table.num_rows)]
+    return _row_builder(tuple(table.column_names))([_python_column(c) for c in table.columns])  # type: ignore[no-any-return]
+
+
+def iter_rows(table: pa.Table) -> Iterable[dict[str, Any]]:
+    """Rows of ``table`` as dicts, a chunk at a time."""
+    for start in range(0, table.num_rows, 16384):
+        yield from rows_of(table.slice(start, 16384))
 
 
 def rows_to_block(rows: list[Any]) -> pa.Table:
@@ -151,9 +183,12 @@ def rows_to_block(rows: list[Any]) -> pa.Table:
         msg = f"a row function must return a dict, got {type(first).__name__}"
         raise TypeError(msg)
     keys = list(first.keys())
-    key_set = set(keys)
-    if all(isinstance(r, Mapping) and r.keys() == key_set for r in rows):
-        return to_block({k: [r[k] for r in rows] for k in keys})
+    try:  # fast path: every row has exactly the first row's keys
+        columns = {k: [r[k] for r in rows] for k in keys}
+        if len(set(map(len, rows))) == 1:
+            return to_block(columns)
+    except (KeyError, TypeError, IndexError):
+        pass
     all_keys: dict[Any, None] = {}
     for r in rows:
         if not isinstance(r, Mapping):

@@ -126,6 +126,15 @@ class StreamingExecutor:
         self.call_soon(done.set)
         return done.wait(timeout)
 
+    def wait_for_workers(self, timeout: float = 30.0) -> bool:
+        """Block until every task worker has started (tests and benchmarks use this)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._workers_ready >= self.options.resolved_num_cpus():
+                return True
+            time.sleep(0.01)
+        return False
+
     def stop(self, timeout: float = 10.0) -> None:
         self.call_soon(self._begin_stop)
         self._thread.join(timeout)
@@ -217,6 +226,7 @@ class StreamingExecutor:
             handle.idle_since = time.monotonic()
             if handle.kind == TASK_KIND:
                 self._workers_ready += 1
+                self._inline_enabled = False  # the cold start is over, for good
         elif isinstance(msg, protocol.TaskDone):
             task = handle.task
             handle.task = None
@@ -312,7 +322,7 @@ class StreamingExecutor:
         idle = self.pool.idle(TASK_KIND)
         if idle:
             return idle[0]
-        if self._inline_enabled and self._workers_ready == 0 and not self._inline_busy:
+        if self._inline_enabled and not self._inline_busy:
             return INLINE
         return None
 

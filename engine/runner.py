@@ -91,8 +91,7 @@ class StreamingHandle(ExecutionHandle):
     def cancel(self) -> None:
         if not self._closed:
             self._closed = True
-            if not self.execution.done:
-                self.executor.cancel(self.execution)
+            self.executor.cancel(self.execution)  # also frees outputs nobody will read
 
 
 class LocalHandle(ExecutionHandle):

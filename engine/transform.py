@@ -16,10 +16,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.block_format import iter_rows, rows_to_block, to_batch, to_block
+from engine.block_format import rows_of, rows_to_block, to_batch, to_block
 
-ROW_CHUNK = 4096
-"""Rows collected before they are turned back into a table inside a row-stage chain."""
+ROW_CHUNK = 16384
+"""Rows turned into Python dicts at a time inside a row-stage chain (bounds their memory)."""
 
 
 class UDFFailure(Exception):
@@ -120,22 +120,17 @@ def _call(stage: Stage, fn: Callable[..., Any], value: Any) -> Any:
 
 
 def _run_row_stages(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """Rows of each block pass through every row stage as one list comprehension per stage."""
     fns = [(s, s.prepare()) for s in stages]
-
-    def apply(rows: Iterable[Any]) -> Iterator[Any]:
-        for stage, fn in fns:
-            rows = _row_stage(stage, fn, rows)
-        return iter(rows)
-
     for block in blocks:
-        out: list[Any] = []
-        for row in apply(iter_rows(block)):
-            out.append(row)
-            if len(out) >= ROW_CHUNK:
-                yield _rows_block(stages[-1], out)
-                out = []
-        if out:
-            yield _rows_block(stages[-1], out)
+        for start in range(0, block.num_rows, ROW_CHUNK):
+            rows = rows_of(block.slice(start, ROW_CHUNK))
+            for stage, fn in fns:
+                rows = _apply_row_stage(stage, fn, rows)
+                if not rows:
+                    break
+            if rows:
+                yield _rows_block(stages[-1], rows)
 
 
 def _rows_block(stage: Stage, rows: list[Any]) -> pa.Table:
@@ -145,24 +140,29 @@ def _rows_block(stage: Stage, rows: list[Any]) -> pa.Table:
         raise UDFFailure(stage.name, err, "(converting its output rows)") from err
 
 
-def _row_stage(stage: Stage, fn: Callable[..., Any], rows: Iterable[Any]) -> Iterator[Any]:
-    if stage.row_mode == "map":
-        for row in rows:
-            yield _call(stage, fn, row)
-    elif stage.row_mode == "filter":
-        for row in rows:
-            if _call(stage, fn, row):
-                yield row
-    elif stage.row_mode == "flat_map":
-        for row in rows:
-            out = _call(stage, fn, row)
-            try:
-                yield from out
-            except TypeError as err:
-                raise UDFFailure(stage.name, err, "(flat_map must return an iterable of rows)") from err
-    else:
-        msg = f"unknown row mode {stage.row_mode!r}"
-        raise ValueError(msg)
+def _apply_row_stage(stage: Stage, fn: Callable[..., Any], rows: list[Any]) -> list[Any]:
+    args, kwargs = stage.fn_args, stage.fn_kwargs
+    try:
+        if stage.row_mode == "map":
+            if args or kwargs:
+                return [fn(r, *args, **kwargs) for r in rows]
+            return [fn(r) for r in rows]
+        if stage.row_mode == "filter":
+            if args or kwargs:
+                return [r for r in rows if fn(r, *args, **kwargs)]
+            return [r for r in rows if fn(r)]
+        if stage.row_mode == "flat_map":
+            if args or kwargs:
+                return [out for r in rows for out in fn(r, *args, **kwargs)]
+            return [out for r in rows for out in fn(r)]
+    except UDFFailure:
+        raise
+    except Exception as err:
+        if not stage.user_code:
+            raise
+        raise UDFFailure(stage.name, err) from err
+    msg = f"unknown row mode {stage.row_mode!r}"
+    raise ValueError(msg)
 
 
 def _rebatch(blocks: Iterator[pa.Table], batch_size: int | None) -> Iterator[pa.Table]:

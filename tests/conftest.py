@@ -139,6 +139,9 @@ def streaming() -> Iterator[None]:
 @pytest.fixture
 def fresh_engine() -> Iterator[None]:
     """Tests that start their own engine (other options) get a clean slate and leave one."""
+    ctx = dataflow.DataContext.get_current()
+    saved = (ctx.execution_mode, ctx.execution_options)
     dataflow.shutdown()
     yield
     dataflow.shutdown()
+    ctx.execution_mode, ctx.execution_options = saved

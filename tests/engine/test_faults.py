@@ -11,11 +11,20 @@ import pytest
 
 import dataflow
 from dataflow.errors import WorkerDiedError
+from engine import session as engine_session
+
+
+@pytest.fixture(autouse=True)
+def workers_ready(streaming):
+    """Until the first worker is ready tasks run in the driver (cold start): wait for them."""
+    assert engine_session.current_session().executor.wait_for_workers()
 
 
 def _kill_once(marker: str):
+    driver = os.getpid()  # captured by value: the closure travels to the worker
+
     def udf(batch):
-        if batch["id"][0] == 5000 and not os.path.exists(marker):
+        if batch["id"][0] == 5000 and os.getpid() != driver and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
         return {"id": batch["id"], "pid": np.full(len(batch["id"]), os.getpid())}
@@ -37,13 +46,14 @@ def test_sigkill_mid_task_is_retried_with_exact_results(tmp_path, streaming):
 
 def test_sigkill_of_an_actor_is_replaced(tmp_path, streaming):
     marker = str(tmp_path / "killed")
+    driver = os.getpid()
 
     class Model:
         def __init__(self):
             self.pid = os.getpid()
 
         def __call__(self, batch):
-            if batch["id"][0] == 300 and not os.path.exists(marker):
+            if batch["id"][0] == 300 and os.getpid() != driver and not os.path.exists(marker):
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
             return {"id": batch["id"]}
@@ -53,14 +63,21 @@ def test_sigkill_of_an_actor_is_replaced(tmp_path, streaming):
     assert sorted(r["id"] for r in rows) == list(range(1000))
 
 
-def _always_die(batch):
-    if batch["id"][0] == 0:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return batch
+def _always_die():
+    driver = os.getpid()
+
+    def udf(batch):
+        if batch["id"][0] == 0:
+            if os.getpid() == driver:
+                raise RuntimeError("ran in the driver")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
+
+    return udf
 
 
 def test_a_task_that_always_kills_its_worker_fails_after_three_attempts(streaming):
     with pytest.raises(WorkerDiedError, match="failed 3 times"):
-        dataflow.range(100, override_num_blocks=4).map_batches(_always_die).take_all()
+        dataflow.range(100, override_num_blocks=4).map_batches(_always_die()).take_all()
     # the engine is still usable afterwards
     assert dataflow.range(10).map(lambda r: r).count() == 10

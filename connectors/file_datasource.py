@@ -33,6 +33,8 @@ from connectors.retry import Retrier, RetryPolicy, default_retry_policy
 
 MiB = 1 << 20
 DEFAULT_TASK_BYTES = 128 * MiB
+MIN_TASK_BYTES = 32 * MiB
+"""Below this, a task's fixed costs (opening files, one round trip) start to show."""
 DEFAULT_BLOCK_BYTES = 64 * MiB
 LOOKAHEAD = 4096
 MAX_FILES_PER_TASK = 1024
@@ -57,6 +59,7 @@ def plan_pieces(
     parallelism: int,
     *,
     target_task_bytes: int = DEFAULT_TASK_BYTES,
+    min_task_bytes: int = 0,
     max_files_per_task: int = MAX_FILES_PER_TASK,
     split_files: bool = False,
     lookahead: int = LOOKAHEAD,
@@ -71,7 +74,7 @@ def plan_pieces(
     if not head:
         return
     total = sum(e.size or 0 for e in head)
-    per_task = max(1, min(target_task_bytes, math.ceil(total / max(1, parallelism))))
+    per_task = max(1, min(min_task_bytes, target_task_bytes), min(target_task_bytes, math.ceil(total / max(1, parallelism))))
     files_cap = max(1, min(max_files_per_task, math.ceil(len(head) / max(1, parallelism))))
     if len(head) >= lookahead:
         files_cap = max_files_per_task
@@ -184,6 +187,7 @@ class FileDatasource(Datasource):
             _chain([first], files),
             parallelism,
             target_task_bytes=self._target_task_bytes,
+            min_task_bytes=MIN_TASK_BYTES,
             split_files=self._split_files(),
         ):
             displays = tuple(self._files.display(p.entry.path) for p in group)

@@ -50,7 +50,8 @@ def _read(c: _Compiler, node: Read) -> PhysicalOperator:
 
 
 def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOperator:
-    parallelism = node.parallelism if node.parallelism > 0 else 2 * c.options.resolved_num_cpus()
+    # as Ray: at least 200 read tasks or 2 per CPU; sources merge tasks smaller than they like
+    parallelism = node.parallelism if node.parallelism > 0 else max(200, 2 * c.options.resolved_num_cpus())
     stages = maps.stages if maps is not None else ()
     name = node.name + ("->" + maps.name if maps is not None else "")
     return c.add(

@@ -40,7 +40,7 @@ class ExecutionOptions:
     """Small inputs are bundled into one task until they reach this size."""
     op_output_budget: int = 192 * MiB
     """Bytes one operator may hold in its output queue plus expected in-flight output."""
-    consumer_buffer_bytes: int = 192 * MiB
+    consumer_buffer_bytes: int = 128 * MiB
     """Bytes produced ahead of a consumer (iter_batches) before the engine waits for it."""
     max_task_attempts: int = 3
     """Attempts per task when a worker dies (user exceptions are not retried)."""

@@ -67,12 +67,25 @@ def to_batch(table: pa.Table, batch_format: str) -> Any:
     raise ValueError(msg)
 
 
+def numeric_array(values: np.ndarray) -> pa.Array | None:
+    """A 1-d contiguous int/float array as an Arrow array sharing its memory, else None.
+
+    ``pa.array`` would do the same but imports pandas on first use (0.4 s), which a small
+    job's first result cannot afford.
+    """
+    if values.ndim != 1 or values.dtype.kind not in "iuf" or not values.flags.c_contiguous:
+        return None
+    typ = pa.from_numpy_dtype(values.dtype)
+    return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
+
+
 def tensor_array(values: np.ndarray) -> pa.Array:
     """An n-d numpy array (first axis = rows) as an Arrow column."""
     if values.ndim == 1:
-        return pa.array(values)
+        fast = numeric_array(values)
+        return fast if fast is not None else pa.array(values)
     if values.ndim == 2 and values.dtype != object:
-        flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+        flat = tensor_array(np.ascontiguousarray(values).reshape(-1))
         return pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
     if values.dtype == object:
         return pa.array(list(values))

@@ -100,6 +100,8 @@ class ForkServer:
         )
         assert self.proc.stdout is not None
         self._buffer = ""
+        self.requested = 0
+        self.replied = 0
         self.fileno = self.proc.stdout.fileno()
         os.set_blocking(self.fileno, False)
 
@@ -108,6 +110,7 @@ class ForkServer:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"worker_id": worker_id, "args": args, "env": env or {}}) + "\n")
         self.proc.stdin.flush()
+        self.requested += 1
 
     def read_replies(self) -> list[tuple[str, int]]:
         """(worker id, pid) for each worker forked since the last call (non-blocking)."""
@@ -120,12 +123,18 @@ class ForkServer:
         self._buffer += chunk.decode()
         *lines, self._buffer = self._buffer.split("\n")
         replies = [json.loads(line) for line in lines if line]
+        self.replied += len(replies)
         return [(r["worker_id"], int(r["pid"])) for r in replies]
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def close(self) -> None:
+        """Stop the zygote; its workers go with it (it kills them, or the kernel does)."""
+        if self.replied < self.requested:
+            # still starting (importing pyarrow) with requests queued: workers that nobody
+            # will use must not be forked at all, so don't wait for it to read its stdin
+            self.proc.kill()
         if self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()

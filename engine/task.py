@@ -87,16 +87,15 @@ def run_task(spec: TaskSpec, transform: BlockTransform, store: BlockStore) -> Ta
     result = TaskResult(spec.task_id)
     written: list[BlockRef] = []
     try:
-        blocks = transform(_input_blocks(spec, store))
         if spec.output == OUTPUT_COUNT:
-            result.num_rows = sum(b.num_rows for b in blocks)
+            result.num_rows = transform.count_rows(_input_blocks(spec, store))
         elif spec.output == OUTPUT_WRITE:
             from connectors.base import TaskContext
 
-            counted = _counting(blocks, result)
+            counted = _counting(transform(_input_blocks(spec, store)), result)
             result.value = spec.sink.write(counted, TaskContext(spec.task_index, spec.attempt))
         else:
-            for block in blocks:
+            for block in transform(_input_blocks(spec, store)):
                 ref = store.put(block, spill=spec.spill)
                 written.append(ref)
                 result.num_rows += ref.num_rows

@@ -10,7 +10,7 @@ that is what makes a map over a class an actor.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,20 +92,33 @@ class BlockTransform:
             stage.prepare()
 
     def __call__(self, blocks: Iterable[pa.Table]) -> Iterator[pa.Table]:
-        stream: Iterator[pa.Table] = iter(blocks)
+        return _shape_output(self._run(iter(blocks), len(self.stages)), self.target_block_bytes)
+
+    def count_rows(self, blocks: Iterable[pa.Table]) -> int:
+        """Rows the transform would output; trailing row stages are counted, not turned into tables."""
+        tail = len(self.stages)
+        while tail > 0 and self.stages[tail - 1].kind == "rows":
+            tail -= 1
+        stream = self._run(iter(blocks), tail)
+        if tail == len(self.stages):
+            return sum(block.num_rows for block in stream)
+        return sum(len(rows) for rows in _row_lists(self.stages[tail:], stream))
+
+    def _run(self, stream: Iterator[pa.Table], end: int) -> Iterator[pa.Table]:
+        """The blocks after the first ``end`` stages."""
         i = 0
-        while i < len(self.stages):
+        while i < end:
             stage = self.stages[i]
             if stage.kind == "rows":
                 j = i
-                while j < len(self.stages) and self.stages[j].kind == "rows":
+                while j < end and self.stages[j].kind == "rows":
                     j += 1
                 stream = _run_row_stages(self.stages[i:j], stream)
                 i = j
             else:
                 stream = _run_batch_stage(stage, stream)
                 i += 1
-        return _shape_output(stream, self.target_block_bytes)
+        return stream
 
 
 def _call(stage: Stage, fn: Callable[..., Any], value: Any) -> Any:
@@ -119,8 +132,8 @@ def _call(stage: Stage, fn: Callable[..., Any], value: Any) -> Any:
         raise UDFFailure(stage.name, err) from err
 
 
-def _run_row_stages(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """Rows of each block pass through every row stage as one list comprehension per stage."""
+def _row_lists(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[list[Any]]:
+    """Rows of each block through every row stage, one list comprehension per stage."""
     fns = [(s, s.prepare()) for s in stages]
     for block in blocks:
         for start in range(0, block.num_rows, ROW_CHUNK):
@@ -130,7 +143,16 @@ def _run_row_stages(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator
                 if not rows:
                     break
             if rows:
-                yield _rows_block(stages[-1], rows)
+                if not all(type(r) is dict for r in rows) and not all(isinstance(r, Mapping) for r in rows):
+                    bad = next(r for r in rows if not isinstance(r, Mapping))
+                    err = TypeError(f"a row function must return a dict, got {type(bad).__name__}")
+                    raise UDFFailure(stages[-1].name, err)
+                yield rows
+
+
+def _run_row_stages(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    for rows in _row_lists(stages, blocks):
+        yield _rows_block(stages[-1], rows)
 
 
 def _rows_block(stage: Stage, rows: list[Any]) -> pa.Table:

@@ -113,12 +113,18 @@ class SharedMemoryStore(BlockStore):
         os.close(fd)
 
     def get(self, ref: BlockRef) -> pa.Table:
-        """Map the block's file and return its table (views into the mapping, no copy)."""
+        """Map the block's file and return its table (views into the mapping, no copy).
+
+        The mapping is copy-on-write (MAP_PRIVATE): a consumer that writes into a batch in place
+        (``tensor += 1`` on a zero-copy torch tensor) gets private pages, never a SIGSEGV and
+        never a change other readers could see.
+        """
         if ref.path is None:
             msg = f"block {ref.block_id} is not in shared memory"
             raise KeyError(msg)
-        source = pa.memory_map(ref.path, "r")
-        return pa.ipc.open_file(source).read_all()
+        with open(ref.path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))).read_all()
 
     def free(self, ref: BlockRef) -> None:
         if ref.path is not None:

@@ -119,16 +119,21 @@ class SharedMemoryStore(BlockStore):
         (``tensor += 1`` on a zero-copy torch tensor) gets private pages, never a SIGSEGV and
         never a change other readers could see.
         """
-        if ref.path is None:
-            msg = f"block {ref.block_id} is not in shared memory"
-            raise KeyError(msg)
-        with open(ref.path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        return pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))).read_all()
+        return read_block(ref)
 
     def free(self, ref: BlockRef) -> None:
         if ref.path is not None:
             _unlink_quietly(ref.path)
+
+
+def read_block(ref: BlockRef) -> pa.Table:
+    """Map a block's file copy-on-write, from any process of the session (see ``get``)."""
+    if ref.path is None:
+        msg = f"block {ref.block_id} is held in another process's memory (in-process mode)"
+        raise KeyError(msg)
+    with open(ref.path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    return pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped))).read_all()
 
 
 class MemoryStore(BlockStore):

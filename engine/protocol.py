@@ -61,7 +61,48 @@ class Shutdown:
     """Driver -> worker: exit now."""
 
 
-_KINDS: dict[type, int] = {Ready: 1, RunTask: 2, TaskDone: 3, Heartbeat: 4, Shutdown: 5}
+@dataclass
+class SplitNext:
+    """Split iterator -> coordinator: the next piece of ``epoch`` for ``split``."""
+
+    split: int
+    epoch: int
+
+
+@dataclass
+class SplitRelease:
+    """Split iterator -> coordinator: done with ``piece``."""
+
+    piece: Any
+
+
+@dataclass
+class SplitAbandon:
+    """Split iterator -> coordinator: stopped reading ``epoch`` early."""
+
+    split: int
+    epoch: int
+
+
+@dataclass
+class SplitReply:
+    """Coordinator -> split iterator: a piece, None at the end, or the execution's error."""
+
+    piece: Any = None
+    error: Any = None
+
+
+_KINDS: dict[type, int] = {
+    Ready: 1,
+    RunTask: 2,
+    TaskDone: 3,
+    Heartbeat: 4,
+    Shutdown: 5,
+    SplitNext: 6,
+    SplitRelease: 7,
+    SplitReply: 8,
+    SplitAbandon: 9,
+}
 _TYPES = {v: k for k, v in _KINDS.items()}
 
 

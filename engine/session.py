@@ -84,6 +84,9 @@ class Session:
                 return
             self._closed = True
         try:
+            from engine.split import SplitCoordinator
+
+            SplitCoordinator.close_all()
             self.executor.stop()
         finally:
             for path, fd in ((self.shm_dir, self._shm_lock), (self.spill_dir, self._spill_lock)):

@@ -1,0 +1,105 @@
+"""Dataset.streaming_split: n iterators over one execution per epoch, for n training ranks.
+
+Each ``SplitIterator`` is a ``DataIterator`` (iter_batches, iter_rows, iter_torch_batches...)
+whose blocks come from a shared ``engine.split.SplitCoordinator``. Every call to an ``iter_*``
+method starts the split's next epoch; an epoch's execution starts when the first split asks for
+it, once every split has finished the previous one. Iterators pickle: in another process (a
+``torch.distributed`` rank started by a launcher) they connect to the coordinator's socket and
+map blocks from shared memory directly.
+
+``equal=True``: every split gets exactly ``floor(total / n)`` rows; the last ``total % n`` rows
+are dropped and reported (``SplitIterator.stats()["dropped_rows"]``, and a warning in the log).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from dataflow.iterator import DataIterator
+from engine.object_store import read_block
+from engine.split import Piece, SplitCoordinator
+
+
+class _SplitHandle:
+    """What DataIterator needs from an execution, served by the coordinator (or its socket)."""
+
+    def __init__(self, source: Any, split: int, epoch: int, local_store: Any) -> None:
+        self._source = source
+        self._split = split
+        self._epoch = epoch
+        self._local_store = local_store
+
+    def iter_refs(self) -> Iterator[Piece]:
+        finished = False
+        try:
+            while True:
+                piece = self._source.next(self._split, self._epoch)
+                if piece is None:
+                    finished = True
+                    return
+                yield piece
+        finally:
+            if not finished:
+                self._source.abandon(self._split, self._epoch)
+
+    def get(self, piece: Piece) -> pa.Table:
+        ref = piece.ref
+        table = self._local_store.get(ref) if ref.path is None else read_block(ref)
+        if piece.offset == 0 and piece.length == ref.num_rows:
+            return table
+        return table.slice(piece.offset, piece.length)
+
+    def release(self, piece: Piece) -> None:
+        self._source.release(piece)
+
+
+class SplitIterator(DataIterator):
+    """One of ``n`` iterators sharing an execution (see ``Dataset.streaming_split``)."""
+
+    def __init__(self, coordinator: SplitCoordinator | None, key: str, address: str | None, split: int, n: int) -> None:
+        super().__init__(self._next_epoch, f"StreamingSplit[{split}/{n}]")
+        self._coordinator = coordinator
+        self._key = key
+        self._address = address
+        self._split = split
+        self._n = n
+        self._epoch = -1
+        self._client: Any = None
+
+    def _source(self) -> Any:
+        if self._coordinator is None:
+            self._coordinator = SplitCoordinator._registry.get(self._key)
+        if self._coordinator is not None:
+            return self._coordinator
+        if self._address is None:
+            msg = (
+                "this streaming_split iterator was made by the in-process executor; it can only be "
+                "used in the process that created it (use the default multi-process executor)"
+            )
+            raise RuntimeError(msg)
+        if self._client is None:
+            from engine.split_server import SplitClient
+
+            self._client = SplitClient(self._address)
+        return self._client
+
+    def _next_epoch(self) -> _SplitHandle:
+        self._epoch += 1
+        from engine.local import _STORE
+
+        return _SplitHandle(self._source(), self._split, self._epoch, _STORE)
+
+    def stats(self) -> dict[str, Any]:
+        """Rows each split got in the last finished epoch, and rows dropped to make them equal."""
+        coordinator = self._coordinator or SplitCoordinator._registry.get(self._key)
+        return dict(coordinator.last_stats) if coordinator is not None else {}
+
+    def __reduce__(self) -> Any:
+        return (SplitIterator, (None, self._key, self._address, self._split, self._n))
+
+    def __repr__(self) -> str:
+        return f"SplitIterator(split={self._split}, n={self._n}, pid={os.getpid()})"

@@ -1,0 +1,302 @@
+"""streaming_split: one execution dealt to N consumers (training ranks), equal on request.
+
+``SplitDealer`` is the policy, pure state: blocks come in, pieces go out to the split that asks.
+With ``equal=True`` no split may run ahead of the slowest by more than one block, and a reserve
+of ``(n - 1)`` blocks' worth of rows is held back until the execution ends; then the reserve is
+cut so every split gets exactly ``floor(total / n)`` rows. The remainder (fewer than ``n``
+rows) is dropped and reported (``dropped_rows``), never silently.
+
+``SplitCoordinator`` runs one execution per epoch and serves pieces to local iterators (direct
+calls) and to iterators in other processes (a ROUTER socket in the session's 0700 folder).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.object_store import BlockRef
+
+log = logging.getLogger("dataflow.split")
+
+WAIT = "wait"
+END = "end"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[offset, offset + length)`` of a block."""
+
+    ref: BlockRef
+    offset: int
+    length: int
+
+
+class SplitDealer:
+    """Who gets which rows; no I/O, no threads."""
+
+    def __init__(self, n: int, equal: bool) -> None:
+        self.n = n
+        self.equal = equal
+        self.assigned = [0] * n
+        self.pending: deque[Piece] = deque()
+        self.pending_rows = 0
+        self.max_block_rows = 0
+        self.done = False
+        self.dropped_rows = 0
+        self.unequal = False
+        self.active = set(range(n))
+        self.refcount: dict[str, int] = {}
+        """Pieces of each block that exist (pending, queued or handed out and not released)."""
+        self._final: list[deque[Piece]] | None = None
+
+    def _min_assigned(self) -> int:
+        return min((self.assigned[i] for i in self.active), default=0)
+
+    def add(self, ref: BlockRef) -> None:
+        if ref.num_rows == 0:
+            return
+        self.pending.append(Piece(ref, 0, ref.num_rows))
+        self.refcount[ref.block_id] = 1
+        self.pending_rows += ref.num_rows
+        self.max_block_rows = max(self.max_block_rows, ref.num_rows)
+
+    def unref(self, ref: BlockRef) -> bool:
+        """One piece of ``ref`` is done with; True when the block itself can be freed."""
+        left = self.refcount.get(ref.block_id, 0) - 1
+        if left > 0:
+            self.refcount[ref.block_id] = left
+            return False
+        self.refcount.pop(ref.block_id, None)
+        return True
+
+    def reserve_rows(self) -> int:
+        return (len(self.active) - 1) * self.max_block_rows if self.equal else 0
+
+    def next_for(self, split: int) -> Piece | str:
+        """A piece for ``split``, or WAIT (ask again after the next change), or END."""
+        if split not in self.active:
+            return END
+        if self._final is not None:
+            queue = self._final[split]
+            return queue.popleft() if queue else END
+        if not self.pending:
+            return END if self.done else WAIT
+        head = self.pending[0]
+        if self.equal and not self.done:
+            ahead = self.assigned[split] + head.length - self._min_assigned()
+            if ahead > self.max_block_rows or self.pending_rows - head.length < self.reserve_rows():
+                return WAIT
+        if self.equal and self.done:
+            self._distribute()
+            return self.next_for(split)
+        self.pending.popleft()
+        self.pending_rows -= head.length
+        self.assigned[split] += head.length
+        return head
+
+    def abandon(self, split: int) -> list[Piece]:
+        """``split`` stopped early this epoch: it gets nothing more; returns pieces to free."""
+        self.active.discard(split)
+        if self._final is None:
+            return []
+        orphaned = list(self._final[split])
+        self._final[split].clear()
+        return orphaned
+
+    def finish(self) -> list[Piece]:
+        """The execution ended; returns pieces nobody will get (to free)."""
+        self.done = True
+        if self.equal:
+            return self._distribute()
+        return []
+
+    def _distribute(self) -> list[Piece]:
+        if self._final is not None:
+            return []
+        active = sorted(self.active)
+        total = sum(self.assigned[i] for i in active) + self.pending_rows
+        target = total // max(1, len(active))
+        if active and max(self.assigned[i] for i in active) > target:
+            self.unequal = True
+            log.error("streaming_split(equal=True) could not equalize: %s rows already given", self.assigned)
+        self._final = [deque() for _ in range(self.n)]
+        leftovers: list[Piece] = []
+        for split in active:
+            need = max(0, target - self.assigned[split])
+            while need and self.pending:
+                piece = self.pending.popleft()
+                take = min(need, piece.length)
+                self._final[split].append(Piece(piece.ref, piece.offset, take))
+                if take < piece.length:
+                    self.pending.appendleft(Piece(piece.ref, piece.offset + take, piece.length - take))
+                    self.refcount[piece.ref.block_id] += 1
+                need -= take
+                self.assigned[split] += take
+        while self.pending:
+            piece = self.pending.popleft()
+            self.dropped_rows += piece.length
+            leftovers.append(piece)
+        self.pending_rows = 0
+        if self.dropped_rows:
+            log.warning(
+                "streaming_split(equal=True): dropped the last %d of %d rows so that each of %d splits gets %d",
+                self.dropped_rows, total, len(active), target,
+            )
+        return leftovers
+
+
+class SplitCoordinator:
+    """Serves an execution's blocks to ``n`` split iterators, one execution per epoch."""
+
+    _registry: dict[str, SplitCoordinator] = {}
+    _ids = itertools.count()
+
+    def __init__(
+        self,
+        start: Callable[[], Any],
+        n: int,
+        equal: bool,
+        socket_dir: str | None,
+        max_pending_bytes: int = 256 << 20,
+    ) -> None:
+        self.key = f"{os.getpid()}-{next(self._ids)}"
+        self._start = start
+        self.n = n
+        self.equal = equal
+        self.max_pending_bytes = max_pending_bytes
+        self._cond = threading.Condition()
+        self._epoch = -1
+        self._dealer: SplitDealer | None = None
+        self._handle: Any = None
+        self._ended: set[int] = set()
+        self._owners: dict[str, tuple[SplitDealer, Any]] = {}
+        """block id -> (the dealer counting its pieces, the handle that can free it)."""
+        self._pending_bytes = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self.last_stats: dict[str, Any] = {}
+        self.address: str | None = None
+        self._server: Any = None
+        if socket_dir is not None:
+            from engine.split_server import SplitServer
+
+            self._server = SplitServer(self, f"ipc://{socket_dir}/split-{self.key}.sock")
+            self.address = self._server.address
+        SplitCoordinator._registry[self.key] = self
+
+    # the API split iterators use -------------------------------------------------------
+    def try_next(self, split: int, epoch: int) -> Piece | str:
+        """A piece of ``epoch`` for ``split``, WAIT, or END; raises the execution's error."""
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if epoch > self._epoch:
+                if self._epoch >= 0 and len(self._ended) < self.n:
+                    return WAIT  # the others are still on the previous epoch
+                self._begin_epoch(epoch)
+            if epoch < self._epoch:
+                return END
+            assert self._dealer is not None
+            result = self._dealer.next_for(split)
+            if isinstance(result, Piece):
+                self._pending_bytes -= result.ref.size_bytes * result.length // max(1, result.ref.num_rows)
+                self._cond.notify_all()
+            elif result == END:
+                self._ended.add(split)
+                if len(self._ended) == self.n:
+                    self.last_stats = {"dropped_rows": self._dealer.dropped_rows, "rows": list(self._dealer.assigned)}
+            return result
+
+    def next(self, split: int, epoch: int, timeout: float | None = None) -> Piece | None:
+        """Blocking ``try_next`` for iterators in this process; None at the end."""
+        with self._cond:
+            while True:
+                result = self.try_next(split, epoch)
+                if isinstance(result, Piece):
+                    return result
+                if result == END:
+                    return None
+                self._cond.wait(timeout)
+
+    def release(self, piece: Piece) -> None:
+        with self._cond:
+            self._release_locked(piece.ref)
+            self._cond.notify_all()
+        self._notify_server()
+
+    def abandon(self, split: int, epoch: int) -> None:
+        """``split`` stopped reading ``epoch`` early: deal its share to the others."""
+        with self._cond:
+            if epoch != self._epoch or self._dealer is None:
+                return
+            for piece in self._dealer.abandon(split):
+                self._release_locked(piece.ref)
+            self._ended.add(split)
+            self._cond.notify_all()
+        self._notify_server()
+
+    def _release_locked(self, ref: BlockRef) -> None:
+        owner = self._owners.get(ref.block_id)
+        if owner is not None and owner[0].unref(ref):
+            del self._owners[ref.block_id]
+            owner[1].free_detached(ref)
+
+    # epochs --------------------------------------------------------------------------------
+    def _begin_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._ended = set()
+        self._dealer = SplitDealer(self.n, self.equal)
+        self._handle = self._start()
+        threading.Thread(target=self._pump, args=(self._handle, self._dealer), name="dataflow-split", daemon=True).start()
+
+    def _pump(self, handle: Any, dealer: SplitDealer) -> None:
+        try:
+            for ref in handle.iter_refs():
+                handle.detach(ref)
+                with self._cond:
+                    dealer.add(ref)
+                    self._owners[ref.block_id] = (dealer, handle)
+                    self._pending_bytes += ref.size_bytes
+                    self._cond.notify_all()
+                    self._notify_server()
+                    while (
+                        self._pending_bytes > self.max_pending_bytes
+                        and dealer.pending_rows > dealer.reserve_rows()
+                        and not self._closed
+                    ):
+                        self._cond.wait(0.5)
+            with self._cond:
+                for piece in dealer.finish():
+                    self._release_locked(piece.ref)
+                self._cond.notify_all()
+                self._notify_server()
+        except BaseException as err:  # the consumers raise it
+            with self._cond:
+                self._error = err
+                self._cond.notify_all()
+                self._notify_server()
+
+    def _notify_server(self) -> None:
+        if self._server is not None:
+            self._server.wake()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.close()
+        SplitCoordinator._registry.pop(self.key, None)
+
+    @classmethod
+    def close_all(cls) -> None:
+        """Stop every coordinator of this process (the engine is shutting down)."""
+        for coordinator in list(cls._registry.values()):
+            coordinator.close()

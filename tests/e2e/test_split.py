@@ -1,0 +1,160 @@
+"""streaming_split: n iterators over one execution, equal on request, usable from other processes."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+import dataflow
+
+
+def _drain(iterators, batch_size=64, epochs=1):
+    seen = [[] for _ in iterators]
+    errors = []
+
+    def run(i):
+        try:
+            for _ in range(epochs):
+                for batch in iterators[i].iter_batches(batch_size=batch_size):
+                    seen[i].extend(batch["id"].tolist())
+        except BaseException as err:  # reported by the test
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(iterators))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a split iterator hung"
+    return seen
+
+
+def test_equal_split_gives_every_split_the_same_rows_and_reports_the_rest(mode):
+    its = dataflow.range(1003, override_num_blocks=7).streaming_split(3, equal=True)
+    seen = _drain(its)
+    assert [len(s) for s in seen] == [334, 334, 334]
+    everything = [i for s in seen for i in s]
+    assert len(set(everything)) == 1002
+    assert its[0].stats() == {"dropped_rows": 1, "rows": [334, 334, 334]}
+
+
+def test_unequal_split_delivers_every_row_once(mode):
+    its = dataflow.range(5000, override_num_blocks=20).map(lambda r: r).streaming_split(2)
+    seen = _drain(its)
+    assert sorted(seen[0] + seen[1]) == list(range(5000))
+
+
+def test_each_epoch_runs_the_plan_again(mode):
+    its = dataflow.range(200, override_num_blocks=4).streaming_split(2, equal=True)
+    seen = _drain(its, epochs=3)
+    assert [len(s) for s in seen] == [300, 300]
+    assert sorted(seen[0] + seen[1]) == sorted(list(range(200)) * 3)
+
+
+def test_a_split_that_stops_early_does_not_block_the_others(mode):
+    its = dataflow.range(2000, override_num_blocks=10).streaming_split(2)
+    first = next(iter(its[0].iter_batches(batch_size=10)))
+    assert len(first["id"]) == 10
+    rest = _drain([its[1]])[0]
+    assert len(rest) + 10 <= 2000 and len(set(rest)) == len(rest)
+
+
+def test_a_fast_split_waits_for_a_slow_one_when_equal(fresh_engine):
+    import numpy as np
+
+    MiB = 1 << 20
+    dataflow.init(num_cpus=2, consumer_buffer_bytes=4 * MiB, op_output_budget=4 * MiB, min_task_input_bytes=1)
+    ds = dataflow.range(20_000, override_num_blocks=20).map_batches(
+        lambda b: {"id": b["id"], "payload": np.zeros((len(b["id"]), 128))}  # 1 MiB per block
+    )
+    its = ds.streaming_split(2, equal=True)
+    fast = its[0].iter_batches(batch_size=100, prefetch_batches=0)
+    got = 0
+    done = threading.Event()
+
+    def read_fast():
+        nonlocal got
+        for batch in fast:
+            got += len(batch["id"])
+        done.set()
+
+    t = threading.Thread(target=read_fast)
+    t.start()
+    t.join(3)
+    # the slow split has read nothing: the fast one is held within one block of it
+    assert got <= 1000 + 100, got
+    slow = sum(len(b["id"]) for b in its[1].iter_batches(batch_size=100))
+    t.join(30)
+    assert done.is_set() and got == slow == 10_000
+
+
+RANK_SCRIPT = """
+import os, pickle, sys
+import torch
+import torch.distributed as dist
+
+rank, world, port, path, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+dist.init_process_group("gloo", rank=rank, world_size=world)
+with open(path, "rb") as f:
+    iterator = pickle.load(f)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+seen = []
+for epoch in range(2):
+    for batch in iterator.iter_batches(batch_size=32, batch_format="numpy"):
+        x = torch.from_numpy(batch["x"].astype("float32"))
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():  # DDP-style gradient averaging: every rank steps together
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step()
+        seen.extend((epoch, int(i)) for i in batch["id"])
+with open(out, "w") as f:
+    f.write("\\n".join(f"{e} {i}" for e, i in seen))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+def test_ranks_in_other_processes_train_on_their_splits(streaming, tmp_path):
+    pytest.importorskip("torch")
+    import socket
+
+    import numpy as np
+
+    ds = dataflow.range(1000, override_num_blocks=8).map_batches(
+        lambda b: {"id": b["id"], "x": np.ones((len(b["id"]), 4), dtype=np.float64)}
+    )
+    iterators = ds.streaming_split(2, equal=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = []
+    for rank, it in enumerate(iterators):
+        path = tmp_path / f"split{rank}.pkl"
+        path.write_bytes(pickle.dumps(it))
+        out = tmp_path / f"rank{rank}.txt"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(RANK_SCRIPT), str(rank), "2", port, str(path), str(out)],
+            env=env, stderr=subprocess.PIPE, text=True,
+        ))
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    rows = [line.split() for rank in range(2) for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
+    per_epoch = {e: sorted(int(i) for ep, i in rows if int(ep) == e) for e in (0, 1)}
+    for epoch in (0, 1):
+        assert per_epoch[epoch] == list(range(1000)), f"epoch {epoch}: rows missing or repeated"
+    counts = [len((tmp_path / f"rank{r}.txt").read_text().splitlines()) for r in range(2)]
+    assert counts == [1000, 1000]

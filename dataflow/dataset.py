@@ -212,6 +212,40 @@ class Dataset:
             local_shuffle_seed=local_shuffle_seed,
         )
 
+    def iter_torch_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int | None = 256,
+        dtypes: Any = None,
+        device: Any = "auto",
+        collate_fn: Callable[[dict[str, Any]], Any] | None = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        pin_memory: bool = False,
+    ) -> Iterator[Any]:
+        """Stream batches as dicts of torch tensors, on ``device`` ("auto": CUDA if present, else CPU).
+
+        Numeric and fixed-shape columns become tensors without a copy; see
+        ``dataflow.torch_batches.iter_torch_batches`` for dtypes, collate_fn and pinning.
+        """
+        return self.iterator().iter_torch_batches(
+            prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, device=device,
+            collate_fn=collate_fn, drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
+        )
+
+    def to_torch_iterable(self, *, batch_size: int | None = 256, **kwargs: Any) -> Any:
+        """A ``torch.utils.data.IterableDataset`` of batches, sharded across DataLoader workers and ranks.
+
+        Use it with ``DataLoader(it, batch_size=None, num_workers=k)``; every row is read exactly
+        once across all workers and ranks. See ``dataflow.torch_batches.TorchIterableDataset``.
+        """
+        from dataflow.torch_batches import TorchIterableDataset
+
+        return TorchIterableDataset(self, batch_size=batch_size, **kwargs)
+
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         return self.iterator().iter_rows()
 

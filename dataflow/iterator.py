@@ -3,6 +3,9 @@
     execute -> fetch (map blocks zero-copy) -> rebatch (exact batch_size) -> shuffle (optional,
     local buffer) -> format (numpy / pandas / pyarrow / polars) -> prefetch (background thread)
 
+``iter_torch_batches`` continues after format with collate (tensors) -> pin -> to device; those
+stages live in ``dataflow.torch_batches``, the one module that imports torch (on first use).
+
 Each stage is a generator. Blocks are released back to the engine as soon as every row of
 them has been handed on, so a slow consumer holds at most its prefetch window.
 """
@@ -32,9 +35,15 @@ class DataIterator:
     def __repr__(self) -> str:
         return f"DataIterator({self._name})"
 
-    def iter_blocks(self) -> Iterator[pa.Table]:
-        """Blocks as Arrow tables, each released once the caller moves to the next."""
+    def iter_blocks(self, *, on_execute: Callable[[Any], None] | None = None) -> Iterator[pa.Table]:
+        """Blocks as Arrow tables, each released once the caller moves to the next.
+
+        ``on_execute(handle)`` is called once the plan runs (stages that need to know the block
+        store, such as the torch stage deciding whether zero-copy tensors are private, use it).
+        """
         handle = self._execute()
+        if on_execute is not None:
+            on_execute(handle)
         refs = handle.iter_refs()
         try:
             for ref in refs:
@@ -57,19 +66,58 @@ class DataIterator:
         local_shuffle_seed: int | None = None,
     ) -> Iterator[Any]:
         """Batches of exactly ``batch_size`` rows (the last may be short unless ``drop_last``)."""
-        if batch_size is not None and batch_size <= 0:
-            msg = f"batch_size must be a positive integer or None, got {batch_size}"
-            raise ValueError(msg)
-        tables = rebatch(self.iter_blocks(), batch_size, drop_last)
-        if local_shuffle_buffer_size:
-            tables = local_shuffle(tables, batch_size or 256, local_shuffle_buffer_size, local_shuffle_seed)
+        check_batch_size(batch_size)
+        tables = self.iter_tables(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed)
         batches = (to_batch(t, batch_format) for t in tables)
         return prefetch(batches, prefetch_batches)
+
+    def iter_tables(
+        self,
+        batch_size: int | None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        *,
+        on_execute: Callable[[Any], None] | None = None,
+    ) -> Iterator[pa.Table]:
+        """The stages every ``iter_*`` shares: fetch -> rebatch -> shuffle, as Arrow tables."""
+        tables = rebatch(self.iter_blocks(on_execute=on_execute), batch_size, drop_last)
+        if local_shuffle_buffer_size:
+            tables = local_shuffle(tables, batch_size or 256, local_shuffle_buffer_size, local_shuffle_seed)
+        return tables
+
+    def iter_torch_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int | None = 256,
+        dtypes: Any = None,
+        device: Any = "auto",
+        collate_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        pin_memory: bool = False,
+    ) -> Iterator[Any]:
+        """Batches as dicts of torch tensors (see ``dataflow.torch_batches.iter_torch_batches``)."""
+        from dataflow.torch_batches import iter_torch_batches
+
+        return iter_torch_batches(
+            self, prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, device=device,
+            collate_fn=collate_fn, drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
+        )
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         """Rows as dicts."""
         for table in self.iter_blocks():
             yield from iter_rows(table)
+
+
+def check_batch_size(batch_size: int | None) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
+        msg = f"batch_size must be a positive integer or None, got {batch_size!r}"
+        raise ValueError(msg)
 
 
 def rebatch(blocks: Iterator[pa.Table], batch_size: int | None, drop_last: bool = False) -> Iterator[pa.Table]:

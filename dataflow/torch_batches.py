@@ -1,0 +1,463 @@
+"""Torch ingest: ``iter_torch_batches`` and a torch ``IterableDataset``; the one module importing torch.
+
+It is imported only when one of them is first used, so ``import dataflow`` never imports torch.
+The stages continue ``DataIterator``'s chain:
+
+    fetch -> rebatch -> shuffle (``dataflow.iterator``) -> format (numpy, zero-copy)
+    -> collate (tensors) -> pin -> to device (own CUDA stream) -> prefetch (background thread)
+
+Everything up to "to device" runs on one background thread, ``prefetch_batches`` ahead of the
+training loop, so the loop does not wait when the engine keeps up.
+
+**Zero copy.** Numeric and fixed-shape (fixed-size-list, tensor) columns arrive as numpy views of
+the block, and become tensors over the same memory through DLPack. Numpy marks those views
+read-only (Arrow memory is immutable); ``torch.from_numpy`` would warn that torch cannot honour
+that. The warning does not apply here: in the multi-process engine a block is a copy-on-write
+mapping of its shared-memory file (``engine.object_store``), so an in-place write
+(``batch["x"] += 1``) lands on pages private to this process and changes nothing anyone else
+reads. In the in-process mode (``execution_mode="local"``) blocks are ordinary memory that may
+be the dataset's own (a materialized dataset, ``from_numpy`` input), so there each tensor is
+copied once instead, to keep the same semantics.
+
+**Devices.** ``device="auto"`` is CUDA when available, else the CPU. A CUDA device with no CUDA
+is an error when ``iter_torch_batches`` is called. With a CUDA target, batches are pinned (or
+``pin_memory=True``) and copied with ``non_blocking=True`` on a dedicated stream; the training
+loop's stream waits on an event, so the copy of batch n+1 overlaps the compute of batch n.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+import torch.distributed
+import torch.utils.data
+
+from dataflow.iterator import DataIterator, check_batch_size, prefetch
+from engine.block_format import to_batch
+from engine.object_store import SharedMemoryStore
+
+# ----- devices ------------------------------------------------------------------------------
+
+
+def resolve_device(device: Any) -> torch.device:
+    """``"auto"`` -> CUDA if available else CPU; a CUDA device without CUDA is a ValueError now."""
+    if device is None or device == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        msg = f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}"
+        raise ValueError(msg) from err
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            msg = (
+                f"device={device!r} was requested but CUDA is not available (torch {torch.__version__}, "
+                f"built with CUDA {torch.version.cuda}); use device='auto' to fall back to the CPU"
+            )
+            raise ValueError(msg)
+        index = torch.cuda.current_device() if target.index is None else target.index
+        if index >= torch.cuda.device_count():
+            msg = f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"
+            raise ValueError(msg)
+        # pinned now: the copies run on another thread, whose current device may differ
+        target = torch.device("cuda", index)
+    return target
+
+
+# ----- collate: numpy views -> tensors ------------------------------------------------------
+
+
+def tensor_view(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array``'s memory, even when numpy flags it read-only (see the module doc)."""
+    try:
+        return torch.from_dlpack(array)  # DLPack >= 1.0 carries the read-only flag: no warning
+    except (BufferError, RuntimeError, TypeError):
+        pass
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():  # older numpy/torch without DLPack 1.0: same view, silenced
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        return torch.from_numpy(array)
+
+
+def to_tensors(
+    batch: Mapping[str, np.ndarray], dtypes: Any = None, *, private: bool = True
+) -> dict[str, torch.Tensor]:
+    """The default collate: each column as a tensor, zero-copy unless a dtype cast needs one.
+
+    ``dtypes`` is one ``torch.dtype`` for every column or a dict per column. ``private=False``
+    (blocks that are not copy-on-write) copies tensors that would share the block's memory.
+    """
+    out = {}
+    for name, array in batch.items():
+        dtype = dtypes.get(name) if isinstance(dtypes, Mapping) else dtypes
+        out[name] = column_tensor(name, array, dtype, private)
+    return out
+
+
+def column_tensor(name: str, array: Any, dtype: torch.dtype | None, private: bool) -> torch.Tensor:
+    if not isinstance(array, np.ndarray):
+        array = np.asarray(array)
+    if array.dtype == object:
+        array = _stack_cells(name, array)
+    try:
+        tensor = tensor_view(array)
+    except TypeError as err:
+        msg = (
+            f"column {name!r} has dtype {array.dtype}, which torch cannot hold; drop it "
+            "(select_columns / drop_columns) or convert it with collate_fn"
+        )
+        raise TypeError(msg) from err
+    if dtype is not None and tensor.dtype != dtype:
+        return tensor.to(dtype)  # a cast makes new memory: nothing to protect
+    return tensor if private else tensor.clone()
+
+
+def _stack_cells(name: str, array: np.ndarray) -> np.ndarray:
+    """An object column whose cells are equal-shape numeric arrays, stacked; anything else is an error."""
+    cells = list(array)
+    if cells and all(isinstance(c, np.ndarray) and c.dtype != object for c in cells):
+        try:
+            return np.stack(cells)
+        except ValueError:
+            pass
+    kind = type(cells[0]).__name__ if cells else "nothing"
+    msg = (
+        f"column {name!r} holds {kind} values (strings, ragged lists or nulls), which do not make one "
+        "tensor; drop it (select_columns / drop_columns) or build the batch yourself with collate_fn"
+    )
+    raise TypeError(msg)
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``fn`` applied to every tensor in a tensor, dict, list or tuple; other values as they are."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+        return type(value)(*(map_tensors(v, fn) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    return value
+
+
+# ----- pin and move to the device -----------------------------------------------------------
+
+
+class DeviceMover:
+    """Pins host tensors and copies them to ``device`` on a side CUDA stream (CPU: nothing to do).
+
+    ``send`` runs on the prefetch thread and returns the batch with an event recorded after its
+    copies; ``receive`` runs on the training thread and makes its current stream wait for that
+    event (the GPU waits, not Python), then tells the caching allocator the tensors are used there.
+    """
+
+    def __init__(self, device: torch.device, pin_memory: bool) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        # pinned memory exists only with CUDA; on a CPU-only machine pin_memory=True is a no-op,
+        # so a script written for a GPU box still runs on a laptop with device="auto"
+        self.pin = torch.cuda.is_available() and (pin_memory or self.cuda)
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def send(self, batch: Any) -> tuple[Any, Any]:
+        if self.pin:
+            batch = map_tensors(batch, lambda t: t if t.is_pinned() or t.device.type != "cpu" else t.pin_memory())
+        if not self.cuda:
+            if self.device.type != "cpu":
+                batch = map_tensors(batch, lambda t: t.to(self.device))
+            return batch, None
+        with torch.cuda.stream(self.stream):
+            batch = map_tensors(batch, lambda t: t.to(self.device, non_blocking=True))
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return batch, event
+
+    def receive(self, batch: Any, event: Any) -> Any:
+        if event is None:
+            return batch
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event)
+        map_tensors(batch, lambda t: t.record_stream(current))
+        return batch
+
+
+# ----- iter_torch_batches --------------------------------------------------------------------
+
+
+def iter_torch_batches(
+    iterator: DataIterator,
+    *,
+    prefetch_batches: int = 1,
+    batch_size: int | None = 256,
+    dtypes: Any = None,
+    device: Any = "auto",
+    collate_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
+    drop_last: bool = False,
+    local_shuffle_buffer_size: int | None = None,
+    local_shuffle_seed: int | None = None,
+    pin_memory: bool = False,
+) -> Iterator[Any]:
+    """Batches of ``batch_size`` rows as ``{column: tensor}`` on ``device``, as Ray Data's.
+
+    * ``dtypes``: one ``torch.dtype`` for all columns or ``{column: dtype}``; others keep theirs.
+    * ``collate_fn(batch)`` receives the numpy dict and returns what the loop gets; tensors in
+      its result (alone, or in a dict/list/tuple) are moved to ``device``. It cannot be combined
+      with ``dtypes`` (cast inside it), as in Ray Data.
+    * ``drop_last``, ``local_shuffle_buffer_size``, ``local_shuffle_seed``: as ``iter_batches``.
+    * ``device``: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N", a torch.device.
+    * ``pin_memory``: pin host memory before the copy (implied for a CUDA target; ignored without CUDA).
+    * ``prefetch_batches``: batches prepared ahead on a background thread (0: inline).
+
+    Arguments are checked here, when called, not at the first batch.
+    """
+    check_batch_size(batch_size)
+    if collate_fn is not None and dtypes is not None:
+        msg = "collate_fn cannot be combined with dtypes: cast to the dtypes you want inside collate_fn"
+        raise ValueError(msg)
+    if collate_fn is not None and not callable(collate_fn):
+        msg = f"collate_fn must be callable, got {type(collate_fn).__name__}"
+        raise TypeError(msg)
+    _check_dtypes(dtypes)
+    target = resolve_device(device)
+    mover = DeviceMover(target, pin_memory)
+    return _batches(iterator, target, mover, batch_size, dtypes, collate_fn, drop_last,
+                    local_shuffle_buffer_size, local_shuffle_seed, prefetch_batches)
+
+
+def _check_dtypes(dtypes: Any) -> None:
+    values = dtypes.values() if isinstance(dtypes, Mapping) else [dtypes]
+    for value in values:
+        if value is not None and not isinstance(value, torch.dtype):
+            msg = f"dtypes must be a torch.dtype or a dict of column -> torch.dtype, got {value!r}"
+            raise TypeError(msg)
+
+
+def _batches(
+    iterator: DataIterator,
+    target: torch.device,
+    mover: DeviceMover,
+    batch_size: int | None,
+    dtypes: Any,
+    collate_fn: Callable[[dict[str, np.ndarray]], Any] | None,
+    drop_last: bool,
+    shuffle_buffer: int | None,
+    shuffle_seed: int | None,
+    depth: int,
+) -> Iterator[Any]:
+    private = {"blocks": True}
+
+    def on_execute(handle: Any) -> None:
+        # copy-on-write mappings make zero-copy tensors private; in-process blocks are not
+        private["blocks"] = isinstance(handle.store, SharedMemoryStore)
+
+    tables = iterator.iter_tables(batch_size, drop_last, shuffle_buffer, shuffle_seed, on_execute=on_execute)
+
+    def collate(table: pa.Table) -> Any:
+        batch = to_batch(table, "numpy")
+        if collate_fn is not None:
+            return collate_fn(batch)
+        # a copy to pinned or device memory is coming anyway: no need to protect the block
+        keep_private = private["blocks"] or mover.pin or target.type != "cpu"
+        return to_tensors(batch, dtypes, private=keep_private)
+
+    prepared = (mover.send(collate(table)) for table in tables)
+    for batch, event in prefetch(prepared, depth):
+        yield mover.receive(batch, event)
+
+
+# ----- torch.utils.data.IterableDataset ------------------------------------------------------
+
+
+class TorchIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """A dataset as a torch ``IterableDataset`` of batches, sharded across DataLoader workers and ranks.
+
+        loader = DataLoader(ds.to_torch_iterable(batch_size=256), batch_size=None, num_workers=2)
+
+    Each process reading it gets shard ``rank * num_workers + worker_id`` of
+    ``world_size * num_workers`` (``torch.distributed`` when initialized, and
+    ``torch.utils.data.get_worker_info()``), so every row is read exactly once across all
+    workers and ranks. A shard is a set of the dataset's read tasks (taken round-robin from a
+    fixed number of them, so every process computes the same split) or of a materialized
+    dataset's blocks; a plan with ``limit()`` cannot be split this way and is refused (call
+    ``materialize()`` first). ``drop_last`` and shuffling apply within each shard.
+
+    **DataLoader workers run the plan in-process.** Workers are forked from the training
+    process, whose engine (an executor thread, sockets, a zygote process) does not survive a
+    fork; starting an engine in each worker would multiply the worker processes by
+    ``num_workers`` and fight over the same CPUs. So a worker runs its shard with the
+    synchronous in-process executor (``execution_mode="local"``): no threads or sockets are
+    inherited, parallelism comes from the DataLoader's workers, and the tensors go back to the
+    training process through torch's own shared memory. Batches made in workers are on the CPU:
+    use ``DataLoader(pin_memory=True)`` and move them in the loop. With ``num_workers=0`` the
+    plan runs on the normal engine (sharded by rank only) and ``device`` is honoured.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int | None = 256,
+        dtypes: Any = None,
+        device: Any = "cpu",
+        collate_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        prefetch_batches: int = 1,
+        pin_memory: bool = False,
+        num_read_tasks: int = 200,
+    ) -> None:
+        super().__init__()
+        check_batch_size(batch_size)
+        if collate_fn is not None and dtypes is not None:
+            msg = "collate_fn cannot be combined with dtypes: cast to the dtypes you want inside collate_fn"
+            raise ValueError(msg)
+        _check_dtypes(dtypes)
+        resolve_device(device)  # a bad device fails here, not in a worker
+        self.dataset = dataset
+        self.num_read_tasks = num_read_tasks
+        self.options = {
+            "batch_size": batch_size, "dtypes": dtypes, "device": device, "collate_fn": collate_fn,
+            "drop_last": drop_last, "local_shuffle_buffer_size": local_shuffle_buffer_size,
+            "local_shuffle_seed": local_shuffle_seed, "prefetch_batches": prefetch_batches,
+            "pin_memory": pin_memory,
+        }
+
+    def shard(self) -> tuple[int, int]:
+        """(shard index, number of shards) for the calling process."""
+        rank, world = 0, 1
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return rank * workers + worker, world * workers
+
+    def __iter__(self) -> Iterator[Any]:
+        from dataflow.context import DataContext
+        from dataflow.dataset import Dataset
+
+        index, count = self.shard()
+        in_worker = torch.utils.data.get_worker_info() is not None
+        options = dict(self.options)
+        if in_worker:
+            DataContext.get_current().execution_mode = "local"  # this forked process only; see above
+            if resolve_device(options["device"]).type != "cpu":
+                msg = "DataLoader workers make CPU tensors; use device='cpu' and move batches in the training loop"
+                raise ValueError(msg)
+        dataset = self.dataset
+        if count > 1:
+            dataset = Dataset(shard_plan(dataset._plan, index, count, self.num_read_tasks, in_worker))
+        yield from dataset.iter_torch_batches(**options)
+
+
+def shard_plan(node: Any, index: int, count: int, num_read_tasks: int, in_process: bool) -> Any:
+    """The plan reading only shard ``index`` of ``count``: its reads and input blocks, round-robin."""
+    from dataflow.plan import InputBlocks, Limit, MapStages, Read, Union
+
+    if isinstance(node, Read):
+        tasks = node.parallelism if node.parallelism > 0 else num_read_tasks
+        return replace(node, datasource=ShardedDatasource(node.datasource, index, count, tasks))
+    if isinstance(node, InputBlocks):
+        refs = node.refs[index::count]
+        if in_process and any(getattr(r, "path", None) for r in refs):
+            # blocks of the parent's shared-memory store: read the files directly
+            return Read(BlockFilesDatasource(tuple(refs), node.owner), max(1, len(refs)))
+        return InputBlocks(tuple(refs), node.owner)
+    if isinstance(node, MapStages):
+        return replace(node, input=shard_plan(node.input, index, count, num_read_tasks, in_process))
+    if isinstance(node, Union):
+        return Union(tuple(shard_plan(c, index, count, num_read_tasks, in_process) for c in node.children))
+    if isinstance(node, Limit):
+        msg = (
+            "a dataset with limit() cannot be sharded across DataLoader workers or ranks (each shard "
+            "would take its own first rows); call materialize() on it first"
+        )
+        raise ValueError(msg)
+    msg = f"cannot shard a plan containing {type(node).__name__}"
+    raise ValueError(msg)
+
+
+class ShardedDatasource:
+    """Every ``count``-th read task of ``inner``, from a fixed number of tasks so all shards agree."""
+
+    def __init__(self, inner: Any, index: int, count: int, num_tasks: int) -> None:
+        self.inner, self.index, self.count, self.num_tasks = inner, index, count, num_tasks
+
+    def get_name(self) -> str:
+        return f"{self.inner.get_name()}[shard {self.index}/{self.count}]"
+
+    def get_read_tasks(self, parallelism: int) -> list[Any]:
+        return list(self.inner.get_read_tasks(self.num_tasks))[self.index :: self.count]
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        size = self.inner.estimate_inmemory_data_size()
+        return None if size is None else size // self.count
+
+    def schema(self) -> pa.Schema | None:
+        return self.inner.schema()  # type: ignore[no-any-return]
+
+    def count_rows(self) -> int | None:
+        return None
+
+    def _wrap(self, inner: Any) -> ShardedDatasource | None:
+        return None if inner is None else ShardedDatasource(inner, self.index, self.count, self.num_tasks)
+
+    def apply_projection(self, columns: list[str]) -> ShardedDatasource | None:
+        return self._wrap(self.inner.apply_projection(columns))
+
+    def apply_filter(self, expr: Any) -> ShardedDatasource | None:
+        return self._wrap(self.inner.apply_filter(expr))
+
+
+class BlockFilesDatasource:
+    """Blocks of a materialized dataset, read from their Arrow IPC files (mapped, zero-copy).
+
+    Used in DataLoader workers, which cannot ask the parent's engine for blocks; ``owner``
+    (the parent's materialized dataset, inherited through fork) keeps the files in place.
+    """
+
+    def __init__(self, refs: tuple[Any, ...], owner: Any) -> None:
+        self.refs, self.owner = refs, owner
+
+    def get_name(self) -> str:
+        return f"BlockFiles[{len(self.refs)}]"
+
+    def get_read_tasks(self, parallelism: int) -> list[Any]:
+        from connectors.base import BlockMetadata, ReadTask
+
+        return [ReadTask(_BlockFileReader(r.path), BlockMetadata(r.num_rows, r.size_bytes)) for r in self.refs]
+
+    def estimate_inmemory_data_size(self) -> int:
+        return sum(r.size_bytes for r in self.refs)
+
+    def schema(self) -> None:
+        return None
+
+    def count_rows(self) -> int:
+        return sum(r.num_rows for r in self.refs)
+
+    def apply_projection(self, columns: list[str]) -> None:
+        return None
+
+    def apply_filter(self, expr: Any) -> None:
+        return None
+
+
+class _BlockFileReader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self) -> list[pa.Table]:
+        # the mapping stays open as long as the table's buffers reference it
+        return [pa.ipc.open_file(pa.memory_map(self.path)).read_all()]
+
+
+__all__ = ["DeviceMover", "TorchIterableDataset", "iter_torch_batches", "resolve_device", "to_tensors"]

@@ -23,8 +23,14 @@ def resources_of(num_cpus: float | None, num_gpus: float | None, resources: dict
     return Resources(cpus, gpus, tuple(sorted((resources or {}).items())))
 
 
-def compute_of(fn: Any, concurrency: int | tuple[int, int] | None) -> tuple[ActorPoolSpec | None, int | None]:
-    """(actor pool, task concurrency cap) for a UDF and its ``concurrency`` argument."""
+def compute_of(
+    fn: Any, concurrency: int | tuple[int, int] | None, num_gpus: float = 0.0
+) -> tuple[ActorPoolSpec | None, int | None]:
+    """(actor pool, task concurrency cap) for a UDF and its ``concurrency`` argument.
+
+    A function that needs GPUs also runs on a pool of dedicated workers (each with its
+    ``CUDA_VISIBLE_DEVICES``), as many as the GPUs allow unless ``concurrency`` caps it.
+    """
     is_class = isinstance(fn, type)
     if concurrency is not None:
         if isinstance(concurrency, tuple):
@@ -34,6 +40,10 @@ def compute_of(fn: Any, concurrency: int | tuple[int, int] | None) -> tuple[Acto
         elif not isinstance(concurrency, int) or concurrency < 1:
             msg = f"concurrency must be a positive int or a (min, max) tuple, got {concurrency!r}"
             raise ValueError(msg)
+    if not is_class and num_gpus > 0:
+        if isinstance(concurrency, tuple):
+            return ActorPoolSpec(concurrency[0], concurrency[1]), None
+        return ActorPoolSpec(1, concurrency or 1 << 16), None
     if not is_class:
         if isinstance(concurrency, tuple):
             msg = "concurrency=(min, max) is for callable classes (actor pools); pass an int for functions"
@@ -86,7 +96,8 @@ def map_node(
     if not isinstance(fn, type) and (fn_constructor_args or fn_constructor_kwargs):
         msg = "fn_constructor_args/fn_constructor_kwargs are only for callable classes"
         raise ValueError(msg)
-    actor_pool, max_concurrency = compute_of(fn, concurrency)
+    resources_needed = resources_of(num_cpus, num_gpus, resources)
+    actor_pool, max_concurrency = compute_of(fn, concurrency, resources_needed.num_gpus)
     stage = Stage(
         name=f"{method.title().replace('_', '')}({udf_name(fn)})",
         kind=kind,
@@ -102,7 +113,7 @@ def map_node(
     return MapStages(
         input=input_node,
         stages=(stage,),
-        resources=resources_of(num_cpus, num_gpus, resources),
+        resources=resources_needed,
         actor_pool=actor_pool,
         max_concurrency=max_concurrency,
         preserves_rows=preserves_rows,

@@ -287,8 +287,9 @@ def check_resources(execution: Execution, options: ExecutionOptions) -> None:
     cpus = options.resolved_num_cpus()
     for op in execution.map_ops():
         res = op.resources
-        if res.num_gpus > options.num_gpus:
-            msg = f"{op.name} asks for num_gpus={res.num_gpus} but this cluster has {options.num_gpus} GPUs; it could never run"
+        gpus = options.resolved_num_gpus()
+        if res.num_gpus > gpus:
+            msg = f"{op.name} asks for num_gpus={res.num_gpus} but this machine has {gpus} GPUs; it could never run"
             raise ResourceError(msg)
         if res.num_cpus > cpus:
             msg = f"{op.name} asks for num_cpus={res.num_cpus} but this cluster has {cpus} CPUs; it could never run"

@@ -31,6 +31,7 @@ from engine.execution import Execution, check_resources
 from engine.object_store import BlockRef, SharedMemoryStore
 from engine.operators.map import MapOperator, Pending
 from engine.options import ExecutionOptions
+from engine.resources import GpuLedger
 from engine.scheduler import Candidate, pick
 from engine.task import TaskResult, run_task
 from engine.transport import CurveKeys, DriverSocket
@@ -73,6 +74,7 @@ class StreamingExecutor:
         self.pool = WorkerPool(worker_args, per_worker_args=self._worker_keys if self._curve else None)
         self._start_failures = 0
         self._broken: str | None = None
+        self._gpus = GpuLedger(options.resolved_num_gpus())
         self._inline_queue: queue.SimpleQueue[tuple[Execution, MapOperator, Pending] | None] = queue.SimpleQueue()
         self._inline_results: deque[tuple[Execution, MapOperator, Pending, TaskResult]] = deque()
         self._inline_busy = False
@@ -254,6 +256,8 @@ class StreamingExecutor:
         retired = handle.state == RETIRING
         self._poller.unregister(handle.pidfd)
         self.pool.mark_dead(handle)
+        if handle.gpus:
+            self._gpus.release(handle.gpus, handle.gpu_amount)
         if handle.kind == TASK_KIND and self._workers_ready:
             self._workers_ready -= 0 if never_started else 1
         if self._stopping or retired:
@@ -279,7 +283,9 @@ class StreamingExecutor:
             pool = self._actors[handle.kind]
             if handle in pool:
                 pool.remove(handle)
-            pool.append(self.pool.spawn(handle.kind))
+            replacement = self._spawn_actor(handle.kind, handle.gpu_amount)
+            if replacement is not None:
+                pool.append(replacement)
 
     # scheduling ----------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -375,12 +381,34 @@ class StreamingExecutor:
             live = [w for w in pool if w.state != DEAD]
             starting = [w for w in live if w.state == STARTING]
             busy = [w for w in live if w.state == BUSY]
-            target = op.actor_pool.min_size
-            ready, _ = execution.dispatchable(op)
-            if ready and not starting and len(busy) == len(live):
-                target = min(op.actor_pool.max_size, len(live) + 1)
+            spec = op.actor_pool
+            if not pool:  # start at the size the resources allow, not one actor at a time
+                affordable = self._gpus.how_many(op.resources.num_gpus) if op.resources.num_gpus else self.options.resolved_num_cpus()
+                target = max(spec.min_size, min(spec.max_size, affordable))
+            else:
+                target = spec.min_size
+                ready, _ = execution.dispatchable(op)
+                if ready and not starting and len(busy) == len(live):
+                    target = min(spec.max_size, len(live) + 1)
             for _ in range(max(0, target - len(live))):
-                pool.append(self.pool.spawn(kind))
+                handle = self._spawn_actor(kind, op.resources.num_gpus)
+                if handle is None:
+                    break
+                pool.append(handle)
+
+    def _spawn_actor(self, kind: str, num_gpus: float) -> WorkerHandle | None:
+        """A new actor worker, with its GPUs in CUDA_VISIBLE_DEVICES; None if none are free."""
+        env: dict[str, str] = {}
+        grant: tuple[int, ...] = ()
+        if num_gpus > 0:
+            maybe = self._gpus.acquire(num_gpus)
+            if maybe is None:
+                return None
+            grant = maybe
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in grant)
+        handle = self.pool.spawn(kind, env)
+        handle.gpus, handle.gpu_amount = grant, num_gpus
+        return handle
 
     def _retire_idle_actors(self) -> None:
         now = time.monotonic()

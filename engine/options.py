@@ -26,8 +26,8 @@ class ExecutionOptions:
 
     num_cpus: int | None = None
     """Worker processes for tasks; None means one per CPU (``os.cpu_count()``)."""
-    num_gpus: int = 0
-    """GPUs this node offers to ``num_gpus`` tasks and actors."""
+    num_gpus: int | None = None
+    """GPUs this node offers to ``num_gpus`` tasks and actors; None: the GPUs it has."""
     resources: tuple[tuple[str, float], ...] = ()
     """Custom resources this node offers, e.g. (("TPU", 4),)."""
     object_store_memory: int | None = None
@@ -56,6 +56,13 @@ class ExecutionOptions:
 
     def resolved_num_cpus(self) -> int:
         return self.num_cpus if self.num_cpus is not None else (os.cpu_count() or 1)
+
+    def resolved_num_gpus(self) -> int:
+        if self.num_gpus is not None:
+            return self.num_gpus
+        from engine.resources import detect_gpus
+
+        return detect_gpus()
 
     def resolved_store_capacity(self) -> int:
         if self.object_store_memory is not None:

@@ -30,6 +30,8 @@ class WorkerHandle:
     """(execution, operator, pending task) while busy."""
     digests: set[str] = field(default_factory=set)
     idle_since: float = 0.0
+    gpus: tuple[int, ...] = ()
+    gpu_amount: float = 0.0
 
 
 class WorkerPool:

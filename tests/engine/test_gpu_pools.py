@@ -1,0 +1,64 @@
+"""GPU actor pools, tested without a GPU: the engine's bookkeeping is what is checked here
+(which worker may see which device); CUDA itself is exercised where a GPU exists."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import dataflow
+from engine.resources import GpuLedger
+
+
+def test_ledger_packs_fractions_and_keeps_whole_gpus_whole():
+    ledger = GpuLedger(2)
+    quarters = [ledger.acquire(0.25) for _ in range(4)]
+    assert quarters == [(0,), (0,), (0,), (0,)]  # packed onto one device
+    assert ledger.acquire(1) == (1,)
+    assert ledger.acquire(0.25) is None
+    ledger.release((1,), 1)
+    assert ledger.how_many(0.5) == 2
+    assert ledger.acquire(2) is None
+
+
+class WhichGpu:
+    def __init__(self):
+        self.visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+    def __call__(self, batch):
+        return {"id": batch["id"], "gpu": np.array([self.visible] * len(batch["id"]))}
+
+
+def test_each_actor_sees_only_its_gpus(fresh_engine):
+    dataflow.init(num_cpus=2, num_gpus=2)  # two (virtual) devices: the bookkeeping is the same
+    rows = dataflow.range(400, override_num_blocks=8).map_batches(
+        WhichGpu, num_gpus=1, concurrency=2, batch_size=50
+    ).take_all()
+    assert {r["gpu"] for r in rows} == {"0", "1"}
+    assert sorted(r["id"] for r in rows) == list(range(400))
+
+
+def test_fractional_gpus_share_a_device(fresh_engine):
+    dataflow.init(num_cpus=2, num_gpus=1)
+    rows = dataflow.range(400, override_num_blocks=8).map_batches(
+        WhichGpu, num_gpus=0.5, concurrency=2, batch_size=50
+    ).take_all()
+    assert {r["gpu"] for r in rows} == {"0"}
+
+
+def test_a_gpu_function_runs_on_gpu_workers(fresh_engine):
+    dataflow.init(num_cpus=2, num_gpus=1)
+
+    def where(batch):
+        return {"gpu": np.array([os.environ.get("CUDA_VISIBLE_DEVICES", "none")] * len(batch["id"]))}
+
+    rows = dataflow.range(100).map_batches(where, num_gpus=1).take_all()
+    assert {r["gpu"] for r in rows} == {"0"}
+
+
+def test_more_gpus_than_the_machine_has_is_an_immediate_error(fresh_engine):
+    dataflow.init(num_cpus=2, num_gpus=1)
+    with pytest.raises(ValueError, match="num_gpus=2"):
+        dataflow.range(10).map_batches(WhichGpu, num_gpus=2, concurrency=1).take_all()

@@ -68,7 +68,7 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
 
 
 def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
-    if isinstance(node.input, Read):
+    if isinstance(node.input, Read) and node.exact_batch_rows is None:
         return _read_with(c, node.input, node)
     upstream = c.build(node.input)
     return c.add(
@@ -80,6 +80,7 @@ def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
             actor_pool=node.actor_pool,
             max_concurrency=node.max_concurrency,
             min_bundle_bytes=c.options.min_task_input_bytes,
+            exact_batch_rows=node.exact_batch_rows,
         )
     )
 

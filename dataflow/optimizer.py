@@ -41,6 +41,8 @@ def push_into_read(node: MapStages) -> LogicalNode:
 
 
 def _fusable(upstream: MapStages, downstream: MapStages) -> bool:
+    if downstream.exact_batch_rows is not None:
+        return False
     if upstream.resources != downstream.resources:
         return False
     if upstream.actor_pool is not None and downstream.actor_pool is not None:

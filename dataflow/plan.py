@@ -68,6 +68,19 @@ class MapStages(LogicalNode):
     def name(self) -> str:
         return "->".join(s.name for s in self.stages)
 
+    @property
+    def exact_batch_rows(self) -> int | None:
+        """For an actor pool whose first step is ``map_batches(batch_size=n)``: n.
+
+        Such a node is fed exact multiples of n rows (blocks are sliced), so the model sees
+        exactly ``batch_size`` rows per call except the very last; it is therefore never
+        fused with what comes before it.
+        """
+        first = self.stages[0]
+        if self.actor_pool is not None and first.kind == "batches" and first.batch_size is not None:
+            return first.batch_size
+        return None
+
 
 @dataclass(frozen=True, eq=False)
 class Limit(LogicalNode):

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.backpressure import OpLoad, blocked_reason
 from engine.errors import EngineError, make_user_error
-from engine.object_store import BlockRef, BlockStore
+from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.operators.base import PhysicalOperator
 from engine.operators.limit import LimitOperator
 from engine.operators.map import MapOperator
@@ -150,6 +150,10 @@ class Execution:
 
     def free_input(self, value: Any, producer: PhysicalOperator | None, consumer: PhysicalOperator) -> None:
         """Free a consumed input block: an upstream's output, or a block its source gave up."""
+        if isinstance(value, BlockSlice):
+            if not isinstance(consumer, MapOperator) or not consumer.release_slice(value):
+                return  # another slice of the block is still queued or running
+            value = value.ref
         if not isinstance(value, BlockRef):
             return
         if producer is not None:

@@ -44,6 +44,12 @@ class LocalExecutor:
                 raise EngineError(msg)
 
     def _step(self, execution: Execution) -> bool:
+        if self._run_one(execution):
+            return True
+        execution.route()  # inputs may have just finished upstream, making a last bundle ready
+        return self._run_one(execution) or execution.buffer.done or bool(execution.output_op.outputs)
+
+    def _run_one(self, execution: Execution) -> bool:
         candidates, ops = [], []
         for op in execution.map_ops():
             ready, reason = execution.dispatchable(op)
@@ -52,8 +58,7 @@ class LocalExecutor:
                 ops.append(op)
         index = pick(candidates)
         if index is None:
-            execution.route()
-            return execution.buffer.done or bool(execution.output_op.outputs)
+            return False
         op = ops[index]
         pending = op.next_task()
         result = run_task(pending.spec, op.transform, self.store)

@@ -37,6 +37,23 @@ class BlockRef:
     spilled: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class BlockSlice:
+    """Rows ``[offset, offset + length)`` of a block: how a task gets an exact number of rows."""
+
+    ref: BlockRef
+    offset: int
+    length: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.length
+
+    @property
+    def size_bytes(self) -> int:
+        return self.ref.size_bytes * self.length // max(1, self.ref.num_rows)
+
+
 class BlockStore:
     """Interface shared by the shared-memory store and the in-process one."""
 

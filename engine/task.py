@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.object_store import BlockRef, BlockStore
+from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.transform import BlockTransform, UDFFailure
 
 OUTPUT_BLOCKS = "blocks"
@@ -70,6 +70,8 @@ def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
     for item in spec.inputs:
         if isinstance(item, BlockRef):
             yield store.get(item)
+        elif isinstance(item, BlockSlice):
+            yield store.get(item.ref).slice(item.offset, item.length)
         else:
             try:
                 yield from item()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import serialization
-from engine.object_store import BlockRef
+from engine.object_store import BlockRef, BlockSlice
 from engine.operators.base import PhysicalOperator
 from engine.task import OUTPUT_BLOCKS, TaskResult, TaskSpec
 from engine.transform import BlockTransform
@@ -75,6 +75,7 @@ class MapOperator(PhysicalOperator):
         output: str = OUTPUT_BLOCKS,
         sink: Any = None,
         min_rows_per_task: int | None = None,
+        exact_batch_rows: int | None = None,
     ) -> None:
         super().__init__(name, [upstream] if upstream is not None else [])
         self.key = f"op{next(_op_ids)}"
@@ -86,6 +87,10 @@ class MapOperator(PhysicalOperator):
         self.max_concurrency = max_concurrency
         self.min_bundle_bytes = min_bundle_bytes
         self.min_rows_per_task = min_rows_per_task
+        self.exact_batch_rows = exact_batch_rows
+        """Tasks get a multiple of this many rows (blocks are sliced), so a batch UDF sees
+        exactly ``batch_size`` rows in every batch but the very last."""
+        self._slices: dict[str, int] = {}
         self.output = output
         self.sink = sink
         self.source_owned = source_owned
@@ -139,6 +144,8 @@ class MapOperator(PhysicalOperator):
         self._pull_source()
         if not self._queue:
             return False
+        if self.exact_batch_rows is not None:
+            return self._queued_rows >= self._exact_task_rows() or self.inputs_done
         if self.min_rows_per_task is not None:
             return self._queued_rows >= self.min_rows_per_task or self.inputs_done
         return self._queued_bytes >= self.min_bundle_bytes or self.inputs_done or not upstream_busy
@@ -153,7 +160,9 @@ class MapOperator(PhysicalOperator):
             return retry
         bundle: list[tuple[Any, PhysicalOperator | None]] = []
         size = rows = 0
-        while self._queue:
+        if self.exact_batch_rows is not None:
+            bundle, size = self._exact_bundle()
+        while self._queue and self.exact_batch_rows is None:
             item = self._queue[0]
             if bundle and self.min_rows_per_task is None and size + item.size > max(self.min_bundle_bytes, 1):
                 break
@@ -178,6 +187,53 @@ class MapOperator(PhysicalOperator):
         pending = Pending(spec, bundle, size)
         self.pending[spec.task_id] = pending
         return pending
+
+    def _exact_task_rows(self) -> int:
+        assert self.exact_batch_rows is not None
+        row_bytes = max(1.0, self._queued_bytes / max(1, self._queued_rows))
+        batches = max(1, int(self.min_bundle_bytes / row_bytes) // self.exact_batch_rows)
+        if self.inputs_done and self.actor_pool is not None:
+            # everything is here: spread it over the pool instead of one big task
+            share = self._queued_rows // (self.actor_pool.max_size * self.exact_batch_rows)
+            batches = max(1, min(batches, share))
+        return batches * self.exact_batch_rows
+
+    def _exact_bundle(self) -> tuple[list[tuple[Any, PhysicalOperator | None]], int]:
+        """Inputs totalling a multiple of ``exact_batch_rows`` rows, slicing the last block."""
+        want = self._exact_task_rows()
+        bundle: list[tuple[Any, PhysicalOperator | None]] = []
+        size = rows = 0
+        while self._queue and rows < want:
+            item = self._queue.popleft()
+            value = item.value
+            n = _item_rows(value)
+            if rows + n > want and isinstance(value, (BlockRef, BlockSlice)):
+                take = want - rows
+                ref, offset = (value, 0) if isinstance(value, BlockRef) else (value.ref, value.offset)
+                head, tail = BlockSlice(ref, offset, take), BlockSlice(ref, offset + take, n - take)
+                self._slices[ref.block_id] = self._slices.get(ref.block_id, 1) + 1
+                self._queue.appendleft(_Item(tail, item.producer, tail.size_bytes))
+                self._queued_bytes += tail.size_bytes - item.size
+                self._queued_rows -= take
+                bundle.append((head, item.producer))
+                size += head.size_bytes
+                rows += take
+                break
+            self._queued_bytes -= item.size
+            self._queued_rows -= n
+            bundle.append((value, item.producer))
+            size += item.size
+            rows += n
+        return bundle, size
+
+    def release_slice(self, piece: BlockSlice) -> bool:
+        """A task is done with ``piece``; True when no other slice of its block remains."""
+        left = self._slices.get(piece.ref.block_id, 1) - 1
+        if left > 0:
+            self._slices[piece.ref.block_id] = left
+            return False
+        self._slices.pop(piece.ref.block_id, None)
+        return True
 
     def expected_output_bytes(self) -> float:
         """Bytes a new task is expected to produce (history first, else its input size)."""
@@ -214,7 +270,7 @@ class MapOperator(PhysicalOperator):
 
 
 def _item_bytes(item: Any) -> int:
-    if isinstance(item, BlockRef):
+    if isinstance(item, (BlockRef, BlockSlice)):
         return item.size_bytes
     metadata = getattr(item, "metadata", None)
     size = getattr(metadata, "size_bytes", None)
@@ -222,7 +278,7 @@ def _item_bytes(item: Any) -> int:
 
 
 def _item_rows(item: Any) -> int:
-    if isinstance(item, BlockRef):
+    if isinstance(item, (BlockRef, BlockSlice)):
         return item.num_rows
     metadata = getattr(item, "metadata", None)
     rows = getattr(metadata, "num_rows", None)

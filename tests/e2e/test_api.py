@@ -224,3 +224,22 @@ def test_stats_and_explain(mode):
     ds.take_all()
     stats = ds.stats()
     assert "tasks" in stats and "rows" in stats
+
+
+class RecordSizes:
+    def __call__(self, batch):
+        return {"n": np.full(len(batch["id"]), len(batch["id"])), "id": batch["id"]}
+
+
+def test_actor_udf_gets_exact_batch_size_across_blocks_and_tasks(mode):
+    rows = (
+        dataflow.range(10_007, override_num_blocks=13)
+        .map(lambda r: r)
+        .map_batches(RecordSizes, batch_size=256, concurrency=2)
+        .take_all()
+    )
+    sizes = sorted(r["n"] for r in rows)
+    assert sorted(r["id"] for r in rows) == list(range(10_007))
+    # every batch has 256 rows but the very last one (10007 = 39 * 256 + 23)
+    assert set(sizes) == {23, 256}
+    assert sizes.count(23) == 23

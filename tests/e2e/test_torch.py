@@ -1,0 +1,300 @@
+"""Torch: batch inference with a model on an actor pool, iter_torch_batches, the DataLoader adapter."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import dataflow
+from engine import session as engine_session
+from engine.block_format import tensor_array
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.torch
+
+DIM = 64
+
+
+def embeddings(rows: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, DIM), dtype=np.float32)
+
+
+def table_of(rows: int) -> pa.Table:
+    return pa.table({"id": np.arange(rows, dtype=np.int64), "emb": tensor_array(embeddings(rows))})
+
+
+class MLP:
+    """Built once per actor; reports which process and which instance scored each row."""
+
+    def __init__(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        torch.set_num_threads(1)
+        self.model = torch.nn.Sequential(torch.nn.Linear(DIM, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).eval()
+        self.instance = uuid.uuid4().hex
+
+    def __call__(self, batch):
+        from dataflow.torch_batches import tensor_view
+
+        with torch.inference_mode():
+            scores = self.model(tensor_view(batch["emb"])).numpy()
+        n = len(scores)
+        return {"id": batch["id"], "scores": scores, "pid": np.full(n, os.getpid()),
+                "instance": np.array([self.instance] * n), "rows": np.full(n, n)}
+
+
+# ----- batch inference ---------------------------------------------------------------------
+
+
+def test_model_constructed_once_per_actor_and_scores_match(mode):
+    rows = 3000
+    ds = dataflow.from_arrow(table_of(rows), override_num_blocks=6).map_batches(
+        MLP, batch_size=256, concurrency=2, fn_constructor_args=(7,))
+    out = ds.to_arrow().sort_by("id")
+    assert out.num_rows == rows
+    pids = out.column("pid").to_numpy()
+    instances = out.column("instance").to_pylist()
+    by_pid = {}
+    for pid, inst in zip(pids, instances):
+        by_pid.setdefault(int(pid), set()).add(inst)
+    assert all(len(v) == 1 for v in by_pid.values()), f"a process built the model twice: {by_pid}"
+    assert len(set(instances)) <= 2  # concurrency=2: at most two actors
+    assert rows // 256 > len(set(instances))  # so each model served many batches
+    reference = MLP(7)
+    with torch.inference_mode():
+        expected = reference.model(torch.from_numpy(embeddings(rows))).numpy()
+    np.testing.assert_allclose(np.stack(out.column("scores").to_numpy(zero_copy_only=False)), expected,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_udf_gets_exactly_batch_size_rows_but_the_last(mode):
+    ds = dataflow.from_arrow(table_of(1000), override_num_blocks=1).map_batches(
+        lambda b: {"call": np.array([uuid.uuid4().hex] * len(b["id"])), "first": np.full(len(b["id"]), b["id"][0])},
+        batch_size=128)
+    rows = ds.to_arrow()
+    calls = {}
+    for call, first in zip(rows.column("call").to_pylist(), rows.column("first").to_pylist()):
+        calls.setdefault(call, [first, 0])[1] += 1
+    sizes = [n for _, n in sorted(calls.values())]
+    assert sizes == [128] * 7 + [1000 - 7 * 128]
+
+
+def test_udf_gets_numeric_and_tensor_columns_as_numpy_views(mode):
+    source = table_of(500)
+    original = {"id": source.column("id").chunk(0).to_numpy(), "emb": embeddings(500)}
+    local = mode == "local"
+
+    def check(batch):
+        flags = []
+        for name in ("id", "emb"):
+            arr = batch[name]
+            assert isinstance(arr, np.ndarray) and arr.dtype != object
+            # a view of Arrow memory: numpy neither owns it nor may write it
+            view = not arr.flags.owndata and not arr.flags.writeable
+            if local:  # the driver's own table: the very same memory
+                view = view and np.shares_memory(arr, original["id"] if name == "id" else source.column("emb").chunk(0).flatten().to_numpy())
+            flags.append(view)
+        return {"ok": np.full(len(batch["id"]), all(flags))}
+
+    assert batch_shape(source) == (500, DIM)
+    ok = dataflow.from_arrow(source).map_batches(check, batch_size=100).to_numpy("ok")
+    assert ok.all() and len(ok) == 500
+
+
+def batch_shape(table: pa.Table) -> tuple[int, ...]:
+    from engine.block_format import column_to_numpy
+
+    return column_to_numpy(table.column("emb")).shape
+
+
+def test_num_gpus_without_gpus_fails_at_once(mode):
+    from engine.errors import ResourceError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    ds = dataflow.from_arrow(table_of(100)).map_batches(MLP, batch_size=10, concurrency=1, num_gpus=1,
+                                                       fn_constructor_args=(0,))
+    start = time.monotonic()
+    with pytest.raises(ResourceError, match=r"(?i)gpu"):
+        ds.take_all()
+    assert time.monotonic() - start < 10
+
+
+def test_batch_inference_example(streaming, tmp_path):
+    from dataflow.examples import batch_inference
+
+    batch_inference.generate(str(tmp_path / "in"), 5000, files=2)
+    assert batch_inference.run(str(tmp_path / "in"), str(tmp_path / "out"), batch_size=512) == 5000
+    out = dataflow.read_parquet(str(tmp_path / "out")).to_arrow()
+    assert sorted(out.column("id").to_pylist()) == list(range(5000))
+    assert out.column("label").to_numpy().max() < 10
+
+
+# ----- iter_torch_batches ------------------------------------------------------------------
+
+
+def test_iter_torch_batches_tensors_dtypes_drop_last(mode):
+    ds = dataflow.from_arrow(table_of(1000), override_num_blocks=3)
+    batches = list(ds.iter_torch_batches(batch_size=300, device="cpu"))
+    assert [len(b["id"]) for b in batches] == [300, 300, 300, 100]
+    first = batches[0]
+    assert first["id"].dtype == torch.int64 and first["emb"].dtype == torch.float32
+    assert first["emb"].shape == (300, DIM) and first["emb"].device.type == "cpu"
+    order = torch.cat([b["id"] for b in batches]).argsort()  # blocks arrive as they finish
+    np.testing.assert_array_equal(torch.cat([b["emb"] for b in batches])[order].numpy(), embeddings(1000))
+    assert [len(b["id"]) for b in ds.iter_torch_batches(batch_size=300, drop_last=True)] == [300] * 3
+    one = next(iter(ds.iter_torch_batches(batch_size=10, dtypes=torch.float64)))
+    assert one["id"].dtype == torch.float64 and one["emb"].dtype == torch.float64
+    per = next(iter(ds.iter_torch_batches(batch_size=10, dtypes={"emb": torch.float16})))
+    assert per["id"].dtype == torch.int64 and per["emb"].dtype == torch.float16
+
+
+def test_iter_torch_batches_collate_fn_gets_numpy(mode):
+    seen = []
+
+    def collate(batch):
+        seen.append({k: type(v) for k, v in batch.items()})
+        return torch.as_tensor(batch["id"] * 2), [torch.as_tensor(batch["emb"].sum(axis=1))]
+
+    out = list(dataflow.from_arrow(table_of(100)).iter_torch_batches(batch_size=40, collate_fn=collate))
+    assert seen and all(s == {"id": np.ndarray, "emb": np.ndarray} for s in seen)
+    assert torch.cat([ids for ids, _ in out]).tolist() == [2 * i for i in range(100)]
+    assert isinstance(out[0][1], list) and out[0][1][0].shape == (40,)
+    with pytest.raises(ValueError, match="dtypes"):
+        dataflow.range(3).iter_torch_batches(collate_fn=collate, dtypes=torch.float32)
+
+
+def test_iter_torch_batches_local_shuffle(mode):
+    ds = dataflow.range(2000, override_num_blocks=4)
+
+    def ids(seed):
+        return torch.cat([b["id"] for b in ds.iter_torch_batches(
+            batch_size=100, local_shuffle_buffer_size=500, local_shuffle_seed=seed)]).tolist()
+
+    a = ids(1)
+    assert sorted(a) == list(range(2000)) and a != list(range(2000))
+    if mode == "local":  # the same seed over the same block order: the same permutation
+        assert a == ids(1) and a != ids(2)
+
+
+def test_iter_torch_batches_devices_without_cuda(mode):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    ds = dataflow.range(10)
+    auto = next(iter(ds.iter_torch_batches(device="auto", pin_memory=True)))  # pinning: a no-op without CUDA
+    assert auto["id"].device.type == "cpu" and auto["id"].tolist() == list(range(10))
+    for device in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            ds.iter_torch_batches(device=device)  # at call time, before any batch
+    with pytest.raises(ValueError, match="device must be"):
+        ds.iter_torch_batches(device="no-such-device")
+
+
+def test_iter_torch_batches_rejects_string_columns_clearly(mode):
+    ds = dataflow.from_items([{"id": 1, "text": "a"}, {"id": 2, "text": "b"}])
+    with pytest.raises(TypeError, match="column 'text'"):
+        list(ds.iter_torch_batches())
+    assert next(iter(ds.select_columns(["id"]).iter_torch_batches()))["id"].tolist() == [1, 2]
+
+
+def _mapped_files() -> list[tuple[int, int, str]]:
+    ranges = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6:
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                ranges.append((lo, hi, parts[5]))
+    return ranges
+
+
+def test_tensors_are_zero_copy_views_of_shared_memory_and_writes_stay_private(streaming):
+    shm_dir = engine_session.current_session().shm_dir
+    ds = dataflow.from_arrow(table_of(1000), override_num_blocks=2).map_batches(lambda b: b).materialize()
+    for batch in ds.iter_torch_batches(batch_size=100):
+        maps = _mapped_files()
+        for name in ("id", "emb"):
+            ptr = batch[name].data_ptr()
+            assert any(lo <= ptr < hi and path.startswith(shm_dir) for lo, hi, path in maps), (
+                f"column {name} was copied out of the object store")
+        batch["emb"] += 1.0  # copy-on-write: private to this batch
+    again = list(ds.iter_torch_batches(batch_size=100))
+    order = torch.cat([b["id"] for b in again]).argsort()
+    np.testing.assert_array_equal(torch.cat([b["emb"] for b in again])[order].numpy(), embeddings(1000))
+
+
+def test_in_process_mode_tensors_never_write_into_the_dataset():
+    with dataflow.options(execution_mode="local"):
+        data = embeddings(50)
+        ds = dataflow.from_numpy(data)
+        for batch in ds.iter_torch_batches(batch_size=10):
+            batch["data"] += 1.0
+        np.testing.assert_array_equal(data, embeddings(50))
+
+
+# ----- the IterableDataset adapter ---------------------------------------------------------
+
+
+def _ids_from_loader(dataset, num_workers):
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=num_workers)
+    return [i for batch in loader for i in batch["id"].tolist()]
+
+
+def test_torch_iterable_with_dataloader_workers_reads_every_row_once(mode):
+    ds = dataflow.range(1000, override_num_blocks=10).map_batches(lambda b: {"id": b["id"], "sq": b["id"] ** 2})
+    ids = _ids_from_loader(ds.to_torch_iterable(batch_size=64), num_workers=2)
+    assert sorted(ids) == list(range(1000))
+    assert sorted(_ids_from_loader(ds.to_torch_iterable(batch_size=64), num_workers=0)) == list(range(1000))
+
+
+def test_dataloader_workers_leave_the_parent_engine_alone(mode):
+    import signal
+
+    def probe(batch):
+        n = len(batch["id"])
+        return {"id": batch["id"], "pid": np.full(n, os.getpid()),
+                "no_session": np.full(n, engine_session.current_session() is None),
+                "sigterm_default": np.full(n, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)}
+
+    ds = dataflow.range(200, override_num_blocks=4).map_batches(probe)
+    loader = torch.utils.data.DataLoader(ds.to_torch_iterable(batch_size=50), batch_size=None, num_workers=2)
+    batches = list(loader)
+    assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(200))
+    assert all(b["no_session"].all() and b["sigterm_default"].all() for b in batches)
+    assert os.getpid() not in {p for b in batches for p in b["pid"].tolist()}
+    if mode == "streaming":  # the parent's engine still works
+        assert dataflow.range(10).map(lambda r: r).count() == 10
+
+
+def test_torch_iterable_from_a_materialized_dataset(mode):
+    ds = dataflow.range(600, override_num_blocks=6).map_batches(lambda b: b).materialize()
+    ids = _ids_from_loader(ds.to_torch_iterable(batch_size=50), num_workers=2)
+    assert sorted(ids) == list(range(600))
+
+
+def test_torch_iterable_shards_across_ranks_and_workers(mode, monkeypatch):
+    ds = dataflow.range(900, override_num_blocks=9)
+    seen = []
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 3)
+    for rank in range(3):
+        monkeypatch.setattr(torch.distributed, "get_rank", lambda rank=rank: rank)
+        seen += _ids_from_loader(ds.to_torch_iterable(batch_size=32), num_workers=2)
+    assert sorted(seen) == list(range(900))
+
+
+def test_torch_iterable_refuses_a_limit_when_sharded(mode, monkeypatch):
+    it = dataflow.range(100).limit(10).to_torch_iterable(batch_size=5)
+    assert _ids_from_loader(it, num_workers=0) == list(range(10))  # one shard: nothing to split
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    with pytest.raises(ValueError, match="limit"):
+        _ids_from_loader(it, num_workers=0)

@@ -42,7 +42,7 @@ class Dataset:
             from engine.session import get_session
 
             session = get_session(options)
-            options = session.options
+            options = session.options.for_execution(options)
         else:
             session = None
         ops = compile_plan(optimize(plan or self._plan), options, output, sink)
@@ -249,6 +249,31 @@ class Dataset:
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         return self.iterator().iter_rows()
 
+    def streaming_split(self, n: int, *, equal: bool = False, locality_hints: Any = None) -> list[Any]:
+        """``n`` iterators sharing one execution per epoch, e.g. one per training rank.
+
+        The iterators pickle, so they can be sent to other processes. With ``equal=True`` each
+        gets exactly ``floor(rows / n)`` rows and the remainder (fewer than ``n`` rows) is
+        dropped and reported. A split that reads slower holds the others back by at most one
+        block, so memory stays bounded.
+        """
+        from dataflow.split import SplitIterator
+        from engine.split import SplitCoordinator
+
+        if not isinstance(n, int) or n < 1:
+            msg = f"streaming_split needs n >= 1, got {n!r}"
+            raise ValueError(msg)
+        ctx = DataContext.get_current()
+        socket_dir = None
+        if ctx.execution_mode == "streaming":
+            from engine.session import get_session
+
+            socket_dir = get_session(ctx.execution_options).shm_dir
+        coordinator = SplitCoordinator(
+            self._execute, n, equal, socket_dir, max_pending_bytes=ctx.execution_options.consumer_buffer_bytes
+        )
+        return [SplitIterator(coordinator, coordinator.key, coordinator.address, i, n) for i in range(n)]
+
     def take(self, limit: int = 20) -> list[dict[str, Any]]:
         """The first ``limit`` rows as dicts."""
         return list(self.limit(limit).iter_rows())
@@ -348,21 +373,70 @@ class Dataset:
             raise
         datasink.on_write_complete(handle.results())
 
-    def write_parquet(self, path: str, **kwargs: Any) -> None:
-        """Write Parquet files under ``path`` (see ``connectors.parquet_format.ParquetDatasink``)."""
+    def write_parquet(
+        self,
+        path: str,
+        *,
+        partition_cols: list[str] | None = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        filesystem: Any = None,
+        compression: str = "snappy",
+        row_group_size: int | None = None,
+    ) -> None:
+        """Write Parquet files under ``path`` (a folder, local or ``s3://``), atomically.
+
+        ``partition_cols`` writes hive ``key=value`` folders (those columns are left out of the
+        files); ``min_rows_per_file`` groups small blocks so each file holds at least that many
+        rows (except the last); ``max_rows_per_file`` caps a file. Files are staged in a hidden
+        folder and moved into place only when every write task succeeded; a failed job leaves
+        nothing behind. See ``connectors.parquet_format.ParquetDatasink``.
+        """
         from connectors.parquet_format import ParquetDatasink
 
-        self.write_datasink(ParquetDatasink(path, **kwargs))
+        self.write_datasink(ParquetDatasink(
+            path, partition_cols=partition_cols, min_rows_per_file=min_rows_per_file,
+            max_rows_per_file=max_rows_per_file, filesystem=filesystem, compression=compression,
+            row_group_size=row_group_size,
+        ))
 
-    def write_csv(self, path: str, **kwargs: Any) -> None:
+    def write_csv(
+        self,
+        path: str,
+        *,
+        partition_cols: list[str] | None = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        filesystem: Any = None,
+        write_options: Any = None,
+    ) -> None:
+        """Write CSV files (with a header) under ``path``, atomically, as ``write_parquet``.
+
+        ``write_options`` is a ``pyarrow.csv.WriteOptions``.
+        """
         from connectors.csv_format import CSVDatasink
 
-        self.write_datasink(CSVDatasink(path, **kwargs))
+        self.write_datasink(CSVDatasink(
+            path, partition_cols=partition_cols, min_rows_per_file=min_rows_per_file,
+            max_rows_per_file=max_rows_per_file, filesystem=filesystem, write_options=write_options,
+        ))
 
-    def write_json(self, path: str, **kwargs: Any) -> None:
+    def write_json(
+        self,
+        path: str,
+        *,
+        partition_cols: list[str] | None = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        filesystem: Any = None,
+    ) -> None:
+        """Write JSON Lines files (one object per row) under ``path``, atomically, as ``write_parquet``."""
         from connectors.json_format import JSONDatasink
 
-        self.write_datasink(JSONDatasink(path, **kwargs))
+        self.write_datasink(JSONDatasink(
+            path, partition_cols=partition_cols, min_rows_per_file=min_rows_per_file,
+            max_rows_per_file=max_rows_per_file, filesystem=filesystem,
+        ))
 
     # aggregates -----------------------------------------------------------------------------
     def _partials(self, on: str, ignore_nulls: bool) -> dict[str, Any]:

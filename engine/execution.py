@@ -21,6 +21,7 @@ from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.operators.base import PhysicalOperator
 from engine.operators.limit import LimitOperator
 from engine.operators.map import MapOperator
+from engine.operators.union import UnionOperator
 from engine.options import ExecutionOptions
 from engine.task import TaskResult
 
@@ -104,6 +105,8 @@ class Execution:
                 u.downstream = op
             if isinstance(op, LimitOperator):
                 op.bind(self._slice_head, free)
+            if isinstance(op, UnionOperator):
+                op.ordered = options.preserve_order
         self.consumer_held = 0
         """Bytes handed to the consumer and not yet released by it."""
         self.started = time.perf_counter()
@@ -197,7 +200,8 @@ class Execution:
             op.results.append(result.value)
             op.stats.rows_out += result.num_rows
             op.stats.bytes_out += result.size_bytes
-        for ref in result.refs:
+        refs = op.in_order(pending.spec.task_index, result.refs) if self.options.preserve_order else result.refs
+        for ref in refs:
             if op.cancelled:
                 self._free(ref)
             else:
@@ -244,6 +248,9 @@ class Execution:
                 self.free_input(value, producer, op)
             while op.outputs:
                 self._free(op.outputs.popleft())
+            if isinstance(op, MapOperator):
+                for ref in op.held_out_of_order():
+                    self._free(ref)
         if self.finished_at is None:
             self.finished_at = time.perf_counter()
 

@@ -47,8 +47,25 @@ class ExecutionOptions:
     worker_start_timeout_s: float = 60.0
     actor_idle_timeout_s: float = 5.0
     """An actor pool above its minimum size shrinks after this long with nothing queued."""
+    preserve_order: bool = False
+    """Deliver blocks in the order of the input (as Ray's ``preserve_order``): deterministic
+    output and ``limit``; tasks still run in parallel, finished ones wait for earlier ones."""
     inline_cold_start: bool = True
     """Run tasks in the driver until the first worker process is ready (fast small jobs)."""
+
+    PER_EXECUTION = (
+        "target_max_block_size",
+        "min_task_input_bytes",
+        "op_output_budget",
+        "consumer_buffer_bytes",
+        "max_task_attempts",
+        "preserve_order",
+    )
+    """Fields that may differ between executions of one session (the rest shape the session)."""
+
+    def for_execution(self, wanted: ExecutionOptions) -> ExecutionOptions:
+        """This session's options with ``wanted``'s per-execution fields."""
+        return replace(self, **{name: getattr(wanted, name) for name in self.PER_EXECUTION})
 
     def with_(self, **changes: object) -> ExecutionOptions:
         """A copy with ``changes`` applied."""

@@ -139,6 +139,6 @@ def execute(
         from engine.session import get_session
 
         session = get_session(options)
-    execution = Execution(ops, session.options, session.executor.free, session.store)
+    execution = Execution(ops, session.options.for_execution(options), session.executor.free, session.store)
     session.executor.submit(execution)
     return StreamingHandle(execution, session)

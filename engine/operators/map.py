@@ -91,6 +91,8 @@ class MapOperator(PhysicalOperator):
         """Tasks get a multiple of this many rows (blocks are sliced), so a batch UDF sees
         exactly ``batch_size`` rows in every batch but the very last."""
         self._slices: dict[str, int] = {}
+        self._finished_out_of_order: dict[int, list[BlockRef]] = {}
+        self._next_in_order = 0
         self.output = output
         self.sink = sink
         self.source_owned = source_owned
@@ -234,6 +236,20 @@ class MapOperator(PhysicalOperator):
             return False
         self._slices.pop(piece.ref.block_id, None)
         return True
+
+    def in_order(self, task_index: int, refs: list[BlockRef]) -> list[BlockRef]:
+        """The outputs that may be emitted now so that tasks' outputs come out in task order."""
+        self._finished_out_of_order[task_index] = refs
+        ready: list[BlockRef] = []
+        while self._next_in_order in self._finished_out_of_order:
+            ready += self._finished_out_of_order.pop(self._next_in_order)
+            self._next_in_order += 1
+        return ready
+
+    def held_out_of_order(self) -> list[BlockRef]:
+        refs = [r for refs in self._finished_out_of_order.values() for r in refs]
+        self._finished_out_of_order.clear()
+        return refs
 
     def expected_output_bytes(self) -> float:
         """Bytes a new task is expected to produce (history first, else its input size)."""

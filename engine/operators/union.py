@@ -1,4 +1,4 @@
-"""UnionOperator: the blocks of several inputs, in the order they arrive."""
+"""UnionOperator: the blocks of several inputs, in the order they arrive (or input by input)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,26 @@ from engine.operators.base import PhysicalOperator
 class UnionOperator(PhysicalOperator):
     def __init__(self, upstream: list[PhysicalOperator]) -> None:
         super().__init__("Union", upstream)
+        self.ordered = False
+        """With preserve_order: all of input 0, then all of input 1, ..."""
+        self._waiting: dict[int, list[Any]] = {}
+        self._current = 0
 
     def add_input(self, item: Any, index: int) -> None:
-        self.emit(item)
+        if not self.ordered or index == self._current:
+            self.emit(item)
+        else:
+            self._waiting.setdefault(index, []).append(item)
+
+    def upstream_finished(self, index: int) -> None:
+        super().upstream_finished(index)
+        while self.ordered and self._current in self._upstream_done:
+            self._current += 1
+            for item in self._waiting.pop(self._current, []):
+                self.emit(item)
+
+    def cancel(self) -> list[Any]:
+        self.cancelled = True
+        items = [(item, self.upstream[i]) for i, waiting in self._waiting.items() for item in waiting]
+        self._waiting.clear()
+        return items

@@ -243,3 +243,19 @@ def test_actor_udf_gets_exact_batch_size_across_blocks_and_tasks(mode):
     # every batch has 256 rows but the very last one (10007 = 39 * 256 + 23)
     assert set(sizes) == {23, 256}
     assert sizes.count(23) == 23
+
+
+def test_preserve_order_makes_output_and_limit_deterministic(mode):
+    def slow_first(batch):
+        import time
+
+        if batch["id"][0] == 0:
+            time.sleep(0.2)  # the first task finishes last
+        return batch
+
+    with dataflow.options(preserve_order=True):
+        ds = dataflow.range(2000, override_num_blocks=8).map_batches(slow_first)
+        assert [r["id"] for r in ds.take_all()] == list(range(2000))
+        assert [r["id"] for r in ds.limit(300).take_all()] == list(range(300))
+        u = dataflow.range(3).map_batches(slow_first).union(dataflow.range(5).map_batches(lambda b: {"id": b["id"] + 10}))
+        assert [r["id"] for r in u.take_all()] == [0, 1, 2, 10, 11, 12, 13, 14]

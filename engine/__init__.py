@@ -9,7 +9,10 @@ The data path, in order:
 * ``execution``       one running plan: operators wired together, the consumer's buffer
 * ``scheduler``       pure: which runnable operator goes next
 * ``backpressure``    pure: may an operator start a task, and if not, why
-* ``operators/``      map (tasks and actor pools), limit, union
+* ``operators/``      input, map (tasks and actor pools, exact batch slicing), limit, union
+* ``split``           streaming_split: the dealing policy (pure) and the per-epoch coordinator
+* ``split_server``    split iterators in other processes talk to the coordinator over ipc
+* ``resources``       GPUs: detection and the ledger behind CUDA_VISIBLE_DEVICES
 * ``transform``       the fused chain of row/batch functions a task runs
 * ``block_format``    blocks <-> numpy / pandas / pyarrow / polars batches and rows
 * ``task``            TaskSpec / TaskResult, and run_task (same code in workers and inline)
@@ -23,9 +26,19 @@ The data path, in order:
 * ``stats``           per-operator statistics and why each operator waited
 * ``options``, ``errors``
 
-Departure from the design notes: actor pools are dedicated worker processes per operator,
-forked on demand next to the task workers (as Ray's actors are), rather than task workers
-adopted by the pool; this keeps a pool's model out of the task workers' memory.
+Departures from the design notes, and why:
+
+* Actor pools are dedicated worker processes per operator, forked on demand next to the task
+  workers (as Ray's actors are), rather than task workers adopted by the pool: a pool's model
+  stays out of the task workers' memory and a pool can never starve the tasks feeding it.
+* Until the first worker process is ready, tasks run in a thread of the driver (the "inline
+  slot"), so a small job's first row does not wait ~0.3 s for processes. Once a worker is
+  ready this never happens again in the session. A UDF that kills its own process during those
+  first moments kills the driver (as in local mode); actor pools never run inline.
+* Spilling is decided when a block is written (the store is over capacity: the block goes to
+  disk), not by moving blocks out of shared memory later. Readers do not see the difference.
+* An actor pool whose UDF takes ``batch_size=n`` is not fused with the steps before it: its
+  input is sliced into multiples of n rows so every call but the last gets exactly n rows.
 """
 
 from engine.options import ExecutionOptions

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.backpressure import OpLoad, blocked_reason
-from engine.errors import EngineError, make_user_error
+from engine.errors import DataflowError, EngineError, make_user_error
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.operators.base import PhysicalOperator
 from engine.operators.limit import LimitOperator
@@ -278,14 +278,16 @@ def _user_error(op: MapOperator, result: TaskResult) -> BaseException:
 
     err = result.error
     assert err is not None
-    if not err.user_code:
-        return EngineError(f"internal error in {op.name} (this is a bug in dataflow):\n{err.traceback}")
     cause = None
     if err.exception is not None:
         try:
             cause = serialization.loads(err.exception)
         except Exception:
             cause = None
+    if not err.user_code:
+        if isinstance(cause, DataflowError):  # e.g. ObjectStoreFullError: ours, but not a bug
+            return cause
+        return EngineError(f"internal error in {op.name} (this is a bug in dataflow):\n{err.traceback}")
     context = err.context or f"(operator {op.name})"
     return make_user_error(err.udf_name, cause, err.exc_type, err.traceback, context)
 

@@ -1,0 +1,189 @@
+"""Batch inference: Parquet -> an MLP (64 -> 256 -> 10) on 2 actors -> Parquet.
+
+    dataflow: read_parquet(path, columns=["i64", "emb"]).map_batches(MLP, concurrency=2,
+              batch_size=B).write_parquet(out)
+    ray:      the same pipeline with ray.data (needs torch in Ray's venv)
+    daft:     not comparable without torch in Daft's venv (reported as not run)
+    raw:      the better of 1 process (all torch threads) and 2 processes (half the files each,
+              1 torch thread each): pq.ParquetFile(f).iter_batches(B) -> torch.from_numpy ->
+              model -> one Parquet file per input file
+
+The model is built with a fixed seed, in inference mode, on the CPU (no GPU here). B = 4096.
+The page cache is warmed first. Target: dataflow <= 1.2x the better raw baseline.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import benchcommon as bc
+
+DIM = 64
+
+
+def _files(path: str) -> list[str]:
+    from pathlib import Path
+
+    return sorted(str(p) for p in Path(path).glob("*.parquet"))
+
+
+def _no_torch(side: str) -> dict:
+    return {"not_run": f"not run: no torch in {side}'s venv (not installed on purpose: multi-GB CUDA build)"}
+
+
+class MLP:
+    def __init__(self, threads: int = 1) -> None:
+        import torch
+
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        self.torch = torch
+        self.model = torch.nn.Sequential(torch.nn.Linear(DIM, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).eval()
+
+    def __call__(self, batch: dict) -> dict:
+        with self.torch.inference_mode():
+            x = self.torch.from_dlpack(batch["emb"]) if not batch["emb"].flags.writeable else self.torch.from_numpy(batch["emb"])
+            scores = self.model(x).numpy()
+        return {"i64": batch["i64"], "label": scores.argmax(axis=1), "scores": scores}
+
+
+def _score_files(args: tuple[list[str], int, int, str]) -> int:
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files, batch_size, threads, out = args
+    model = MLP(threads)
+    rows = 0
+    for f in files:
+        parts = []
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=batch_size, columns=["i64", "emb"]):
+            res = model(bc.arrow_batch_to_numpy(batch))
+            scores = res["scores"]
+            parts.append(pa.table({"i64": res["i64"], "label": res["label"],
+                                   "scores": pa.FixedSizeListArray.from_arrays(pa.array(scores.reshape(-1)), 10)}))
+            rows += len(scores)
+        pq.write_table(pa.concat_tables(parts), os.path.join(out, os.path.basename(f)))
+    return rows
+
+
+def run_raw(a: dict) -> dict:
+    import multiprocessing as mp
+    import os
+    import shutil
+    import tempfile
+
+    import pyarrow  # noqa: F401  (imported before fork so children share it)
+    import torch  # noqa: F401  (likewise; not part of the timed work on any side)
+
+    files = _files(a["data"])
+    results = {}
+    for procs in (1, 2):
+        out = tempfile.mkdtemp(prefix="bench-inference-raw-")
+        try:
+            if procs == 1:
+                times, rows = bc.timed_runs(lambda out=out: _score_files((files, a["batch_size"], os.cpu_count() or 1, out)),
+                                            a["runs"])
+            else:
+                parts = [(files[k::procs], a["batch_size"], 1, out) for k in range(procs)]
+                with mp.get_context("fork").Pool(procs) as pool:
+                    pool.map(abs, range(procs))
+                    times, rows = bc.timed_runs(lambda parts=parts, pool=pool: sum(pool.map(_score_files, parts)),
+                                                a["runs"])
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        results[procs] = (bc.median(times), times, rows)
+    best = min(results, key=lambda p: results[p][0])
+    return {"times": results[best][1], "rows": results[best][2], "procs": best,
+            "median_1proc_s": results[1][0], "median_2proc_s": results[2][0]}
+
+
+def run_dataflow(a: dict) -> dict:
+    import shutil
+    import tempfile
+
+    t0 = time.perf_counter()
+    dataflow = bc.maybe_init_dataflow()
+    init_s = time.perf_counter() - t0
+
+    def job() -> int:
+        out = tempfile.mkdtemp(prefix="bench-inference-df-")
+        try:
+            dataflow.read_parquet(a["data"], columns=["i64", "emb"]).map_batches(
+                MLP, concurrency=2, batch_size=a["batch_size"], fn_constructor_kwargs={"threads": 1},
+            ).write_parquet(out)
+            return dataflow.read_parquet(out).count()
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+    times, rows = bc.timed_runs(job, a["runs"])
+    bc.maybe_shutdown(dataflow)
+    return {"times": times, "rows": rows, "init_s": init_s}
+
+
+def run_ray(a: dict) -> dict:
+    import shutil
+    import tempfile
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return _no_torch("ray")
+    ray = bc.init_ray()
+
+    def job() -> int:
+        out = tempfile.mkdtemp(prefix="bench-inference-ray-")
+        try:
+            ray.data.read_parquet(a["data"], columns=["i64", "emb"]).map_batches(
+                MLP, concurrency=2, batch_size=a["batch_size"], fn_constructor_kwargs={"threads": 1},
+            ).write_parquet(out)
+            return ray.data.read_parquet(out).count()
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+    times, rows = bc.timed_runs(job, a["runs"])
+    ray.shutdown()
+    return {"times": times, "rows": rows, "version": ray.__version__}
+
+
+def run_daft(a: dict) -> dict:
+    return _no_torch("daft")
+
+
+IMPLS = {"raw": run_raw, "dataflow": run_dataflow, "ray": run_ray, "daft": run_daft}
+
+
+def main() -> int:
+    if bc.is_worker():
+        return bc.worker_main(IMPLS)
+    import peers
+
+    ap = bc.base_parser(__doc__.splitlines()[0])
+    ap.add_argument("--batch-size", type=int, default=4096)
+    args = ap.parse_args()
+    data = bc.dataset(args)
+    bc.warm_page_cache(data)
+    wargs = {"data": str(data), "runs": args.runs, "batch_size": args.batch_size}
+    results = {}
+    for side in bc.sides(args):
+        print(f"[inference] {side} ...", file=sys.stderr, flush=True)
+        res = peers.run_side(__file__, side, wargs, timeout=args.timeout)
+        if res.get("not_run"):
+            res["status"] = res["not_run"]
+        if res.get("times"):
+            res["median_s"] = bc.median(res["times"])
+            res["krows_per_s"] = res["rows"] / 1e3 / res["median_s"]
+        results[side] = res
+    bc.report("inference", results, metric="median_s",
+              target={"text": "dataflow <= 1.2x the better raw (1 or 2 processes)", "kind": "ratio", "max": 1.2,
+                      "baseline": "raw"},
+              extra={"dataset": str(data), "batch_size": args.batch_size, "runs": args.runs},
+              columns=[("krows/s", "krows_per_s", ""), ("raw 1 proc", "median_1proc_s", "s"),
+                       ("raw 2 procs", "median_2proc_s", "s")], json_out=args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

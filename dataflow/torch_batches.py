@@ -348,7 +348,6 @@ class TorchIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         in_worker = torch.utils.data.get_worker_info() is not None
         options = dict(self.options)
         if in_worker:
-            _leave_parent_engine()
             DataContext.get_current().execution_mode = "local"  # this forked process only; see above
             if resolve_device(options["device"]).type != "cpu":
                 msg = "DataLoader workers make CPU tensors; use device='cpu' and move batches in the training loop"
@@ -357,21 +356,6 @@ class TorchIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         if count > 1:
             dataset = Dataset(shard_plan(dataset._plan, index, count, self.num_read_tasks, in_worker))
         yield from dataset.iter_torch_batches(**options)
-
-
-def _leave_parent_engine() -> None:
-    """In a forked DataLoader worker: forget the engine session copied from the training process.
-
-    Its copy is not ours to stop: if torch terminates a slow worker with SIGTERM, the inherited
-    handler would shut "the" session down, removing the parent's shared-memory folder.
-    """
-    import signal
-
-    from engine import session as engine_session
-
-    engine_session._current = None
-    if signal.getsignal(signal.SIGTERM) is engine_session._on_sigterm:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def shard_plan(node: Any, index: int, count: int, num_read_tasks: int, in_process: bool) -> Any:

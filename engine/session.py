@@ -137,6 +137,20 @@ def _install_exit_hooks() -> None:
             signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+def _forget_after_fork() -> None:
+    """In a forked child (a DataLoader worker, multiprocessing with fork): the session belongs to
+    the parent. Forget it, so the child's exit or SIGTERM never stops the parent's workers or
+    removes its shared memory."""
+    global _current, _hooks_installed
+    _current = None
+    _hooks_installed = False
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     shutdown()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

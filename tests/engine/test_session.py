@@ -160,3 +160,26 @@ def test_blocks_spill_to_disk_past_capacity(fresh_engine, capacity):
     assert not glob.glob(os.path.join(current.shm_dir, "*.arrow"))
     assert sorted(r["id"] for r in mat.take_all()) == list(range(50_000))
     del mat
+
+
+def test_a_forked_child_exiting_leaves_the_parent_engine_alone():
+    proc = _run_script("""
+        import os, signal, sys
+        import dataflow
+        from engine.session import current_session
+        assert dataflow.range(100).map_batches(lambda b: b).count() == 100
+        shm_dir = current_session().shm_dir
+        pid = os.fork()
+        if pid == 0:  # like a DataLoader worker: exits through sys.exit, running atexit hooks
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        pid = os.fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        os.waitpid(pid, 0)
+        assert os.path.isdir(shm_dir), "a child removed the parent's shared memory"
+        print(dataflow.range(1000).map_batches(lambda b: b).count())
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.strip() == "1000"

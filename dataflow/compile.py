@@ -117,7 +117,7 @@ def compile_plan(
     c = _Compiler(options)
     last = c.build(node)
     if output != OUTPUT_BLOCKS:
-        if not isinstance(last, MapOperator) or last.output != OUTPUT_BLOCKS or last.actor_pool is not None:
+        if not isinstance(last, MapOperator) or last.output != OUTPUT_BLOCKS:
             last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,
                                      min_bundle_bytes=options.min_task_input_bytes))
         assert isinstance(last, MapOperator)

@@ -406,6 +406,7 @@ class StreamingExecutor:
                 return None
             grant = maybe
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in grant)
+        self.pool.preload_like_driver()
         handle = self.pool.spawn(kind, env)
         handle.gpus, handle.gpu_amount = grant, num_gpus
         return handle

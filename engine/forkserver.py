@@ -63,6 +63,9 @@ def serve(stdin: IO[str], stdout: IO[str]) -> None:
     me = os.getpid()
     for line in stdin:
         request = json.loads(line)
+        if "preload" in request:
+            _import_quietly(request["preload"])
+            continue
         pid = os.fork()
         if pid == 0:
             _child(request, me)
@@ -79,6 +82,16 @@ def serve(stdin: IO[str], stdout: IO[str]) -> None:
             os.wait()
         except ChildProcessError:
             break
+
+
+def _import_quietly(modules: list[str]) -> None:
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # the worker will import it (and fail properly) itself
+            pass
 
 
 class ForkServer:
@@ -111,6 +124,12 @@ class ForkServer:
         self.proc.stdin.write(json.dumps({"worker_id": worker_id, "args": args, "env": env or {}}) + "\n")
         self.proc.stdin.flush()
         self.requested += 1
+
+    def preload(self, modules: list[str]) -> None:
+        """Have the zygote import ``modules`` before it forks the next workers."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"preload": modules}) + "\n")
+        self.proc.stdin.flush()
 
     def read_replies(self) -> list[tuple[str, int]]:
         """(worker id, pid) for each worker forked since the last call (non-blocking)."""

@@ -29,13 +29,21 @@ from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError
 from dataflow.iterator import DataIterator
 from dataflow.read_api import (
     from_arrow,
+    from_huggingface,
     from_items,
     from_numpy,
     from_pandas,
     from_polars,
+    from_torch,
     range,
+    read_binary_files,
+    read_csv,
     read_datasource,
+    read_images,
+    read_json,
+    read_numpy,
     read_parquet,
+    read_text,
 )
 
 __version__ = "0.1.0"
@@ -94,6 +102,7 @@ def col(name: str) -> Any:
 
 
 def lit(value: Any) -> Any:
+    """A literal for expressions: ``dataflow.col("x") == dataflow.lit(3)``."""
     import pyarrow.compute as pc
 
     return pc.scalar(value)
@@ -109,15 +118,23 @@ __all__ = [
     "WorkerDiedError",
     "col",
     "from_arrow",
+    "from_huggingface",
     "from_items",
     "from_numpy",
     "from_pandas",
     "from_polars",
+    "from_torch",
     "init",
     "lit",
     "options",
     "range",
+    "read_binary_files",
+    "read_csv",
     "read_datasource",
+    "read_images",
+    "read_json",
+    "read_numpy",
     "read_parquet",
+    "read_text",
     "shutdown",
 ]

@@ -362,9 +362,15 @@ class Dataset:
     # writing --------------------------------------------------------------------------------
     def write_datasink(self, datasink: Any) -> None:
         """Write every block with ``datasink``: ``write`` on workers, the commit on the driver."""
+        plan = self._plan
+        if getattr(datasink, "min_rows_per_write", None):
+            # A write task must bundle *blocks* (whose row counts are known) to reach the minimum;
+            # fused into a read it would see read tasks, whose rows are unknown until they run.
+            # A one-child Union keeps the write in an operator of its own.
+            plan = Union((plan,))
         datasink.on_write_start()
         try:
-            handle = self._execute(output=OUTPUT_WRITE, sink=datasink)
+            handle = self._execute(plan, output=OUTPUT_WRITE, sink=datasink)
             for ref in handle.iter_refs():
                 handle.release(ref)
             self._last_stats = handle.stats()

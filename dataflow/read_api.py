@@ -2,10 +2,14 @@
 
 Each validates its arguments and returns ``Dataset(Read(datasource))``; nothing is read until a
 consuming call. File readers fail at once with FileNotFoundError when a path does not exist.
+The ``read_*`` functions are thin wrappers over the Datasources in ``connectors/`` (imported on
+first call, so ``import dataflow`` loads no format, pandas, fsspec or torch); their names and main
+arguments are Ray Data's. ``override_num_blocks`` asks for about that many read tasks.
 """
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +33,7 @@ def range(n: int, *, override_num_blocks: int | None = None) -> Dataset:
 
 
 def from_arrow(tables: pa.Table | Sequence[pa.Table], *, override_num_blocks: int | None = None) -> Dataset:
+    """A dataset of Arrow tables (or record batches) already in memory."""
     if isinstance(tables, (pa.Table, pa.RecordBatch)):
         tables = [tables]
     tables = [pa.Table.from_batches([t]) if isinstance(t, pa.RecordBatch) else t for t in tables]
@@ -51,12 +56,14 @@ def from_items(items: Sequence[Any], *, override_num_blocks: int | None = None) 
 
 
 def from_pandas(dfs: Any, *, override_num_blocks: int | None = None) -> Dataset:
+    """A dataset of one pandas DataFrame or a list of them (the index is dropped)."""
     frames = dfs if isinstance(dfs, (list, tuple)) else [dfs]
     tables = [pa.Table.from_pandas(df, preserve_index=False) for df in frames]
     return read_datasource(ArrowDatasource(tables, override_num_blocks, "FromPandas"))
 
 
 def from_polars(dfs: Any, *, override_num_blocks: int | None = None) -> Dataset:
+    """A dataset of one polars DataFrame or a list of them."""
     frames = dfs if isinstance(dfs, (list, tuple)) else [dfs]
     return read_datasource(ArrowDatasource([df.to_arrow() for df in frames], override_num_blocks, "FromPolars"))
 
@@ -91,3 +98,236 @@ def read_parquet(
     source = ParquetDatasource(paths, columns=columns, filter=filter, filesystem=filesystem,
                                partitioning=partitioning, include_paths=include_paths, **kwargs)
     return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def _file_kwargs(
+    filesystem: Any, partitioning: Any, include_paths: bool, file_extensions: Sequence[str] | None
+) -> dict[str, Any]:
+    """The arguments every ``FileDatasource`` takes; ``None`` extensions keep the format's own."""
+    kwargs: dict[str, Any] = {"filesystem": filesystem, "include_paths": include_paths}
+    if partitioning != "default":
+        kwargs["partitioning"] = partitioning
+    if file_extensions is not None:
+        kwargs["file_extensions"] = [e if e.startswith(".") else "." + e for e in file_extensions]
+    return kwargs
+
+
+def read_csv(
+    paths: str | list[str],
+    *,
+    filesystem: Any = None,
+    partitioning: Any = "hive",
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+    read_options: Any = None,
+    parse_options: Any = None,
+    convert_options: Any = None,
+) -> Dataset:
+    """CSV files (a file, folder, glob or list; local or ``s3://``), one row per line.
+
+    ``read_options``/``parse_options``/``convert_options`` are ``pyarrow.csv``'s. Folders are read
+    for ``.csv`` files (compressed ``.csv.gz`` and the like included) unless ``file_extensions``
+    says otherwise. A row with the wrong number of fields fails naming the file and the line.
+    """
+    from connectors.csv_format import CSVDatasource
+
+    source = CSVDatasource(
+        paths, read_options=read_options, parse_options=parse_options, convert_options=convert_options,
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions),
+    )
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_json(
+    paths: str | list[str],
+    *,
+    filesystem: Any = None,
+    partitioning: Any = "hive",
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+    read_options: Any = None,
+    parse_options: Any = None,
+) -> Dataset:
+    """JSON Lines files (one object per line), or files holding one JSON array of objects.
+
+    ``read_options``/``parse_options`` are ``pyarrow.json``'s. Folders are read for ``.json``,
+    ``.jsonl`` and ``.ndjson`` files unless ``file_extensions`` says otherwise.
+    """
+    from connectors.json_format import JSONDatasource
+
+    source = JSONDatasource(
+        paths, read_options=read_options, parse_options=parse_options,
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions),
+    )
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_text(
+    paths: str | list[str],
+    *,
+    encoding: str = "utf-8",
+    drop_empty_lines: bool = True,
+    filesystem: Any = None,
+    partitioning: Any = None,
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+) -> Dataset:
+    """Lines of text files, one row per line in column ``text`` (empty lines dropped by default)."""
+    from connectors.text_format import TextDatasource
+
+    source = TextDatasource(
+        paths, encoding=encoding, drop_empty_lines=drop_empty_lines,
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions),
+    )
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_binary_files(
+    paths: str | list[str],
+    *,
+    include_paths: bool = False,
+    filesystem: Any = None,
+    partitioning: Any = None,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+) -> Dataset:
+    """Whole files, one row each: their bytes in column ``bytes`` (and ``path`` if asked)."""
+    from connectors.binary_format import BinaryDatasource
+
+    source = BinaryDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions))
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_images(
+    paths: str | list[str],
+    *,
+    size: tuple[int, int] | None = None,
+    mode: str | None = None,
+    include_paths: bool = False,
+    filesystem: Any = None,
+    partitioning: Any = None,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+) -> Dataset:
+    """Images decoded into ``uint8`` tensors of shape ``(height, width, channels)`` in column ``image``.
+
+    ``size=(height, width)`` resizes every image (so they share one shape); ``mode`` is a Pillow
+    mode to convert to (``"RGB"``, ``"L"``...). Needs Pillow.
+    """
+    from connectors.image_format import ImageDatasource
+
+    source = ImageDatasource(
+        paths, size=size, mode=mode, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions)
+    )
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_numpy(
+    paths: str | list[str],
+    *,
+    filesystem: Any = None,
+    partitioning: Any = None,
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+) -> Dataset:
+    """``.npy`` files: one row per entry of each array's first axis, in column ``data``.
+
+    Rows of more than one dimension form a tensor column. Pickled object arrays are refused.
+    """
+    from connectors.numpy_format import NumpyDatasource
+
+    source = NumpyDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions))
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+_TORCH_CHUNK = 4096
+
+
+def _torch_value(value: Any) -> Any:
+    """A torch sample with tensors as numpy arrays and PIL images as ``uint8`` arrays."""
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch.Tensor
+        array = value.detach().cpu().numpy()
+        return array.item() if array.ndim == 0 else array
+    if type(value).__module__.startswith("PIL."):
+        return np.asarray(value)
+    if isinstance(value, dict):
+        return {k: _torch_value(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_torch_value(v) for v in value]
+    return value
+
+
+def _torch_chunk_table(samples: list[Any], first_index: int) -> pa.Table:
+    from engine.block_format import to_block
+
+    try:
+        return to_block({"item": samples})
+    except (TypeError, ValueError) as exc:
+        kinds = sorted({type(v).__name__ for s in samples[:1] if isinstance(s, list) for v in s})
+        hint = (
+            f" (sample {first_index} is a tuple of {', '.join(kinds)}: an Arrow column cannot hold a tuple of"
+            " mixed types)"
+            if kinds
+            else ""
+        )
+        msg = (
+            f"from_torch: the samples cannot be stored as one Arrow column 'item'{hint}; "
+            "wrap the dataset so that __getitem__ returns a dict of named fields, e.g. "
+            "{'image': x, 'label': y}, and it becomes a struct column"
+        )
+        raise TypeError(msg) from exc
+
+
+def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> Dataset:
+    """A torch ``Dataset``'s samples, one row each, in column ``item`` (as ``ray.data.from_torch``).
+
+    The samples are read here, in this process (``dataset[i]`` for a map-style dataset, iteration
+    for an iterable one). Tensors become NumPy arrays (same-shape ones a tensor column, scalars
+    plain values), PIL images ``uint8`` arrays and dicts struct values. Unlike Ray, which can keep
+    any Python object, a column must be Arrow-typed: a tuple of mixed types, such as
+    ``(image, label)``, cannot be stored, and the error says to return a dict instead.
+    """
+    if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
+        samples: Any = (dataset[i] for i in builtins.range(len(dataset)))
+    elif hasattr(dataset, "__iter__"):
+        samples = iter(dataset)
+    else:
+        msg = f"from_torch needs a torch.utils.data.Dataset (map-style or iterable), got {type(dataset).__name__}"
+        raise TypeError(msg)
+    tables: list[pa.Table] = []
+    chunk: list[Any] = []
+    count = 0
+    for sample in samples:
+        chunk.append(_torch_value(sample))
+        count += 1
+        if len(chunk) == _TORCH_CHUNK:
+            tables.append(_torch_chunk_table(chunk, count - len(chunk)))
+            chunk = []
+    if chunk or not tables:
+        tables.append(_torch_chunk_table(chunk, count - len(chunk)) if chunk else pa.table({"item": pa.array([])}))
+    return read_datasource(ArrowDatasource(tables, override_num_blocks, "FromTorch"))
+
+
+def from_huggingface(dataset: Any, *, override_num_blocks: int | None = None) -> Dataset:
+    """A Hugging Face ``datasets.Dataset``, through its Arrow table (no row-by-row conversion).
+
+    Selections, shuffles and splits made on the Hugging Face side are applied (their index
+    mapping is taken into account). Pass one split of a ``DatasetDict`` (``dd["train"]``).
+    """
+    try:
+        import datasets as hf_datasets
+    except ImportError as exc:
+        msg = "from_huggingface needs the 'datasets' package: pip install datasets"
+        raise ImportError(msg) from exc
+    if isinstance(dataset, hf_datasets.DatasetDict):
+        msg = f"from_huggingface takes one split, got a DatasetDict with {list(dataset)}: pass e.g. dataset['train']"
+        raise TypeError(msg)
+    if not isinstance(dataset, hf_datasets.Dataset):
+        msg = f"from_huggingface takes a datasets.Dataset, got {type(dataset).__name__}"
+        raise TypeError(msg)
+    table = dataset.with_format("arrow")[:]
+    return read_datasource(ArrowDatasource([table], override_num_blocks, "FromHuggingFace"))

@@ -25,7 +25,7 @@ from typing import Any
 import zmq
 
 from engine import protocol
-from engine.backpressure import WAIT_ACTORS, WAIT_WORKER
+from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_WORKER
 from engine.errors import EngineError
 from engine.execution import Execution, check_resources
 from engine.object_store import BlockRef, SharedMemoryStore
@@ -307,7 +307,7 @@ class StreamingExecutor:
                         continue
                     slot = self._free_slot(op)
                     if slot is None:
-                        waits[id(op)] = WAIT_ACTORS if op.actor_pool else WAIT_WORKER
+                        waits[id(op)] = self._actor_wait(op) if op.actor_pool else WAIT_WORKER
                         continue
                     waits.pop(id(op), None)
                     candidates.append(Candidate(op.key, execution.depth[id(op)], op.held_bytes, op.in_flight()))
@@ -320,6 +320,12 @@ class StreamingExecutor:
             self._grow_actor_pools(execution)
             execution.note_waits(waits)
             self._reap(execution)
+
+    def _actor_wait(self, op: MapOperator) -> str:
+        pool = self._actors.get(f"actor:{op.key}", [])
+        if any(w.state == STARTING for w in pool) or not pool:
+            return WAIT_ACTORS
+        return WAIT_ACTORS_BUSY
 
     def _free_slot(self, op: MapOperator) -> WorkerHandle | str | None:
         if op.actor_pool is not None:
@@ -457,6 +463,7 @@ class StreamingExecutor:
     def _start_workers(self) -> None:
         fs = self.pool.start_forkserver()
         self._poller.register(fs.fileno, zmq.POLLIN)
+        self.pool.preload_like_driver()  # torch already imported by the script: warm it up now
         for _ in range(self.options.resolved_num_cpus()):
             self.pool.spawn(TASK_KIND)
 

@@ -20,6 +20,9 @@ from engine.operators.base import PhysicalOperator
 from engine.task import OUTPUT_BLOCKS, TaskResult, TaskSpec
 from engine.transform import BlockTransform
 
+EXACT_TASK_BYTES = 32 << 20
+"""Input bytes per task for operators fed exact multiples of a batch size (actor pools)."""
+
 _task_ids = itertools.count(1)
 _op_ids = itertools.count(1)
 
@@ -193,7 +196,9 @@ class MapOperator(PhysicalOperator):
     def _exact_task_rows(self) -> int:
         assert self.exact_batch_rows is not None
         row_bytes = max(1.0, self._queued_bytes / max(1, self._queued_rows))
-        batches = max(1, int(self.min_bundle_bytes / row_bytes) // self.exact_batch_rows)
+        # an actor's task is worth more than a few batches: per-task costs (mapping inputs,
+        # one output file per task when writing) should not show next to the model's
+        batches = max(1, int(max(self.min_bundle_bytes, EXACT_TASK_BYTES) / row_bytes) // self.exact_batch_rows)
         if self.inputs_done and self.actor_pool is not None:
             # everything is here: spread it over the pool instead of one big task
             share = self._queued_rows // (self.actor_pool.max_size * self.exact_batch_rows)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from connectors.base import BlockMetadata, Datasink, Datasource, ReadTask
 from dataflow.context import DataContext, options
 from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError
@@ -109,11 +110,15 @@ def lit(value: Any) -> Any:
 
 
 __all__ = [
+    "BlockMetadata",
     "DataContext",
     "DataIterator",
     "DataflowError",
     "Dataset",
+    "Datasink",
+    "Datasource",
     "MaterializedDataset",
+    "ReadTask",
     "UserCodeError",
     "WorkerDiedError",
     "col",

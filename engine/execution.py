@@ -179,7 +179,12 @@ class Execution:
         if self.cancelled or op.cancelled:
             return False, None
         upstream_busy = any(u.in_flight() > 0 or not u.completed() for u in op.upstream)
-        if not op.has_ready_task(upstream_busy):
+        try:
+            ready = op.has_ready_task(upstream_busy)  # may list more input (a source's generator)
+        except Exception as err:  # listing failed (missing file, denied, a custom source's bug)
+            self.fail(err)
+            return False, None
+        if not ready:
             return False, None
         return True, blocked_reason(self.load(op))
 

@@ -204,7 +204,12 @@ class StreamingExecutor:
                     worker_id, frames = self._socket.recv()
                 except zmq.Again:
                     break
-                self._on_message(worker_id, protocol.decode(frames))
+                try:
+                    msg = protocol.decode(frames)
+                except protocol.ProtocolError as err:
+                    log.warning("dropped a message from %s: %s", worker_id, err)
+                    continue
+                self._on_message(worker_id, msg)
         fs = self.pool.forkserver
         if fs is not None and fs.fileno in events:
             for handle in self.pool.on_forked():

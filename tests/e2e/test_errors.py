@@ -102,3 +102,18 @@ def test_early_break_cancels_cleanly(mode):
     for i, _ in enumerate(dataflow.range(100_000, override_num_blocks=50).map(lambda r: r).iter_batches(batch_size=10)):
         if i == 3:
             break
+
+
+def test_a_source_failing_while_listing_fails_the_job_not_the_engine(mode):
+    from connectors.base import Datasource
+
+    class Listing(Datasource):
+        def get_read_tasks(self, parallelism):
+            from connectors.base import BlockMetadata, ReadTask
+
+            yield ReadTask(lambda: [__import__("pyarrow").table({"x": [1]})], BlockMetadata(num_rows=1))
+            raise PermissionError("s3://bucket/private/: access denied while listing")
+
+    with pytest.raises(PermissionError, match="access denied while listing"):
+        dataflow.read_datasource(Listing()).take_all()
+    assert dataflow.range(10).map(lambda r: r).count() == 10  # the engine still works

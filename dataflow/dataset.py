@@ -369,12 +369,15 @@ class Dataset:
             # A one-child Union keeps the write in an operator of its own.
             plan = Union((plan,))
         datasink.on_write_start()
+        handle = None
         try:
             handle = self._execute(plan, output=OUTPUT_WRITE, sink=datasink)
             for ref in handle.iter_refs():
                 handle.release(ref)
             self._last_stats = handle.stats()
         except BaseException as err:
+            if handle is not None:
+                _wait_until_stopped(handle)
             datasink.on_write_failed(err)
             raise
         datasink.on_write_complete(handle.results())
@@ -516,6 +519,16 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset(plan={explain(self._plan).splitlines()[0]!r})"
+
+
+def _wait_until_stopped(handle: ExecutionHandle, timeout_s: float = 60.0) -> None:
+    """Wait until no task of a failed execution is still running (write tasks still in flight
+    would otherwise stage files after the sink's cleanup, or while it removes the folder)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not handle.execution.done and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 class _Blocks:

@@ -9,7 +9,8 @@ Four variants over ``benchmarks/data/parquet4m`` (4M rows, 32 files of one row g
                nothing can be skipped, the filter runs on the decoded column)
 
     dataflow: dataflow.read_parquet(path, columns=..., filter=...) drained as pyarrow blocks
-    ray:      ray.data.read_parquet(path, columns=..., filter=...) drained as pyarrow batches
+    ray:      ray.data.read_parquet(path, columns=...).filter(expr="...") drained as pyarrow batches
+              (Ray 2.60 refuses ``filter=`` in read_parquet and pushes ``filter(expr=)`` down)
     daft:     daft.read_parquet(glob).where(...).select(...) drained with to_arrow_iter()
     raw:      pyarrow.dataset.dataset(path).to_batches(columns=..., filter=...) (pyarrow's threads)
 
@@ -105,11 +106,14 @@ def run_ray(a: dict) -> dict:
     ray = bc.init_ray()
     out = {}
     for variant in a["variants"]:
-        columns, expr = _spec(variant, a["rows"])
+        columns, _ = _spec(variant, a["rows"])
+        # Ray 2.60 refuses read_parquet(filter=...); its expression filter is pushed down instead
+        predicate = {"prune": f"i64 < {a['rows'] // 100}", "scan": "f32 < 0.01"}.get(variant)
 
-        def drain(columns=columns, expr=expr) -> int:
-            kwargs = {"filter": expr} if expr is not None else {}
-            ds = ray.data.read_parquet(a["data"], columns=columns, **kwargs)
+        def drain(columns=columns, predicate=predicate) -> int:
+            ds = ray.data.read_parquet(a["data"], columns=columns)
+            if predicate is not None:
+                ds = ds.filter(expr=predicate)
             return sum(len(b) for b in ds.iter_batches(batch_size=None, batch_format="pyarrow"))
 
         out[variant] = _measure(drain, a["runs"])

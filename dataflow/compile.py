@@ -62,7 +62,8 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
             resources=maps.resources if maps is not None else None,
             actor_pool=maps.actor_pool if maps is not None else None,
             max_concurrency=maps.max_concurrency if maps is not None else None,
-            min_bundle_bytes=c.bundle_bytes(node.datasource),
+            # override_num_blocks: one task per read task, as asked; else small ones are bundled
+            min_bundle_bytes=1 if node.parallelism > 0 else c.bundle_bytes(node.datasource),
         )
     )
 
@@ -117,7 +118,11 @@ def compile_plan(
     c = _Compiler(options)
     last = c.build(node)
     if output != OUTPUT_BLOCKS:
-        if not isinstance(last, MapOperator) or last.output != OUTPUT_BLOCKS:
+        min_rows = getattr(sink, "min_rows_per_write", None) if sink is not None else None
+        # a sink that wants a minimum of rows per write bundles blocks, whose row counts are
+        # known; fused into a read it would be handed read tasks of unknown size
+        reads_directly = isinstance(last, MapOperator) and not last.upstream
+        if not isinstance(last, MapOperator) or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly):
             last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,
                                      min_bundle_bytes=options.min_task_input_bytes))
         assert isinstance(last, MapOperator)

@@ -362,22 +362,16 @@ class Dataset:
     # writing --------------------------------------------------------------------------------
     def write_datasink(self, datasink: Any) -> None:
         """Write every block with ``datasink``: ``write`` on workers, the commit on the driver."""
-        plan = self._plan
-        if getattr(datasink, "min_rows_per_write", None):
-            # A write task must bundle *blocks* (whose row counts are known) to reach the minimum;
-            # fused into a read it would see read tasks, whose rows are unknown until they run.
-            # A one-child Union keeps the write in an operator of its own.
-            plan = Union((plan,))
         datasink.on_write_start()
         handle = None
         try:
-            handle = self._execute(plan, output=OUTPUT_WRITE, sink=datasink)
+            handle = self._execute(output=OUTPUT_WRITE, sink=datasink)
             for ref in handle.iter_refs():
                 handle.release(ref)
             self._last_stats = handle.stats()
         except BaseException as err:
             if handle is not None:
-                _wait_until_stopped(handle)
+                handle.wait_stopped(60.0)  # no write task may still be staging files
             datasink.on_write_failed(err)
             raise
         datasink.on_write_complete(handle.results())
@@ -519,16 +513,6 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset(plan={explain(self._plan).splitlines()[0]!r})"
-
-
-def _wait_until_stopped(handle: ExecutionHandle, timeout_s: float = 60.0) -> None:
-    """Wait until no task of a failed execution is still running (write tasks still in flight
-    would otherwise stage files after the sink's cleanup, or while it removes the folder)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not handle.execution.done and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 class _Blocks:

@@ -112,6 +112,8 @@ class Execution:
         self.started = time.perf_counter()
         self.finished_at: float | None = None
         self.cancelled = False
+        self.stopped = threading.Event()
+        """Set once no task of this execution runs anymore (it finished, failed or was cancelled)."""
         self._last_wait_check = time.perf_counter()
 
     def _free(self, ref: BlockRef) -> None:

@@ -452,6 +452,7 @@ class StreamingExecutor:
     def _add_execution(self, execution: Execution) -> None:
         if self._broken is not None:
             execution.fail(EngineError(self._broken))
+            execution.stopped.set()
             return
         self._executions.append(execution)
         self._grow_actor_pools(execution)
@@ -460,6 +461,7 @@ class StreamingExecutor:
     def _reap(self, execution: Execution) -> None:
         if execution.done and execution in self._executions:
             self._executions.remove(execution)
+            execution.stopped.set()
             for op in execution.map_ops():
                 for handle in self._actors.pop(f"actor:{op.key}", []):
                     self._shutdown_worker(handle)
@@ -477,6 +479,7 @@ class StreamingExecutor:
         for execution in self._executions:
             execution.fail(EngineError("dataflow was shut down while this dataset was running"))
             execution.release_undelivered()
+            execution.stopped.set()
         for handle in self.pool.live():
             self._shutdown_worker(handle)
         self._stop_deadline = time.monotonic() + 3.0

@@ -47,6 +47,10 @@ class ExecutionHandle:
         """Free a block kept with ``detach``."""
         raise NotImplementedError
 
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until no task of this execution is running anymore."""
+        return self.execution.stopped.wait(timeout)
+
     def stats(self) -> ExecutionStats:
         return ExecutionStats.of(self.execution)
 
@@ -121,6 +125,7 @@ class LocalHandle(ExecutionHandle):
             self._closed = True
             self.execution.cancel()
             self.execution.release_undelivered()
+        self.execution.stopped.set()  # in-process: nothing runs once the caller stops asking
 
 
 def execute(

@@ -83,6 +83,13 @@ def _block_files() -> list[str]:
     return files
 
 
+def _die_with_test_process() -> None:
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
 def _wait_for(predicate, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -209,7 +216,11 @@ def s3_endpoint() -> Iterator[str]:
     pytest.importorskip("s3fs")
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(S3_SERVER), str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        [sys.executable, str(S3_SERVER), str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=_die_with_test_process,  # a killed test run must not leave the server behind
     )
     try:
         assert proc.stdout is not None

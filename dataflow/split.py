@@ -24,6 +24,13 @@ from engine.object_store import read_block
 from engine.split import Piece, SplitCoordinator
 
 
+class _SharedViews:
+    private_views = True  # blocks come from copy-on-write mappings of shared memory
+
+
+_SHARED_VIEWS = _SharedViews()
+
+
 class _SplitHandle:
     """What DataIterator needs from an execution, served by the coordinator (or its socket)."""
 
@@ -32,6 +39,8 @@ class _SplitHandle:
         self._split = split
         self._epoch = epoch
         self._local_store = local_store
+        in_process = getattr(source, "address", "remote") is None
+        self.store = local_store if in_process else _SHARED_VIEWS  # what ``get`` returns, for consumers
 
     def iter_refs(self) -> Iterator[Piece]:
         finished = False

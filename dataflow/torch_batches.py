@@ -40,7 +40,6 @@ import torch.utils.data
 
 from dataflow.iterator import DataIterator, check_batch_size, prefetch
 from engine.block_format import to_batch
-from engine.object_store import SharedMemoryStore
 
 # ----- devices ------------------------------------------------------------------------------
 
@@ -256,7 +255,7 @@ def _batches(
 
     def on_execute(handle: Any) -> None:
         # copy-on-write mappings make zero-copy tensors private; in-process blocks are not
-        private["blocks"] = isinstance(handle.store, SharedMemoryStore)
+        private["blocks"] = handle.store.private_views
 
     tables = iterator.iter_tables(batch_size, drop_last, shuffle_buffer, shuffle_seed, on_execute=on_execute)
 

@@ -57,6 +57,10 @@ class BlockSlice:
 class BlockStore:
     """Interface shared by the shared-memory store and the in-process one."""
 
+    private_views = False
+    """True when what ``get`` returns may be written in place without changing the block
+    (copy-on-write mappings); False when it is the block itself (in-process tables)."""
+
     def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
         raise NotImplementedError
 
@@ -76,6 +80,8 @@ def _ipc_size(table: pa.Table) -> int:
 
 class SharedMemoryStore(BlockStore):
     """Blocks as files under ``shm_dir`` (tmpfs), spilled to ``spill_dir`` when asked or full."""
+
+    private_views = True
 
     def __init__(self, shm_dir: str, spill_dir: str, owner: str) -> None:
         self.shm_dir = shm_dir

@@ -158,3 +158,21 @@ def test_ranks_in_other_processes_train_on_their_splits(streaming, tmp_path):
         assert per_epoch[epoch] == list(range(1000)), f"epoch {epoch}: rows missing or repeated"
     counts = [len((tmp_path / f"rank{r}.txt").read_text().splitlines()) for r in range(2)]
     assert counts == [1000, 1000]
+
+
+@pytest.mark.torch
+def test_split_iterators_feed_torch(mode):
+    pytest.importorskip("torch")
+    its = dataflow.range(600, override_num_blocks=6).streaming_split(2, equal=True)
+    seen = []
+
+    def run(i):
+        for batch in its[i].iter_torch_batches(batch_size=50):
+            seen.extend(batch["id"].tolist())
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(seen) == list(range(600))

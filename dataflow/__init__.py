@@ -71,6 +71,8 @@ def init(
         ctx.execution_mode = execution_mode
         ctx.__post_init__()
     changes = dict(engine_options)
+    if isinstance(changes.get("resources"), dict):  # resources={"TPU": 4}: what this machine offers
+        changes["resources"] = tuple(sorted(changes["resources"].items()))
     if num_cpus is not None:
         changes["num_cpus"] = num_cpus
     if num_gpus is not None:

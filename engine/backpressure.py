@@ -14,6 +14,7 @@ WAIT_CONCURRENCY = "concurrency cap"
 WAIT_BUDGET = "output budget full (downstream is slower)"
 WAIT_WORKER = "no free worker"
 WAIT_ACTORS = "actor pool starting"
+WAIT_RESOURCES = "its CPUs or custom resources are in use by other tasks"
 WAIT_ACTORS_BUSY = "every actor busy (the pool is at its maximum size)"
 
 

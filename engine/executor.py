@@ -25,13 +25,13 @@ from typing import Any
 import zmq
 
 from engine import protocol
-from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_WORKER
+from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_RESOURCES, WAIT_WORKER
 from engine.errors import EngineError
 from engine.execution import Execution, check_resources
 from engine.object_store import BlockRef, SharedMemoryStore
 from engine.operators.map import MapOperator, Pending
 from engine.options import ExecutionOptions
-from engine.resources import GpuLedger
+from engine.resources import GpuLedger, ResourceLedger
 from engine.scheduler import Candidate, pick
 from engine.task import TaskResult, run_task
 from engine.transport import CurveKeys, DriverSocket
@@ -75,6 +75,7 @@ class StreamingExecutor:
         self._start_failures = 0
         self._broken: str | None = None
         self._gpus = GpuLedger(options.resolved_num_gpus())
+        self._ledger = ResourceLedger(options.resolved_num_cpus(), dict(options.resources))
         self._inline_queue: queue.SimpleQueue[tuple[Execution, MapOperator, Pending] | None] = queue.SimpleQueue()
         self._inline_results: deque[tuple[Execution, MapOperator, Pending, TaskResult]] = deque()
         self._inline_busy = False
@@ -244,6 +245,7 @@ class StreamingExecutor:
                 self._finish_task(execution, op, msg.result)
 
     def _finish_task(self, execution: Execution, op: MapOperator, result: TaskResult) -> None:
+        self._ledger.give(op.resources.num_cpus, op.resources.custom)
         for ref in result.refs:
             if not ref.spilled:
                 self.store_used += ref.size_bytes
@@ -280,6 +282,7 @@ class StreamingExecutor:
                 return
         if task is not None:
             execution, op, pending = task
+            self._ledger.give(op.resources.num_cpus, op.resources.custom)
             if not execution.cancelled:
                 execution.task_lost(op, pending.spec.task_id, f"worker pid {handle.pid} exited")
         if handle.kind == TASK_KIND:
@@ -309,6 +312,9 @@ class StreamingExecutor:
                         continue
                     if reason is not None:
                         waits[id(op)] = reason
+                        continue
+                    if not self._ledger.fits(op.resources.num_cpus, op.resources.custom):
+                        waits[id(op)] = WAIT_RESOURCES
                         continue
                     slot = self._free_slot(op)
                     if slot is None:
@@ -347,6 +353,7 @@ class StreamingExecutor:
         pending = op.next_task()
         spec = pending.spec
         spec.spill = self.store_used + op.expected_output_bytes() > self.store_capacity
+        self._ledger.take(op.resources.num_cpus, op.resources.custom)
         op.stats.first_start = op.stats.first_start or time.perf_counter()
         if slot == INLINE:
             self._inline_busy = True

@@ -61,3 +61,33 @@ class GpuLedger:
         if amount < 1:
             return sum(int((f + 1e-9) // amount) for f in self.free)
         return sum(1 for f in self.free if f >= 1 - 1e-9) // math.ceil(amount - 1e-9)
+
+
+class ResourceLedger:
+    """CPUs and custom resources in use by running tasks: a task starts only where its share is free.
+
+    Actors count while they run a task, not while idle, so an idle pool never starves the tasks
+    that feed it; nothing running means anything that fits the machine may start.
+    """
+
+    def __init__(self, cpus: float, custom: dict[str, float]) -> None:
+        self.cpus = float(cpus)
+        self.custom = dict(custom)
+        self.used_cpus = 0.0
+        self.used_custom: dict[str, float] = {}
+
+    def fits(self, num_cpus: float, custom: tuple[tuple[str, float], ...] = ()) -> bool:
+        eps = 1e-9
+        if self.used_cpus + num_cpus > self.cpus + eps and self.used_cpus > eps:
+            return False
+        return all(self.used_custom.get(name, 0.0) + amount <= self.custom.get(name, 0.0) + eps for name, amount in custom)
+
+    def take(self, num_cpus: float, custom: tuple[tuple[str, float], ...] = ()) -> None:
+        self.used_cpus += num_cpus
+        for name, amount in custom:
+            self.used_custom[name] = self.used_custom.get(name, 0.0) + amount
+
+    def give(self, num_cpus: float, custom: tuple[tuple[str, float], ...] = ()) -> None:
+        self.used_cpus = max(0.0, self.used_cpus - num_cpus)
+        for name, amount in custom:
+            self.used_custom[name] = max(0.0, self.used_custom.get(name, 0.0) - amount)

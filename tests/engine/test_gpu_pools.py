@@ -62,3 +62,20 @@ def test_more_gpus_than_the_machine_has_is_an_immediate_error(fresh_engine):
     dataflow.init(num_cpus=2, num_gpus=1)
     with pytest.raises(ValueError, match="num_gpus=2"):
         dataflow.range(10).map_batches(WhichGpu, num_gpus=2, concurrency=1).take_all()
+
+
+def test_custom_resources_limit_how_many_tasks_run_at_once(fresh_engine):
+    import time
+
+    dataflow.init(num_cpus=2, resources={"TPU": 1})
+
+    def timed(batch):
+        start = time.time()
+        time.sleep(0.2)
+        return {"start": np.array([start]), "end": np.array([time.time()])}
+
+    rows = dataflow.range(4, override_num_blocks=4).map_batches(timed, resources={"TPU": 1}).take_all()
+    spans = sorted((r["start"], r["end"]) for r in rows)
+    assert len(spans) == 4
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start >= end - 0.01, "two tasks held the only TPU at once"

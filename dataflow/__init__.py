@@ -46,6 +46,7 @@ from dataflow.read_api import (
     read_parquet,
     read_text,
 )
+from dataflow.udf import ActorPoolStrategy, TaskPoolStrategy
 
 __version__ = "0.1.0"
 
@@ -112,6 +113,7 @@ def lit(value: Any) -> Any:
 
 
 __all__ = [
+    "ActorPoolStrategy",
     "BlockMetadata",
     "DataContext",
     "DataIterator",
@@ -121,6 +123,7 @@ __all__ = [
     "Datasource",
     "MaterializedDataset",
     "ReadTask",
+    "TaskPoolStrategy",
     "UserCodeError",
     "WorkerDiedError",
     "col",

@@ -70,7 +70,7 @@ class Dataset:
     ) -> Dataset:
         """Apply ``fn`` to each row (a dict) and keep the row it returns."""
         return self._derive(
-            map_node(self._plan, "map", fn, kind="rows", row_mode="map", fn_args=fn_args, fn_kwargs=fn_kwargs,
+            map_node(self._plan, "map", fn, compute=compute, kind="rows", row_mode="map", fn_args=fn_args, fn_kwargs=fn_kwargs,
                      fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
                      num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources,
                      preserves_rows=True)
@@ -100,7 +100,7 @@ class Dataset:
         actor); it may return a batch or yield several; the row count may change.
         """
         return self._derive(
-            map_node(self._plan, "map_batches", fn, kind="batches", batch_size=batch_size,
+            map_node(self._plan, "map_batches", fn, compute=compute, kind="batches", batch_size=batch_size,
                      batch_format=batch_format, fn_args=fn_args, fn_kwargs=fn_kwargs,
                      fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
                      num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources,
@@ -123,7 +123,7 @@ class Dataset:
     ) -> Dataset:
         """Apply ``fn`` to each row; it returns a list (or iterable) of rows."""
         return self._derive(
-            map_node(self._plan, "flat_map", fn, kind="rows", row_mode="flat_map", fn_args=fn_args,
+            map_node(self._plan, "flat_map", fn, compute=compute, kind="rows", row_mode="flat_map", fn_args=fn_args,
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                      fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
                      concurrency=concurrency, resources=resources)
@@ -159,7 +159,7 @@ class Dataset:
             return self._derive(builtin_node(self._plan, f"Filter({expr})", bi.FilterExpression(expr),
                                              preserves_rows=False, filter_expr=expr))
         return self._derive(
-            map_node(self._plan, "filter", fn, kind="rows", row_mode="filter", fn_args=fn_args,
+            map_node(self._plan, "filter", fn, compute=compute, kind="rows", row_mode="filter", fn_args=fn_args,
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                      fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
                      concurrency=concurrency, resources=resources)

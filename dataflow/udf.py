@@ -6,12 +6,51 @@ that has it, not when the job runs.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Any
 
 from dataflow.plan import LogicalNode, MapStages
 from engine.block_format import BATCH_FORMATS
 from engine.operators.map import ActorPoolSpec, Resources
 from engine.transform import Stage, udf_name
+
+
+@dataclass(frozen=True)
+class ActorPoolStrategy:
+    """Ray Data's ``compute=ActorPoolStrategy(...)``: the same as ``concurrency=(min, max)``."""
+
+    size: int | None = None
+    min_size: int | None = None
+    max_size: int | None = None
+
+    def concurrency(self) -> int | tuple[int, int]:
+        if self.size is not None:
+            return self.size
+        low = self.min_size or 1
+        return (low, self.max_size or max(low, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class TaskPoolStrategy:
+    """Ray Data's ``compute=TaskPoolStrategy(size)``: the same as ``concurrency=size``."""
+
+    size: int | None = None
+
+
+def concurrency_from_compute(compute: Any, concurrency: Any) -> Any:
+    """``concurrency`` implied by Ray's ``compute=`` argument (which Ray itself deprecates)."""
+    if compute is None or compute == "tasks":
+        return concurrency
+    if concurrency is not None:
+        msg = "pass either compute= or concurrency=, not both"
+        raise ValueError(msg)
+    if isinstance(compute, ActorPoolStrategy):
+        return compute.concurrency()
+    if isinstance(compute, TaskPoolStrategy):
+        return compute.size
+    msg = f"compute must be an ActorPoolStrategy or a TaskPoolStrategy, got {compute!r}"
+    raise TypeError(msg)
 
 
 def resources_of(num_cpus: float | None, num_gpus: float | None, resources: dict[str, float] | None) -> Resources:
@@ -83,8 +122,10 @@ def map_node(
     concurrency: int | tuple[int, int] | None = None,
     resources: dict[str, float] | None = None,
     preserves_rows: bool = False,
+    compute: Any = None,
 ) -> MapStages:
     check_callable(fn, method)
+    concurrency = concurrency_from_compute(compute, concurrency)
     if batch_format not in BATCH_FORMATS:
         msg = f"batch_format must be one of {BATCH_FORMATS}, got {batch_format!r}"
         raise ValueError(msg)

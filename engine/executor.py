@@ -354,7 +354,6 @@ class StreamingExecutor:
         spec = pending.spec
         spec.spill = self.store_used + op.expected_output_bytes() > self.store_capacity
         self._ledger.take(op.resources.num_cpus, op.resources.custom)
-        op.stats.first_start = op.stats.first_start or time.perf_counter()
         if slot == INLINE:
             self._inline_busy = True
             self._ensure_inline_thread()

@@ -29,8 +29,6 @@ class OpStats:
     task_cpu_s: float = 0.0
     peak_held_bytes: int = 0
     waits: dict[str, float] = field(default_factory=dict)
-    first_start: float | None = None
-    last_end: float | None = None
 
     def add_wait(self, reason: str, seconds: float) -> None:
         self.waits[reason] = self.waits.get(reason, 0.0) + seconds

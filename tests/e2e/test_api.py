@@ -259,3 +259,15 @@ def test_preserve_order_makes_output_and_limit_deterministic(mode):
         assert [r["id"] for r in ds.limit(300).take_all()] == list(range(300))
         u = dataflow.range(3).map_batches(slow_first).union(dataflow.range(5).map_batches(lambda b: {"id": b["id"] + 10}))
         assert [r["id"] for r in u.take_all()] == [0, 1, 2, 10, 11, 12, 13, 14]
+
+
+def test_ray_compute_strategies_map_to_concurrency(mode):
+    rows = (
+        dataflow.range(200, override_num_blocks=4)
+        .map_batches(AddOffset, fn_constructor_args=(1,), compute=dataflow.ActorPoolStrategy(size=2))
+        .take_all()
+    )
+    assert sorted(r["id"] for r in rows) == list(range(1, 201))
+    assert dataflow.range(10).map(lambda r: r, compute=dataflow.TaskPoolStrategy(size=1)).count() == 10
+    with pytest.raises(ValueError, match="either compute= or concurrency="):
+        dataflow.range(3).map_batches(AddOffset, compute=dataflow.ActorPoolStrategy(size=1), concurrency=1)

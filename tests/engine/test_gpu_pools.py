@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -77,5 +78,5 @@ def test_custom_resources_limit_how_many_tasks_run_at_once(fresh_engine):
     rows = dataflow.range(4, override_num_blocks=4).map_batches(timed, resources={"TPU": 1}).take_all()
     spans = sorted((r["start"], r["end"]) for r in rows)
     assert len(spans) == 4
-    for (_, end), (start, _) in zip(spans, spans[1:]):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end - 0.01, "two tasks held the only TPU at once"

@@ -70,6 +70,10 @@ class Datasource:
     * ``schema()`` -> the output schema if known without reading, or None.
     """
 
+    sizes_own_tasks = False
+    """True when ``get_read_tasks`` already sizes its tasks well (files grouped by bytes): the
+    engine then runs each as it comes instead of bundling small ones together."""
+
     def get_name(self) -> str:
         """A short name for plans and stats (``ReadParquet``, ``ReadRange``...)."""
         name = type(self).__name__

@@ -38,6 +38,7 @@ MIN_TASK_BYTES = 32 * MiB
 DEFAULT_BLOCK_BYTES = 64 * MiB
 LOOKAHEAD = 4096
 MAX_FILES_PER_TASK = 1024
+FIRST_TASK_FILES = 16
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ def plan_pieces(
         files_cap = max_files_per_task
     group: list[FilePiece] = []
     group_bytes = 0
+    # the first tasks are small and grow (16, 32, 64... files) so the first rows come quickly
+    # out of a folder of many small files, and later tasks amortize their fixed costs
+    ramp = FIRST_TASK_FILES
     for entry in _chain(head, it):
         size = entry.size or 0
         if split_files and size > per_task * 1.5:
@@ -92,9 +96,10 @@ def plan_pieces(
             continue
         group.append(FilePiece(entry))
         group_bytes += size
-        if group_bytes >= per_task or len(group) >= files_cap:
+        if group_bytes >= per_task or len(group) >= min(files_cap, ramp):
             yield group
             group, group_bytes = [], 0
+            ramp *= 2
     if group:
         yield group
 
@@ -141,6 +146,8 @@ class FileDatasource(Datasource):
     which files of a folder to read (None: all). ``include_paths``: add a ``path`` column.
     ``partitioning``: ``"hive"``, a schema of partition fields, or None.
     """
+
+    sizes_own_tasks = True
 
     FILE_EXTENSIONS: tuple[str, ...] | None = None
     DEFAULT_PARTITIONING: Partitioning = None

@@ -63,7 +63,9 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
             actor_pool=maps.actor_pool if maps is not None else None,
             max_concurrency=maps.max_concurrency if maps is not None else None,
             # override_num_blocks: one task per read task, as asked; else small ones are bundled
-            min_bundle_bytes=1 if node.parallelism > 0 else c.bundle_bytes(node.datasource),
+            min_bundle_bytes=1
+            if node.parallelism > 0 or node.datasource.sizes_own_tasks
+            else c.bundle_bytes(node.datasource),
         )
     )
 

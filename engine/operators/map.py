@@ -9,6 +9,7 @@ runs on an actor pool (``ActorPoolSpec``): dedicated workers that construct the 
 from __future__ import annotations
 
 import itertools
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -83,8 +84,9 @@ class MapOperator(PhysicalOperator):
         super().__init__(name, [upstream] if upstream is not None else [])
         self.key = f"op{next(_op_ids)}"
         self.transform = transform
-        self.transform_bytes = serialization.dumps(transform)
-        self.digest = serialization.digest(self.transform_bytes)
+        self.digest = f"{os.getpid()}-{self.key}"
+        """Names the transform in worker caches: one operator, one transform."""
+        self._transform_bytes: bytes | None = None
         self.resources = resources or Resources()
         self.actor_pool = actor_pool
         self.max_concurrency = max_concurrency
@@ -110,6 +112,14 @@ class MapOperator(PhysicalOperator):
         self.rows_counted = 0
         self.retry_queue: deque[Pending] = deque()
         self._out_bytes_per_task: float | None = None
+
+    @property
+    def transform_bytes(self) -> bytes:
+        """The pickled transform, made when a worker first needs it (never for in-driver tasks,
+        which keeps cloudpickle off a small job's path to its first row)."""
+        if self._transform_bytes is None:
+            self._transform_bytes = serialization.dumps(self.transform)
+        return self._transform_bytes
 
     # inputs ------------------------------------------------------------------------------
     def add_input(self, item: Any, index: int, producer: PhysicalOperator | None = None) -> None:

@@ -64,7 +64,7 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
             max_concurrency=maps.max_concurrency if maps is not None else None,
             # override_num_blocks: one task per read task, as asked; else small ones are bundled
             min_bundle_bytes=1
-            if node.parallelism > 0 or node.datasource.sizes_own_tasks
+            if node.parallelism > 0 or getattr(node.datasource, "sizes_own_tasks", False)
             else c.bundle_bytes(node.datasource),
         )
     )

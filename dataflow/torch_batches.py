@@ -38,6 +38,7 @@ import torch
 import torch.distributed
 import torch.utils.data
 
+from connectors.base import Datasource
 from dataflow.iterator import DataIterator, check_batch_size, prefetch
 from engine.block_format import to_batch
 
@@ -384,11 +385,12 @@ def shard_plan(node: Any, index: int, count: int, num_read_tasks: int, in_proces
     raise ValueError(msg)
 
 
-class ShardedDatasource:
+class ShardedDatasource(Datasource):
     """Every ``count``-th read task of ``inner``, from a fixed number of tasks so all shards agree."""
 
     def __init__(self, inner: Any, index: int, count: int, num_tasks: int) -> None:
         self.inner, self.index, self.count, self.num_tasks = inner, index, count, num_tasks
+        self.sizes_own_tasks = getattr(inner, "sizes_own_tasks", False)
 
     def get_name(self) -> str:
         return f"{self.inner.get_name()}[shard {self.index}/{self.count}]"

@@ -31,10 +31,6 @@ def _files(path: str) -> list[str]:
     return sorted(str(p) for p in Path(path).glob("*.parquet"))
 
 
-def _no_torch(side: str) -> dict:
-    return {"not_run": f"not run: no torch in {side}'s venv (not installed on purpose: multi-GB CUDA build)"}
-
-
 def preprocess(batch: dict) -> dict:
     import numpy as np
 
@@ -102,7 +98,7 @@ def run_ray(a: dict) -> dict:
     try:
         import torch  # noqa: F401
     except ImportError:
-        return _no_torch("ray")
+        return bc.no_torch("ray")
     ray = bc.init_ray()
     step = Step()
 
@@ -120,7 +116,7 @@ def run_ray(a: dict) -> dict:
 
 
 def run_daft(a: dict) -> dict:
-    return _no_torch("daft")
+    return bc.no_torch("daft")
 
 
 IMPLS = {"raw": run_raw, "dataflow": run_dataflow, "ray": run_ray, "daft": run_daft}
@@ -129,7 +125,6 @@ IMPLS = {"raw": run_raw, "dataflow": run_dataflow, "ray": run_ray, "daft": run_d
 def main() -> int:
     if bc.is_worker():
         return bc.worker_main(IMPLS)
-    import peers
 
     ap = bc.base_parser(__doc__.splitlines()[0])
     ap.add_argument("--batch-size", type=int, default=256)
@@ -139,16 +134,7 @@ def main() -> int:
         raise SystemExit(f"{data} is missing: generate it with benchmarks/datagen.py")
     bc.warm_page_cache(data)
     wargs = {"data": str(data), "runs": args.runs, "batch_size": args.batch_size}
-    results = {}
-    for side in bc.sides(args):
-        print(f"[images] {side} ...", file=sys.stderr, flush=True)
-        res = peers.run_side(__file__, side, wargs, timeout=args.timeout)
-        if res.get("not_run"):
-            res["status"] = res["not_run"]
-        if res.get("times"):
-            res["median_s"] = bc.median(res["times"])
-            res["images_per_s"] = res["rows"] / res["median_s"]
-        results[side] = res
+    results = bc.run_timed_sides("images", __file__, args, wargs, "images_per_s", 1)
     bc.report("images", results, metric="median_s",
               target={"text": "dataflow <= 1.1x raw", "kind": "ratio", "max": 1.1, "baseline": "raw"},
               extra={"dataset": str(data), "batch_size": args.batch_size, "runs": args.runs},

@@ -28,10 +28,6 @@ def _files(path: str) -> list[str]:
     return sorted(str(p) for p in Path(path).glob("*.parquet"))
 
 
-def _no_torch(side: str) -> dict:
-    return {"not_run": f"not run: no torch in {side}'s venv (not installed on purpose: multi-GB CUDA build)"}
-
-
 class MLP:
     def __init__(self, threads: int = 1) -> None:
         import torch
@@ -130,7 +126,7 @@ def run_ray(a: dict) -> dict:
     try:
         import torch  # noqa: F401
     except ImportError:
-        return _no_torch("ray")
+        return bc.no_torch("ray")
     ray = bc.init_ray()
 
     def job() -> int:
@@ -149,7 +145,7 @@ def run_ray(a: dict) -> dict:
 
 
 def run_daft(a: dict) -> dict:
-    return _no_torch("daft")
+    return bc.no_torch("daft")
 
 
 IMPLS = {"raw": run_raw, "dataflow": run_dataflow, "ray": run_ray, "daft": run_daft}
@@ -158,7 +154,6 @@ IMPLS = {"raw": run_raw, "dataflow": run_dataflow, "ray": run_ray, "daft": run_d
 def main() -> int:
     if bc.is_worker():
         return bc.worker_main(IMPLS)
-    import peers
 
     ap = bc.base_parser(__doc__.splitlines()[0])
     ap.add_argument("--batch-size", type=int, default=4096)
@@ -166,16 +161,7 @@ def main() -> int:
     data = bc.dataset(args)
     bc.warm_page_cache(data)
     wargs = {"data": str(data), "runs": args.runs, "batch_size": args.batch_size}
-    results = {}
-    for side in bc.sides(args):
-        print(f"[inference] {side} ...", file=sys.stderr, flush=True)
-        res = peers.run_side(__file__, side, wargs, timeout=args.timeout)
-        if res.get("not_run"):
-            res["status"] = res["not_run"]
-        if res.get("times"):
-            res["median_s"] = bc.median(res["times"])
-            res["krows_per_s"] = res["rows"] / 1e3 / res["median_s"]
-        results[side] = res
+    results = bc.run_timed_sides("inference", __file__, args, wargs, "krows_per_s", 1e3)
     bc.report("inference", results, metric="median_s",
               target={"text": "dataflow <= 1.2x the better raw (1 or 2 processes)", "kind": "ratio", "max": 1.2,
                       "baseline": "raw"},

@@ -33,10 +33,6 @@ def normalize(batch: dict) -> dict:
     return {"emb": emb / np.linalg.norm(emb, axis=1, keepdims=True)}
 
 
-def _no_torch(side: str) -> dict:
-    return {"not_run": f"not run: no torch in {side}'s venv (not installed on purpose: multi-GB CUDA build)"}
-
-
 def run_raw(a: dict) -> dict:
     import pyarrow.parquet as pq
     import torch
@@ -77,7 +73,7 @@ def run_ray(a: dict) -> dict:
     try:
         import torch  # noqa: F401
     except ImportError:
-        return _no_torch("ray")
+        return bc.no_torch("ray")
     ray = bc.init_ray()
 
     def drain() -> int:
@@ -94,7 +90,7 @@ def run_ray(a: dict) -> dict:
 
 
 def run_daft(a: dict) -> dict:
-    return _no_torch("daft")
+    return bc.no_torch("daft")
 
 
 IMPLS = {"raw": run_raw, "dataflow": run_dataflow, "ray": run_ray, "daft": run_daft}
@@ -103,7 +99,6 @@ IMPLS = {"raw": run_raw, "dataflow": run_dataflow, "ray": run_ray, "daft": run_d
 def main() -> int:
     if bc.is_worker():
         return bc.worker_main(IMPLS)
-    import peers
 
     ap = bc.base_parser(__doc__.splitlines()[0])
     ap.add_argument("--batch-size", type=int, default=1024)
@@ -111,16 +106,7 @@ def main() -> int:
     data = bc.dataset(args)
     bc.warm_page_cache(data)
     wargs = {"data": str(data), "runs": args.runs, "batch_size": args.batch_size}
-    results = {}
-    for side in bc.sides(args):
-        print(f"[torch_ingest] {side} ...", file=sys.stderr, flush=True)
-        res = peers.run_side(__file__, side, wargs, timeout=args.timeout)
-        if res.get("not_run"):
-            res["status"] = res["not_run"]
-        if res.get("times"):
-            res["median_s"] = bc.median(res["times"])
-            res["mrows_per_s"] = res["rows"] / 1e6 / res["median_s"]
-        results[side] = res
+    results = bc.run_timed_sides("torch_ingest", __file__, args, wargs, "mrows_per_s", 1e6)
     bc.report("torch_ingest", results, metric="median_s",
               target={"text": "dataflow <= 1.2x raw", "kind": "ratio", "max": 1.2, "baseline": "raw"},
               extra={"dataset": str(data), "batch_size": args.batch_size, "runs": args.runs},

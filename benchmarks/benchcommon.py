@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -281,3 +282,28 @@ def evaluate_target(results: dict[str, dict], target: dict):
         return f"{'MET' if ok else 'MISSED'} ({v / b:.2f}x)"
     ok = v <= target["max"]
     return f"{'MET' if ok else 'MISSED'} ({v:.3f})"
+
+
+def no_torch(side: str) -> dict:
+    """A peer's result when its venv has no torch (installing it would pull a CUDA build)."""
+    return {"not_run": f"not run: no torch in {side}'s venv (not installed on purpose: multi-GB CUDA build)"}
+
+
+def run_timed_sides(workload: str, script: str, args: Any, wargs: dict, rate_key: str, rate_unit: float) -> dict:
+    """Run every requested side of ``script``; add each side's median and rows per second.
+
+    ``rate_key`` names the throughput field, ``rate_unit`` divides rows/s (1e3: krows/s).
+    """
+    import peers
+
+    results = {}
+    for side in sides(args):
+        print(f"[{workload}] {side} ...", file=sys.stderr, flush=True)
+        res = peers.run_side(script, side, wargs, timeout=args.timeout)
+        if res.get("not_run"):
+            res["status"] = res["not_run"]
+        if res.get("times"):
+            res["median_s"] = median(res["times"])
+            res[rate_key] = res["rows"] / rate_unit / res["median_s"]
+        results[side] = res
+    return results

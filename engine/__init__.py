@@ -39,6 +39,10 @@ Departures from the design notes, and why:
   disk), not by moving blocks out of shared memory later. Readers do not see the difference.
 * An actor pool whose UDF takes ``batch_size=n`` is not fused with the steps before it: its
   input is sliced into multiples of n rows so every call but the last gets exactly n rows.
+* Blocks are written into /dev/shm with write(2), not reserved with ``posix_fallocate`` and
+  written through a mapping. The invariant the design asks for holds either way (a full store
+  is an ``ENOSPC`` error we answer by spilling, never a SIGBUS), and write(2) does not zero
+  every page first: half the CPU per block (20 ms against 40 ms per 32 MiB).
 """
 
 from engine.options import ExecutionOptions

@@ -236,6 +236,7 @@ class StreamingExecutor:
                 self._workers_ready += 1
                 self._inline_enabled = False  # the cold start is over, for good
         elif isinstance(msg, protocol.TaskDone):
+            self.pool.want_preloaded(msg.imported)
             task = handle.task
             handle.task = None
             handle.state = IDLE
@@ -468,6 +469,8 @@ class StreamingExecutor:
         if execution.done and execution in self._executions:
             self._executions.remove(execution)
             execution.stopped.set()
+            if not self._executions:
+                self.pool.preload_wanted()
             for op in execution.map_ops():
                 for handle in self._actors.pop(f"actor:{op.key}", []):
                     self._shutdown_worker(handle)

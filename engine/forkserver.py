@@ -168,6 +168,15 @@ class ForkServer:
             self.proc.stdout.close()
 
 
+HEAVY_MODULES = ("torch", "tensorflow", "jax", "transformers", "sklearn")
+"""Frameworks the zygote imports on request, once the driver or a worker has imported them."""
+
+
+def heavy_modules_imported() -> tuple[str, ...]:
+    """Which of ``HEAVY_MODULES`` this process has imported."""
+    return tuple(m for m in HEAVY_MODULES if m in sys.modules)
+
+
 def _zygote_preexec() -> None:
     _die_with_parent()
 

@@ -47,6 +47,9 @@ class TaskDone:
     """Worker -> driver: a finished task, successful or not (``result.error``)."""
 
     result: Any
+    imported: tuple[str, ...] = ()
+    """Heavy frameworks (``forkserver.HEAVY_MODULES``) the worker imported since its last
+    report, for the zygote to import before forking more workers."""
 
 
 @dataclass

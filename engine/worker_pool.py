@@ -14,10 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.forkserver import ForkServer
-
-HEAVY_MODULES = ("torch", "tensorflow", "jax", "transformers", "sklearn")
-"""Imported by the zygote before forking actors when the driver has imported them."""
+from engine.forkserver import HEAVY_MODULES, ForkServer
 
 STARTING, IDLE, BUSY, RETIRING, DEAD = "starting", "idle", "busy", "retiring", "dead"
 TASK_KIND = "task"
@@ -55,6 +52,7 @@ class WorkerPool:
         self.workers: dict[str, WorkerHandle] = {}
         self.by_pidfd: dict[int, WorkerHandle] = {}
         self._preloaded: set[str] = set()
+        self._wanted: set[str] = set()
 
     def start_forkserver(self) -> ForkServer:
         if self.forkserver is None or not self.forkserver.alive():
@@ -78,7 +76,26 @@ class WorkerPool:
     def preload_like_driver(self) -> None:
         """Have the zygote import the heavy frameworks the driver has imported (torch...), so
         actors forked from now on start with them instead of each importing them (1-2 s each)."""
-        wanted = [m for m in HEAVY_MODULES if m in sys.modules and m not in self._preloaded]
+        self.want_preloaded([m for m in HEAVY_MODULES if m in sys.modules])
+        self.preload_wanted()
+
+    def want_preloaded(self, modules: list[str] | tuple[str, ...]) -> None:
+        """Note that the zygote should import ``modules`` (from ``HEAVY_MODULES``) once.
+
+        Called with what a worker reports its UDF imported: a job whose model class imports
+        torch in its constructor then pays that import in its first actors only, not again in
+        every actor of every later execution. The import itself waits for ``preload_wanted``.
+        """
+        self._wanted.update(m for m in modules if m in HEAVY_MODULES and m not in self._preloaded)
+
+    def preload_wanted(self) -> None:
+        """Send the noted imports to the zygote (it imports them before its next fork).
+
+        The executor calls this when no execution is running (the import then costs no running
+        job anything) and before forking an actor (which would otherwise import them itself).
+        """
+        wanted = sorted(self._wanted - self._preloaded)
+        self._wanted.clear()
         if wanted and self.forkserver is not None:
             self._preloaded.update(wanted)
             self.forkserver.preload(wanted)

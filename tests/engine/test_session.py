@@ -183,3 +183,23 @@ def test_a_forked_child_exiting_leaves_the_parent_engine_alone():
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert out.strip() == "1000"
+
+
+def test_a_full_shared_memory_folder_spills_the_block_instead(tmp_path):
+    """A write that meets ENOSPC in /dev/shm (here: the block's name points at /dev/full) leaves
+    nothing behind there and lands the block on disk, readable as before."""
+    import pyarrow as pa
+
+    from engine.object_store import SharedMemoryStore, read_block
+
+    shm_dir, spill_dir = tmp_path / "shm", tmp_path / "spill"
+    shm_dir.mkdir()
+    (shm_dir / "t-0.arrow").symlink_to("/dev/full")
+    store = SharedMemoryStore(str(shm_dir), str(spill_dir), owner="t")
+    table = pa.table({"x": list(range(100_000))})
+    ref = store.put(table)
+    assert ref.spilled and ref.path.startswith(str(spill_dir))
+    assert list(shm_dir.iterdir()) == []
+    assert read_block(ref).equals(table)
+    store.free(ref)
+    assert list(spill_dir.iterdir()) == []

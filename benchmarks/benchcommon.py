@@ -134,6 +134,10 @@ def base_parser(description: str, default_runs: int = 3) -> argparse.ArgumentPar
     ap.add_argument("--runs", type=int, default=default_runs, help="timed runs per side (median)")
     ap.add_argument("--sides", default=",".join(ALL_SIDES),
                     help=f"comma-separated subset of {','.join(ALL_SIDES)}")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the sides in turn this many times (fresh processes each round) and pool "
+                         "their runs; evens out a shared machine whose speed drifts (scripts that "
+                         "use run_timed_sides)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per side")
     ap.add_argument("--json-out", type=Path, help="also write the JSON result to this file")
     return ap
@@ -292,14 +296,21 @@ def no_torch(side: str) -> dict:
 def run_timed_sides(workload: str, script: str, args: Any, wargs: dict, rate_key: str, rate_unit: float) -> dict:
     """Run every requested side of ``script``; add each side's median and rows per second.
 
-    ``rate_key`` names the throughput field, ``rate_unit`` divides rows/s (1e3: krows/s).
+    With ``args.rounds`` > 1 the sides take turns (raw, dataflow, ..., raw, dataflow, ...), each
+    round in fresh processes; a side's times are pooled over the rounds and its other numbers
+    are the median over rounds. ``rate_key`` names the throughput field, ``rate_unit`` divides
+    rows/s (1e3: krows/s).
     """
     import peers
 
+    rounds: dict[str, list[dict]] = {side: [] for side in sides(args)}
+    for k in range(max(1, getattr(args, "rounds", 1))):
+        for side in rounds:
+            print(f"[{workload}] {side} (round {k + 1}) ...", file=sys.stderr, flush=True)
+            rounds[side].append(peers.run_side(script, side, wargs, timeout=args.timeout))
     results = {}
-    for side in sides(args):
-        print(f"[{workload}] {side} ...", file=sys.stderr, flush=True)
-        res = peers.run_side(script, side, wargs, timeout=args.timeout)
+    for side, runs in rounds.items():
+        res = _pool_rounds(runs)
         if res.get("not_run"):
             res["status"] = res["not_run"]
         if res.get("times"):
@@ -307,3 +318,18 @@ def run_timed_sides(workload: str, script: str, args: Any, wargs: dict, rate_key
             res[rate_key] = res["rows"] / rate_unit / res["median_s"]
         results[side] = res
     return results
+
+
+def _pool_rounds(runs: list[dict]) -> dict:
+    """One side's results from several rounds: times pooled, other numbers the median."""
+    res = dict(runs[-1])
+    if len(runs) == 1:
+        return res
+    res["rounds"] = len(runs)
+    if all(r.get("times") for r in runs):
+        res["times"] = [t for r in runs for t in r["times"]]
+    for key, value in runs[-1].items():
+        values = [r.get(key) for r in runs]
+        if key != "times" and isinstance(value, float) and all(isinstance(v, float) for v in values):
+            res[key] = median(values)
+    return res

@@ -22,6 +22,11 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _fmt_io(name: str, amount: int) -> str:
+    value = _fmt_bytes(amount) if name.startswith("bytes") else str(amount)
+    return f"{name.replace('_', ' ')} {value}"
+
+
 @dataclass
 class ExecutionStats:
     wall_s: float
@@ -46,6 +51,7 @@ class ExecutionStats:
                     "peak_held_bytes": s.peak_held_bytes,
                     "retried": s.tasks_retried,
                     "waits": dict(s.waits),
+                    "io": dict(s.io),
                 }
                 for s in self.operators
             ],
@@ -60,6 +66,8 @@ class ExecutionStats:
             )
             if s.tasks_retried:
                 lines.append(f"    retried {s.tasks_retried} tasks after worker deaths")
+            if s.io:
+                lines.append("    I/O: " + ", ".join(_fmt_io(name, n) for name, n in s.io.items()))
             for reason, seconds in sorted(s.waits.items(), key=lambda kv: -kv[1]):
                 if seconds >= 0.0005:
                     lines.append(f"    held back {seconds:.3f} s: {reason}")

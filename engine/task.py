@@ -9,6 +9,7 @@ inline slot, which is what keeps the two execution modes semantically identical.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -64,6 +65,17 @@ class TaskResult:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     error: TaskError | None = None
+    io: dict[str, int] = field(default_factory=dict)
+    """What the task's readers and writers did (``connectors.io_stats`` deltas, non-zero only)."""
+
+
+def _io_counters() -> dict[str, int]:
+    """The connectors' I/O counters of this process, when a connector has loaded them.
+
+    Looked up rather than imported: the engine knows connectors only through their base.
+    """
+    module = sys.modules.get("connectors.io_stats")
+    return module.snapshot() if module is not None else {}
 
 
 def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
@@ -86,6 +98,7 @@ def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
 def run_task(spec: TaskSpec, transform: BlockTransform, store: BlockStore) -> TaskResult:
     """Run ``spec`` to completion; failures come back as ``TaskResult.error``, never raised."""
     start, cpu_start = time.perf_counter(), time.process_time()
+    io_start = _io_counters()
     result = TaskResult(spec.task_id)
     written: list[BlockRef] = []
     try:
@@ -110,6 +123,8 @@ def run_task(spec: TaskSpec, transform: BlockTransform, store: BlockStore) -> Ta
         result.error = describe_error(err)
     result.wall_s = time.perf_counter() - start
     result.cpu_s = time.process_time() - cpu_start
+    io_end = _io_counters()
+    result.io = {k: v - io_start.get(k, 0) for k, v in io_end.items() if v != io_start.get(k, 0)}
     return result
 
 

@@ -29,6 +29,8 @@ class OpStats:
     task_cpu_s: float = 0.0
     peak_held_bytes: int = 0
     waits: dict[str, float] = field(default_factory=dict)
+    io: dict[str, int] = field(default_factory=dict)
+    """Summed I/O counters of its tasks (files and bytes read, row groups skipped, retries...)."""
 
     def add_wait(self, reason: str, seconds: float) -> None:
         self.waits[reason] = self.waits.get(reason, 0.0) + seconds

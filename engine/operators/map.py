@@ -277,6 +277,8 @@ class MapOperator(PhysicalOperator):
         self.stats.tasks += 1
         self.stats.task_wall_s += result.wall_s
         self.stats.task_cpu_s += result.cpu_s
+        for name, amount in result.io.items():
+            self.stats.io[name] = self.stats.io.get(name, 0) + amount
         out = float(result.size_bytes)
         self._out_bytes_per_task = out if self._out_bytes_per_task is None else 0.8 * self._out_bytes_per_task + 0.2 * out
         return pending

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from connector_testing import read_all
 
+import dataflow
 from connectors import io_stats
 from connectors.base import TaskContext
 from connectors.errors import FileFormatError, PathNotFoundError, SchemaMismatchError
@@ -235,3 +236,13 @@ def test_user_filesystem_and_glob(tmp_path: Path) -> None:
     assert (
         read_all(ParquetDatasource([str(tmp_path / "d0"), str(tmp_path / "d1")], filter=expr)).num_rows == 2
     )
+
+
+def test_stats_show_what_the_readers_did_in_every_mode(tmp_path: Path, mode: str) -> None:
+    """The workers' I/O counters reach the driver: stats() shows the row groups a filter skipped."""
+    pq.write_table(_table(10_000), tmp_path / "f.parquet", row_group_size=1000)
+    ds = dataflow.read_parquet(str(tmp_path), filter=pc.field("id") >= 9500).map_batches(lambda b: b)
+    assert ds.count() == 500
+    text = ds.stats()
+    assert "I/O: files read 1, bytes read " in text, text
+    assert "row groups read 1, row groups skipped 9" in text, text

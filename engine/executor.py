@@ -245,6 +245,10 @@ class StreamingExecutor:
                 execution, op, _ = task
                 self._finish_task(execution, op, msg.result)
 
+    def busy_cpus(self) -> float:
+        """CPUs taken by running tasks (any thread may ask; a float read is atomic)."""
+        return self._ledger.used_cpus
+
     def _finish_task(self, execution: Execution, op: MapOperator, result: TaskResult) -> None:
         self._ledger.give(op.resources.num_cpus, op.resources.custom)
         for ref in result.refs:
@@ -479,9 +483,11 @@ class StreamingExecutor:
     def _start_workers(self) -> None:
         fs = self.pool.start_forkserver()
         self._poller.register(fs.fileno, zmq.POLLIN)
-        self.pool.preload_like_driver()  # torch already imported by the script: warm it up now
         for _ in range(self.options.resolved_num_cpus()):
             self.pool.spawn(TASK_KIND)
+        # then torch (if the script imported it) for the actors to come: task workers rarely
+        # need it and would wait ~1.3 s for it; one that does imports it on its first task
+        self.pool.preload_like_driver()
 
     def _begin_stop(self) -> None:
         self._stopping = True

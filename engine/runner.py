@@ -61,11 +61,18 @@ class ExecutionHandle:
     def row_count(self) -> int:
         return int(getattr(self.execution.output_op, "rows_counted", 0))
 
+    def busy_cpus(self) -> float:
+        """CPUs the engine's worker processes are using right now on this machine."""
+        return 0.0
+
 
 class StreamingHandle(ExecutionHandle):
     def __init__(self, execution: Execution, session: Any) -> None:
         super().__init__(execution, session.store)
         self.executor = session.executor
+
+    def busy_cpus(self) -> float:
+        return self.executor.busy_cpus()
 
     def iter_refs(self) -> Iterator[BlockRef]:
         try:

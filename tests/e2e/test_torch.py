@@ -298,3 +298,70 @@ def test_torch_iterable_refuses_a_limit_when_sharded(mode, monkeypatch):
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
     with pytest.raises(ValueError, match="limit"):
         _ids_from_loader(it, num_workers=0)
+
+
+def _busy_block(batch):
+    time.sleep(0.2)  # keeps a worker (and its CPU in the ledger) busy while the loop runs
+    return batch
+
+
+def test_torch_threads_make_room_for_busy_workers_and_are_restored_after(mode):
+    """Workers hold cores while a loop iterates; torch's spinning OpenMP threads would fight them."""
+    saved = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cores)
+    try:
+        ds = dataflow.range(4_000, override_num_blocks=4).map_batches(_busy_block)
+        seen = {torch.get_num_threads() for _ in ds.iter_torch_batches(batch_size=500)}
+        assert torch.get_num_threads() == cores
+        if mode == "local" or cores == 1:
+            assert seen == {cores}
+        else:
+            assert min(seen) < cores and min(seen) >= max(1, cores - 2), seen
+
+        batches = ds.iter_torch_batches(batch_size=500)
+        next(batches)
+        batches.close()  # a loop that breaks out early
+        assert torch.get_num_threads() == cores
+
+        ctx = dataflow.DataContext.get_current()
+        ctx.cap_torch_threads = False
+        try:
+            assert {torch.get_num_threads() for _ in ds.iter_torch_batches(batch_size=500)} == {cores}
+        finally:
+            ctx.cap_torch_threads = True
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_thread_cap_follows_busy_workers_and_yields_to_the_loops_own_setting():
+    from dataflow.torch_batches import _TorchThreadCap
+
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        cap = _TorchThreadCap()
+        cap.enter()
+        cap._cores = 4  # as if this machine had 4 cores
+        cap.adjust(3.0)
+        assert torch.get_num_threads() == 1
+        cap.adjust(1.5)  # a fraction of a CPU counts as a whole one
+        assert torch.get_num_threads() == 2
+        cap.adjust(0.0)
+        assert torch.get_num_threads() == 4  # never more than the loop had
+        cap.enter()  # a second iterator
+        cap.adjust(4.0)
+        cap.exit()
+        assert torch.get_num_threads() == 1  # still one iterator running
+        cap.exit()
+        assert torch.get_num_threads() == 4  # the last one restores
+
+        cap.enter()
+        cap._cores = 4
+        cap.adjust(2.0)
+        torch.set_num_threads(3)  # the loop chose its own: hands off from now on
+        cap.adjust(4.0)
+        cap.exit()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(saved)

@@ -65,6 +65,10 @@ class _SplitHandle:
     def release(self, piece: Piece) -> None:
         self._source.release(piece)
 
+    def busy_cpus(self) -> float:
+        """CPUs the engine's workers are using (from the coordinator, in or out of process)."""
+        return float(self._source.busy_cpus())
+
 
 class SplitIterator(DataIterator):
     """One of ``n`` iterators sharing an execution (see ``Dataset.streaming_split``)."""

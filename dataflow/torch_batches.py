@@ -262,10 +262,8 @@ def _batches(
         # copy-on-write mappings make zero-copy tensors private; in-process blocks are not
         private["blocks"] = handle.store.private_views
         busy_cpus = getattr(handle, "busy_cpus", None)
-        if busy_cpus is not None:
+        if busy_cpus is not None:  # split iterators ask the coordinator, wherever it runs
             engine["busy_cpus"] = busy_cpus
-        elif handle.store.private_views:  # a split's rank: the engine's workers share this machine
-            engine["busy_cpus"] = lambda: float(_cores())
 
     tables = iterator.iter_tables(batch_size, drop_last, shuffle_buffer, shuffle_seed, on_execute=on_execute)
 

@@ -93,6 +93,8 @@ class SplitReply:
 
     piece: Any = None
     error: Any = None
+    busy_cpus: float = 0.0
+    """CPUs the engine's workers were using when the piece was dealt."""
 
 
 _KINDS: dict[type, int] = {

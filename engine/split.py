@@ -225,6 +225,12 @@ class SplitCoordinator:
                     return None
                 self._cond.wait(timeout)
 
+    def busy_cpus(self) -> float:
+        """CPUs the engine's workers are using now (what a rank's torch loop should leave them)."""
+        handle = self._handle
+        busy = getattr(handle, "busy_cpus", None)
+        return float(busy()) if busy is not None else 0.0
+
     def release(self, piece: Piece) -> None:
         with self._cond:
             self._release_locked(piece.ref)

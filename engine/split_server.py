@@ -84,7 +84,8 @@ class SplitServer:
         else:
             if result == WAIT:
                 return False
-            reply = protocol.SplitReply(piece=result if isinstance(result, Piece) else None)
+            piece = result if isinstance(result, Piece) else None
+            reply = protocol.SplitReply(piece=piece, busy_cpus=self._coordinator.busy_cpus())
         self._sock.send_multipart([ident, *protocol.encode(reply)])
         return True
 
@@ -108,13 +109,19 @@ class SplitClient:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.connect(address)
+        self._busy_cpus = 0.0
 
     def next(self, split: int, epoch: int) -> Piece | None:
         self._sock.send_multipart(protocol.encode(protocol.SplitNext(split, epoch)))
         reply: protocol.SplitReply = protocol.decode(self._sock.recv_multipart())
         if reply.error is not None:
             raise reply.error
+        self._busy_cpus = reply.busy_cpus
         return reply.piece  # type: ignore[no-any-return]
+
+    def busy_cpus(self) -> float:
+        """What the coordinator said with its last piece."""
+        return self._busy_cpus
 
     def release(self, piece: Piece) -> None:
         self._sock.send_multipart(protocol.encode(protocol.SplitRelease(piece)))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -176,3 +177,44 @@ def test_split_iterators_feed_torch(mode):
     for t in threads:
         t.join(60)
     assert sorted(seen) == list(range(600))
+
+
+THREADS_SCRIPT = """
+import os, pickle, sys
+import torch
+cores = len(os.sched_getaffinity(0))
+torch.set_num_threads(cores)
+with open(sys.argv[1], "rb") as f:
+    iterator = pickle.load(f)
+open(sys.argv[1] + ".started", "w").close()
+seen = sorted({torch.get_num_threads() for _ in iterator.iter_torch_batches(batch_size=50)})
+print(cores, min(seen), torch.get_num_threads())
+"""
+
+
+def _slow_block(batch):
+    time.sleep(0.2)
+    return batch
+
+
+@pytest.mark.torch
+def test_a_rank_in_another_process_leaves_busy_workers_their_cores(streaming, tmp_path):
+    """The coordinator tells each rank how many CPUs the workers use; its torch loop makes room."""
+    pytest.importorskip("torch")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: torch already runs one thread")
+    its = dataflow.range(2000, override_num_blocks=8).map_batches(_slow_block).streaming_split(2, equal=True)
+    path = tmp_path / "split.pkl"
+    path.write_bytes(pickle.dumps(its[0]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(THREADS_SCRIPT), str(path)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "split.pkl.started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the child imports torch first; the plan starts when a split first asks
+    mine = sum(len(b["id"]) for b in its[1].iter_batches(batch_size=50))
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    cores, lowest, after = (int(x) for x in out.split())
+    assert lowest < cores and after == cores, out
+    assert mine > 0

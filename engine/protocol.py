@@ -48,7 +48,7 @@ class TaskDone:
 
     result: Any
     imported: tuple[str, ...] = ()
-    """Heavy modules (``forkserver.HEAVY_MODULES``) the worker imported since its last
+    """Frameworks (``forkserver.FRAMEWORKS``) the worker imported since its last
     report, for the zygote to import before forking more workers."""
 
 

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from engine import protocol, serialization
-from engine.forkserver import heavy_modules_imported
+from engine.forkserver import frameworks_imported
 from engine.object_store import SharedMemoryStore
 from engine.task import TaskResult, TaskSpec, describe_error, run_task
 from engine.transform import BlockTransform, UDFFailure
@@ -40,7 +40,7 @@ def main(
     pa.set_io_thread_count(max(4, pa.io_thread_count()))
     store = SharedMemoryStore(shm_dir, spill_dir, owner=f"{worker_id}.{os.getpid()}")
     transforms: dict[str, BlockTransform] = {}
-    reported = set(heavy_modules_imported())  # what the zygote already has
+    reported = set(frameworks_imported())  # what the zygote already has
     ctx = zmq.Context()
     sock = WorkerSocket(
         ctx,
@@ -59,7 +59,7 @@ def main(
                 break
             if isinstance(msg, protocol.RunTask):
                 result = _serve_task(msg, transforms, store)
-                imported = tuple(m for m in heavy_modules_imported() if m not in reported)
+                imported = tuple(m for m in frameworks_imported() if m not in reported)
                 reported.update(imported)
                 sock.send(protocol.encode(protocol.TaskDone(result, imported)))
     finally:

@@ -10,6 +10,7 @@ The data path, in order:
 * ``scheduler``       pure: which runnable operator goes next
 * ``backpressure``    pure: may an operator start a task, and if not, why
 * ``operators/``      input, map (tasks and actor pools, exact batch slicing), limit, union
+                      source (a listing pulled on its own thread, never the loop's)
 * ``split``           streaming_split: the dealing policy (pure) and the per-epoch coordinator
 * ``split_server``    split iterators in other processes talk to the coordinator over ipc
 * ``resources``       GPUs: detection and the ledger behind CUDA_VISIBLE_DEVICES

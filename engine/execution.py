@@ -181,11 +181,16 @@ class Execution:
         if self.cancelled or op.cancelled:
             return False, None
         upstream_busy = any(u.in_flight() > 0 or not u.completed() for u in op.upstream)
+        inputs_were_done = op.inputs_done
         try:
             ready = op.has_ready_task(upstream_busy)  # may list more input (a source's generator)
         except Exception as err:  # listing failed (missing file, denied, a custom source's bug)
             self.fail(err)
             return False, None
+        if op.inputs_done and not inputs_were_done:
+            # the source ended after its last task was sent (a listing thread can be the last
+            # to finish): if that task is back already, nothing else would tell downstream
+            self.route()
         if not ready:
             return False, None
         return True, blocked_reason(self.load(op))

@@ -107,6 +107,13 @@ class StreamingExecutor:
         except (BlockingIOError, OSError):
             pass
 
+    def _wake(self) -> None:
+        """Any thread: make the loop look again (a listing thread has new read tasks)."""
+        try:
+            os.write(self._wake_w, b"s")
+        except (BlockingIOError, OSError):
+            pass
+
     def submit(self, execution: Execution) -> None:
         """Start running ``execution``; its outputs appear in ``execution.buffer``."""
         check_resources(execution, self.options)
@@ -467,12 +474,16 @@ class StreamingExecutor:
             execution.stopped.set()
             return
         self._executions.append(execution)
+        for op in execution.map_ops():
+            op.pull_source_in_background(self._wake)
         self._grow_actor_pools(execution)
         execution.route()
 
     def _reap(self, execution: Execution) -> None:
         if execution.done and execution in self._executions:
             self._executions.remove(execution)
+            for op in execution.map_ops():
+                op.close_source()  # a failed execution's listing thread stops too
             execution.stopped.set()
             if not self._executions:
                 self.pool.preload_wanted()

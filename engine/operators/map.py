@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from engine import serialization
 from engine.object_store import BlockRef, BlockSlice
 from engine.operators.base import PhysicalOperator
+from engine.operators.source import WAITING, BackgroundSource
 from engine.task import OUTPUT_BLOCKS, TaskResult, TaskSpec
 from engine.transform import BlockTransform
 
@@ -101,7 +102,8 @@ class MapOperator(PhysicalOperator):
         self.output = output
         self.sink = sink
         self.source_owned = source_owned
-        self._source: Iterator[Any] | None = iter(source) if source is not None else None
+        self._source: Iterator[Any] | BackgroundSource | None = iter(source) if source is not None else None
+        self._lazy_source = source is not None and not isinstance(source, (list, tuple))
         self.inputs_done = source is None and upstream is None
         self._queue: deque[_Item] = deque()
         self._queued_bytes = 0
@@ -128,16 +130,28 @@ class MapOperator(PhysicalOperator):
         self._queued_bytes += size
         self._queued_rows += _item_rows(item)
 
+    def pull_source_in_background(self, wake: Callable[[], None]) -> None:
+        """Have a thread pull a lazy source (a listing), waking the executor as items arrive,
+        instead of the executor's thread pulling it (see ``engine.operators.source``)."""
+        if self._lazy_source and isinstance(self._source, Iterator):
+            self._source = BackgroundSource(self._source, wake, name=f"listing-{self.key}")
+
+    def close_source(self) -> None:
+        if isinstance(self._source, BackgroundSource):
+            self._source.close()
+        self._source = None
+
     def _pull_source(self) -> None:
-        """Pull from the source until a bundle is full or the source ends."""
-        if self._source is None:
-            return
-        while self._queued_bytes < self.min_bundle_bytes:
+        """Pull from the source until a bundle is full, the source ends, or (pulled in the
+        background) nothing has arrived yet."""
+        while self._source is not None and self._queued_bytes < self.min_bundle_bytes:
             try:
-                item = next(self._source)
+                item = self._source.poll() if isinstance(self._source, BackgroundSource) else next(self._source)
             except StopIteration:
                 self._source = None
                 self.inputs_done = True
+                return
+            if item is WAITING:
                 return
             self.add_input(item, 0, None)
 
@@ -298,7 +312,7 @@ class MapOperator(PhysicalOperator):
         self._queue.clear()
         self.retry_queue.clear()
         self._queued_bytes = 0
-        self._source = None
+        self.close_source()
         return items
 
 

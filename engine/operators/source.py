@@ -1,0 +1,79 @@
+"""BackgroundSource: a lazy source of read tasks pulled on its own thread.
+
+Listing a bucket and planning its read tasks (Parquet footers for row-group splits) is network
+I/O: an S3 page of 1,000 keys can take 100 ms, a throttled one seconds. On the executor's
+thread that would pause every other decision (finished tasks, the consumer's releases, other
+executions). Here a thread pulls the source at most ``ahead`` items in front of the operator,
+which takes what is there without blocking; the thread wakes the executor when it adds to a
+queue the operator found empty, and when the source ends or fails.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+WAITING = object()
+"""``poll`` found nothing yet; the thread will wake the executor when it has something."""
+
+
+class _Done:
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.error = error
+
+
+class BackgroundSource:
+    def __init__(self, source: Iterator[Any], wake: Callable[[], None], ahead: int = 64, name: str = "source") -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=ahead)
+        self._wake = wake
+        self._stop = threading.Event()
+        self._starved = True
+        """Set by ``poll`` before it looks, cleared by the thread when it wakes the executor."""
+        self._thread = threading.Thread(target=self._run, args=(source,), name=f"dataflow-{name}", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> Any:
+        """The next item, ``WAITING``, or raise StopIteration at the end (the source's error if it failed)."""
+        self._starved = True  # before looking: an item put after the look then wakes us
+        try:
+            item = self._queue.get_nowait()
+        except queue.Empty:
+            return WAITING
+        if isinstance(item, _Done):
+            self._queue.put(item)  # stays the answer for later polls
+            if item.error is not None:
+                raise item.error
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        """Stop pulling (the thread ends at its next item; a blocked listing call finishes first)."""
+        self._stop.set()
+
+    def _run(self, source: Iterator[Any]) -> None:
+        done = _Done()
+        try:
+            for item in source:
+                if not self._put(item):
+                    return
+        except BaseException as err:  # reported to the operator, which fails the execution
+            done = _Done(err)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+        self._put(done)
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+            except queue.Full:
+                continue
+            if self._starved or isinstance(item, _Done):
+                self._starved = False
+                self._wake()
+            return True
+        return False

@@ -87,8 +87,11 @@ class Execution:
         options: ExecutionOptions,
         free: Callable[[BlockRef], None],
         store: BlockStore,
+        stored: Callable[[BlockRef], None] | None = None,
     ) -> None:
+        """``free`` frees a block; ``stored`` counts one the driver itself put in the store."""
         self.id = next(_execution_ids)
+        self._stored = stored
         self.ops = ops
         self.output_op = ops[-1]
         self.options = options
@@ -121,7 +124,10 @@ class Execution:
             self._free_block(ref)
 
     def _slice_head(self, ref: BlockRef, n: int) -> BlockRef:
-        return self.store.put(self.store.get(ref).slice(0, n))
+        piece = self.store.put(self.store.get(ref).slice(0, n))
+        if self._stored is not None:
+            self._stored(piece)
+        return piece
 
     # moving data -----------------------------------------------------------------------------
     def route(self) -> None:

@@ -150,6 +150,11 @@ class StreamingExecutor:
         self.call_soon(self._begin_stop)
         self._thread.join(timeout)
 
+    def stored(self, ref: BlockRef) -> None:
+        """Count a block the driver wrote itself (a limit's slice; loop thread only)."""
+        if ref.path is not None and not ref.spilled:
+            self.store_used += ref.size_bytes
+
     def free(self, ref: BlockRef) -> None:
         """Free a block (loop thread only)."""
         if ref.path is not None and not ref.spilled:
@@ -260,8 +265,7 @@ class StreamingExecutor:
     def _finish_task(self, execution: Execution, op: MapOperator, result: TaskResult) -> None:
         self._ledger.give(op.resources.num_cpus, op.resources.custom)
         for ref in result.refs:
-            if not ref.spilled:
-                self.store_used += ref.size_bytes
+            self.stored(ref)
         if execution.cancelled:
             op.pending.pop(result.task_id, None)
             for ref in result.refs:

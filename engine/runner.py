@@ -151,6 +151,7 @@ def execute(
         from engine.session import get_session
 
         session = get_session(options)
-    execution = Execution(ops, session.options.for_execution(options), session.executor.free, session.store)
+    executor = session.executor
+    execution = Execution(ops, session.options.for_execution(options), executor.free, session.store, executor.stored)
     session.executor.submit(execution)
     return StreamingHandle(execution, session)

@@ -34,3 +34,13 @@ def test_slow_consumer_bounds_what_is_produced_ahead(fresh_engine):
     assert "output budget full" in stats, stats
     peak = ds._last_handle.stats().operators[-1].peak_held_bytes
     assert peak <= 16 * MiB
+
+
+def test_the_store_usage_count_returns_to_zero_after_limits_slice_blocks(streaming):
+    """A limit slices its last block on the driver; that block is counted in and out like any."""
+    executor = engine_session.current_session().executor
+    for n in (7, 25_001):
+        rows = dataflow.range(100_000, override_num_blocks=4).map_batches(lambda b: b).limit(n).take_all()
+        assert len(rows) == n
+    assert executor.sync()
+    assert executor.statistics()["store_used"] == 0

@@ -249,7 +249,8 @@ class StreamingExecutor:
                 self._workers_ready += 1
                 self._inline_enabled = False  # the cold start is over, for good
         elif isinstance(msg, protocol.TaskDone):
-            self.pool.want_preloaded(msg.imported)
+            if handle.kind != TASK_KIND:  # the next execution's actors will want them too
+                self.pool.want_preloaded(msg.imported)
             task = handle.task
             handle.task = None
             handle.state = IDLE
@@ -502,9 +503,9 @@ class StreamingExecutor:
         self.pool.preload_like_driver(READ_MODULES)  # shared by the task workers, not 2 copies
         for _ in range(self.options.resolved_num_cpus()):
             self.pool.spawn(TASK_KIND)
-        # then torch (if the script imported it) for the actors to come: task workers rarely
-        # need it and would wait ~1.3 s for it; one that does imports it on its first task
-        self.pool.preload_like_driver()
+        # torch (if the script imported it) is for actors, imported just before the first one
+        # is forked (``_spawn_actor``). Not now: task workers rarely need it, and a training
+        # loop starting now would lose 1.3 CPU-s to an import nobody uses
 
     def _begin_stop(self) -> None:
         self._stopping = True

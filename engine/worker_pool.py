@@ -82,7 +82,7 @@ class WorkerPool:
     def want_preloaded(self, modules: list[str] | tuple[str, ...]) -> None:
         """Note that the zygote should import ``modules`` (from ``HEAVY_MODULES``) once.
 
-        Called with what a worker reports its UDF imported: a job whose model class imports
+        Called with what an actor reports its UDF imported: a job whose model class imports
         torch in its constructor then pays that import in its first actors only, not again in
         every actor of every later execution. The import itself waits for ``preload_wanted``.
         """

@@ -290,7 +290,15 @@ def _batches(
 
 
 def _cores() -> int:
-    return len(os.sched_getaffinity(0))
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+
+
+class _CapState(threading.local):
+    users = 0
+    saved: int | None = None
+    set_to: int | None = None
+    cores = 1
 
 
 class _TorchThreadCap:
@@ -303,48 +311,47 @@ class _TorchThreadCap:
     per batch (workers always busy) took 3.9 s per epoch at torch's 2 threads, 2.3 s capped; a
     conv step (workers mostly idle, waiting for the loop) keeps its 2 threads.
 
-    Iterators nest (two loaders, split ranks in threads): the first to start saves the setting,
-    the last to end restores it. A loop that sets its own thread count takes over: from then on
-    nothing is changed or restored. ``DataContext.cap_torch_threads = False`` turns this off.
+    torch's thread count belongs to the thread that sets it, so the state is per thread: loops
+    in several threads (split ranks) each get their own. Within a thread iterators nest: the
+    first to start saves the setting, the last to end restores it. A loop that sets its own
+    thread count takes over: from then on nothing is changed or restored. An iterator that is
+    abandoned and collected on another thread cannot restore its loop's thread (torch offers no
+    way); ``DataContext.cap_torch_threads = False`` turns all of this off.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: int | None = None
-        self._set: int | None = None
-        self._cores = 1
+        self._state = _CapState()
 
     def enter(self) -> None:
         from dataflow.context import DataContext
 
-        with self._lock:
-            self._users += 1
-            if self._users == 1 and DataContext.get_current().cap_torch_threads:
-                self._saved = self._set = torch.get_num_threads()
-                self._cores = _cores()
+        state = self._state
+        state.users += 1
+        if state.users == 1 and DataContext.get_current().cap_torch_threads:
+            state.saved = state.set_to = torch.get_num_threads()
+            state.cores = _cores()
 
     def adjust(self, busy_cpus: float) -> None:
-        if self._saved is None:
+        state = self._state
+        if state.saved is None:
             return
-        with self._lock:
-            if self._saved is None:
-                return
-            if torch.get_num_threads() != self._set:  # the loop chose its own
-                self._saved = self._set = None
-                return
-            target = min(self._saved, max(1, self._cores - math.ceil(busy_cpus)))
-            if target != self._set:
-                torch.set_num_threads(target)
-                self._set = target
+        if torch.get_num_threads() != state.set_to:  # the loop chose its own
+            state.saved = state.set_to = None
+            return
+        target = min(state.saved, max(1, state.cores - math.ceil(busy_cpus)))
+        if target != state.set_to:
+            torch.set_num_threads(target)
+            state.set_to = target
 
     def exit(self) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._saved is not None:
-                if torch.get_num_threads() == self._set:
-                    torch.set_num_threads(self._saved)
-                self._saved = self._set = None
+        state = self._state
+        if state.users == 0:  # finalized on a thread that never entered
+            return
+        state.users -= 1
+        if state.users == 0 and state.saved is not None:
+            if torch.get_num_threads() == state.set_to:
+                torch.set_num_threads(state.saved)
+            state.saved = state.set_to = None
 
 
 _THREAD_CAP = _TorchThreadCap()

@@ -63,6 +63,7 @@ class StreamingExecutor:
         address = "tcp://127.0.0.1:0" if transport == "tcp" else f"ipc://{socket_dir}/driver.sock"
         self._socket = DriverSocket(self._ctx, address, self._curve)
         self._wake_r, self._wake_w = os.pipe()
+        self._wake_closed = False
         os.set_blocking(self._wake_r, False)
         self._commands: deque[Callable[[], None]] = deque()
         self._executions: list[Execution] = []
@@ -109,6 +110,8 @@ class StreamingExecutor:
 
     def _wake(self) -> None:
         """Any thread: make the loop look again (a listing thread has new read tasks)."""
+        if self._wake_closed:
+            return
         try:
             os.write(self._wake_w, b"s")
         except (BlockingIOError, OSError):
@@ -474,8 +477,9 @@ class StreamingExecutor:
 
     # executions ----------------------------------------------------------------------------
     def _add_execution(self, execution: Execution) -> None:
-        if self._broken is not None:
-            execution.fail(EngineError(self._broken))
+        if self._broken is not None or self._stopping:
+            reason = self._broken or "dataflow was shut down before this dataset started"
+            execution.fail(EngineError(reason))
             execution.stopped.set()
             return
         self._executions.append(execution)
@@ -523,6 +527,10 @@ class StreamingExecutor:
         return time.monotonic() > self._stop_deadline
 
     def _teardown(self) -> None:
+        for execution in self._executions:
+            for op in execution.map_ops():
+                op.close_source()
+        self._wake_closed = True  # a listing thread still finishing a call must not write to it
         self._inline_queue.put(None)
         self.pool.close()
         self._socket.close()

@@ -172,8 +172,10 @@ READ_MODULES = ("pyarrow.dataset",)
 """What read tasks need beyond the zygote's own imports: ``pyarrow.dataset`` (Parquet) takes
 0.27 s and ~25 MB that each worker would otherwise pay for itself on its first read task."""
 
-FRAMEWORKS = ("torch", "tensorflow", "jax", "transformers", "sklearn")
-"""What models need: seconds each to import, and rarely used by task workers."""
+FRAMEWORKS = ("torch", "transformers", "sklearn")
+"""What models need: seconds each to import, and rarely used by task workers. Only frameworks
+whose import starts no threads: the zygote forks after importing them, and a child forked while
+another thread holds a lock can deadlock (tensorflow and jax are left to each actor)."""
 
 HEAVY_MODULES = READ_MODULES + FRAMEWORKS
 """Modules the zygote imports on request: those the driver imported before the workers start,

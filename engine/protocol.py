@@ -1,9 +1,12 @@
 """The wire protocol between the driver and workers: typed messages, one version, one module.
 
 Every message is a list of frames: a 4-byte header (magic ``DF``, protocol version, kind) and
-one pickled body; a task also carries its operator's transform as a third frame the first time
-a worker sees it (afterwards the worker has it cached by digest). The header is checked before
-anything is unpickled. Frames are the only thing ``transport`` moves.
+one pickled body. A task is the exception: its id and the driver's ``sys.path`` travel as plain
+frames before the pickled spec, so a worker can set the path and then unpickle the spec itself
+(a spec that does not unpickle is then that task's error, not the worker's death); the first
+time a worker sees an operator the task also carries its transform (afterwards the worker has
+it cached by digest). The header is checked before anything is unpickled. Frames are the only
+thing ``transport`` moves.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from engine import serialization
 
-VERSION = 1
+VERSION = 2
 MAGIC = b"DF"
 
 
@@ -35,11 +38,15 @@ class RunTask:
     """Driver -> worker: run ``spec`` with the transform identified by ``spec.transform_digest``."""
 
     spec: Any
+    """A TaskSpec; as decoded, its pickled bytes (the worker unpickles them after setting
+    ``sys_path``)."""
     transform: bytes | None = None
     """The pickled transform, sent only if the worker does not have it yet."""
     sys_path: list[str] | None = None
-    """The driver's ``sys.path``, sent with the transform, so UDFs defined in modules the driver
-    can import (a script's folder, a test folder) unpickle in the worker too."""
+    """The driver's ``sys.path``, sent with the transform, so UDFs and read tasks defined in
+    modules the driver can import (a script's folder, a test folder) unpickle in the worker too."""
+    task_id: int = 0
+    """``spec.task_id``, readable without unpickling the spec."""
 
 
 @dataclass
@@ -115,9 +122,10 @@ def encode(msg: Any) -> list[bytes]:
     """Frames for ``msg``."""
     header = MAGIC + bytes((VERSION, _KINDS[type(msg)]))
     if isinstance(msg, RunTask):
-        frames = [header, serialization.dumps(msg.spec)]
+        path = json.dumps(msg.sys_path).encode() if msg.sys_path is not None else b""
+        frames = [header, str(msg.spec.task_id).encode(), path, serialization.dumps(msg.spec)]
         if msg.transform is not None:
-            frames += [msg.transform, json.dumps(msg.sys_path or []).encode()]
+            frames.append(msg.transform)
         return frames
     return [header, serialization.dumps(msg)]
 
@@ -136,8 +144,11 @@ def decode(frames: list[bytes] | list[Any]) -> Any:
         msg = f"unknown message kind {kind}"
         raise ProtocolError(msg)
     if cls is RunTask:
-        spec = serialization.loads(frames[1])
-        transform = bytes(frames[2]) if len(frames) > 2 else None
-        sys_path = json.loads(bytes(frames[3])) if len(frames) > 3 else None
-        return RunTask(spec, transform, sys_path)
+        if len(frames) not in (4, 5):
+            msg = f"a task has 4 or 5 frames, got {len(frames)}"
+            raise ProtocolError(msg)
+        task_id = int(bytes(frames[1]))
+        sys_path = json.loads(bytes(frames[2])) if bytes(frames[2]) else None
+        transform = bytes(frames[4]) if len(frames) > 4 else None
+        return RunTask(bytes(frames[3]), transform, sys_path, task_id)
     return serialization.loads(frames[1])

@@ -124,7 +124,9 @@ def run_task(spec: TaskSpec, transform: BlockTransform, store: BlockStore) -> Ta
     result.wall_s = time.perf_counter() - start
     result.cpu_s = time.process_time() - cpu_start
     io_end = _io_counters()
-    result.io = {k: v - io_start.get(k, 0) for k, v in io_end.items() if v != io_start.get(k, 0)}
+    # process-wide counters: a listing thread's retries can land in an inline task's window,
+    # and a reset makes a delta negative; both are dropped rather than misreported
+    result.io = {k: v - io_start.get(k, 0) for k, v in io_end.items() if v > io_start.get(k, 0)}
     return result
 
 

@@ -68,16 +68,19 @@ def main(
 
 
 def _serve_task(msg: protocol.RunTask, transforms: dict[str, BlockTransform], store: SharedMemoryStore) -> TaskResult:
-    spec: TaskSpec = msg.spec
+    for entry in msg.sys_path or ():
+        if entry not in sys.path:
+            sys.path.append(entry)
+    try:
+        spec: TaskSpec = serialization.loads(msg.spec)
+    except Exception as err:  # a read task or input from a module this worker cannot import
+        return TaskResult(msg.task_id, error=describe_error(UDFFailure("deserializing the task's inputs", err)))
     transform = transforms.get(spec.transform_digest)
     if transform is None:
         try:
             if msg.transform is None:
                 err = RuntimeError(f"worker has no transform {spec.transform_digest} and none was sent")
                 return TaskResult(spec.task_id, error=describe_error(err))
-            for entry in msg.sys_path or ():
-                if entry not in sys.path:
-                    sys.path.append(entry)
             transform = load_transform(msg.transform)
         except Exception as err:
             return TaskResult(spec.task_id, error=describe_error(UDFFailure("deserializing the UDF", err)))

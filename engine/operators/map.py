@@ -173,6 +173,8 @@ class MapOperator(PhysicalOperator):
         self._pull_source()
         if not self._queue:
             return False
+        if isinstance(self._source, BackgroundSource):
+            upstream_busy = True  # more is being listed: bundle as if it had all been listed
         if self.exact_batch_rows is not None:
             return self._queued_rows >= self._exact_task_rows() or self.inputs_done
         if self.min_rows_per_task is not None:

@@ -58,13 +58,20 @@ class BackgroundSource:
             for item in source:
                 if not self._put(item):
                     return
-        except BaseException as err:  # reported to the operator, which fails the execution
+        except Exception as err:  # reported to the operator, which fails the execution
             done = _Done(err)
+        except BaseException as err:  # SystemExit from a source must not end the executor's loop
+            done = _Done(RuntimeError(f"the source stopped listing: {err!r}"))
         finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-        self._put(done)
+            try:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()
+            except Exception as err:
+                if done.error is None:
+                    done = _Done(err)
+            if not self._stop.is_set():
+                self._put(done)
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 
@@ -342,7 +343,7 @@ def test_thread_cap_follows_busy_workers_and_yields_to_the_loops_own_setting():
         torch.set_num_threads(4)
         cap = _TorchThreadCap()
         cap.enter()
-        cap._cores = 4  # as if this machine had 4 cores
+        cap._state.cores = 4  # as if this machine had 4 cores
         cap.adjust(3.0)
         assert torch.get_num_threads() == 1
         cap.adjust(1.5)  # a fraction of a CPU counts as a whole one
@@ -357,7 +358,7 @@ def test_thread_cap_follows_busy_workers_and_yields_to_the_loops_own_setting():
         assert torch.get_num_threads() == 4  # the last one restores
 
         cap.enter()
-        cap._cores = 4
+        cap._state.cores = 4
         cap.adjust(2.0)
         torch.set_num_threads(3)  # the loop chose its own: hands off from now on
         cap.adjust(4.0)
@@ -365,3 +366,34 @@ def test_thread_cap_follows_busy_workers_and_yields_to_the_loops_own_setting():
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(saved)
+
+
+def test_thread_cap_is_per_thread_and_each_loop_gets_its_own_back():
+    """torch's thread count belongs to the thread that sets it: two loops in two threads (split
+    ranks) are capped and restored independently, whatever order they end in."""
+    from dataflow.torch_batches import _TorchThreadCap
+
+    cap = _TorchThreadCap()
+    ready, release = threading.Barrier(2), threading.Barrier(2)
+    results: dict[str, tuple[int, int]] = {}
+
+    def loop(name: str, busy: float, end_first: bool) -> None:
+        torch.set_num_threads(4)
+        cap.enter()
+        cap._state.cores = 4
+        cap.adjust(busy)
+        during = torch.get_num_threads()
+        ready.wait(10)
+        if not end_first:
+            release.wait(10)
+        cap.exit()
+        if end_first:
+            release.wait(10)
+        results[name] = (during, torch.get_num_threads())
+
+    threads = [threading.Thread(target=loop, args=("a", 3.0, True)), threading.Thread(target=loop, args=("b", 2.0, False))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert results == {"a": (1, 4), "b": (2, 4)}

@@ -55,3 +55,43 @@ class FailingListing(Datasource):
 def test_a_listing_that_fails_on_its_thread_fails_the_dataset_with_its_error(mode):
     with pytest.raises(PermissionError, match="access denied"):
         dataflow.read_datasource(FailingListing()).take_all()
+
+
+def test_read_tasks_are_bundled_the_same_however_fast_the_listing_thread_is(streaming):
+    """Small read tasks are bundled to the task size whether or not the listing thread has
+    caught up when the operator looks (a partial bundle goes only at the end of the listing)."""
+    import re
+
+    counts = set()
+    for _ in range(3):
+        ds = dataflow.range(2_000_000).map_batches(lambda b: b)
+        assert ds.count() == 2_000_000
+        counts.add(re.findall(r"(\d+) tasks", ds.stats())[0])
+    assert len(counts) == 1, counts
+
+
+def test_a_read_task_a_worker_cannot_unpickle_fails_the_dataset_and_not_the_worker(streaming):
+    """Its inputs are unpickled by the worker after it sets the driver's sys.path; one that still
+    cannot be (a module that exists only in the driver) is that task's error, with its type."""
+    import sys
+    import types
+
+    from engine import session as engine_session
+
+    ghost = types.ModuleType("ghost_source_module")
+    exec("def rows():\n    return []\n", ghost.__dict__)
+    sys.modules["ghost_source_module"] = ghost
+    try:
+        executor = engine_session.current_session().executor
+        assert executor.wait_for_workers()
+        workers = executor.statistics()["workers"]
+
+        class GhostSource(Datasource):
+            def get_read_tasks(self, parallelism: int):
+                return [ReadTask(ghost.rows, BlockMetadata(num_rows=0, size_bytes=1))]
+
+        with pytest.raises(ModuleNotFoundError, match="ghost_source_module"):
+            dataflow.read_datasource(GhostSource()).take_all()
+        assert executor.statistics()["workers"] == workers  # none died for it
+    finally:
+        del sys.modules["ghost_source_module"]

@@ -28,7 +28,6 @@ from engine import protocol
 from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_RESOURCES, WAIT_WORKER
 from engine.errors import EngineError
 from engine.execution import Execution, check_resources
-from engine.forkserver import READ_MODULES
 from engine.object_store import BlockRef, SharedMemoryStore
 from engine.operators.map import MapOperator, Pending
 from engine.options import ExecutionOptions
@@ -504,7 +503,6 @@ class StreamingExecutor:
     def _start_workers(self) -> None:
         fs = self.pool.start_forkserver()
         self._poller.register(fs.fileno, zmq.POLLIN)
-        self.pool.preload_like_driver(READ_MODULES)  # shared by the task workers, not 2 copies
         for _ in range(self.options.resolved_num_cpus()):
             self.pool.spawn(TASK_KIND)
         # torch (if the script imported it) is for actors, imported just before the first one

@@ -168,29 +168,17 @@ class ForkServer:
             self.proc.stdout.close()
 
 
-READ_MODULES = ("pyarrow.dataset",)
-"""What read tasks need beyond the zygote's own imports: ``pyarrow.dataset`` (Parquet) takes
-0.27 s and ~25 MB that each worker would otherwise pay for itself on its first read task."""
-
-FRAMEWORKS = ("torch", "transformers", "sklearn")
-"""What models need: seconds each to import, and rarely used by task workers. Only frameworks
-whose import starts no threads: the zygote forks after importing them, and a child forked while
-another thread holds a lock can deadlock (tensorflow and jax are left to each actor)."""
-
-HEAVY_MODULES = READ_MODULES + FRAMEWORKS
-"""Modules the zygote imports on request: those the driver imported before the workers start,
-and the frameworks a worker's UDF imported. Not imported up front: most jobs need none of them,
-and the zygote's start is on the path to the first row."""
+HEAVY_MODULES = ("torch", "transformers", "sklearn")
+"""Frameworks the zygote imports on request: those the driver imported, before the first actor
+is forked, and those an actor's UDF imported, once no job runs. Seconds each to import, rarely
+needed by task workers, so never up front. Only frameworks whose import starts no thread: the
+zygote forks afterwards, and a child forked while another thread holds a lock can deadlock
+(tensorflow and jax are left to each actor)."""
 
 
 def frameworks_imported() -> tuple[str, ...]:
-    """Which of ``FRAMEWORKS`` this process has imported.
-
-    Workers report these, for the actors to come. Not ``READ_MODULES``: by the time a task
-    worker has imported them, the task workers that need them have too, and a copy in the
-    zygote would only cost memory (25 MB, measured as +22 MB peak in the memory benchmark).
-    """
-    return tuple(m for m in FRAMEWORKS if m in sys.modules)
+    """Which of ``HEAVY_MODULES`` this process has imported (actors report them)."""
+    return tuple(m for m in HEAVY_MODULES if m in sys.modules)
 
 
 def _zygote_preexec() -> None:
@@ -203,6 +191,7 @@ def _preload() -> None:
     os.environ.setdefault("MKL_NUM_THREADS", "1")
     import numpy  # noqa: F401
     import pyarrow
+    import pyarrow.dataset  # Parquet reads: 0.27 s and ~25 MB per worker otherwise
     import pyarrow.parquet  # noqa: F401
 
     import engine.worker  # noqa: F401

@@ -55,7 +55,7 @@ class TaskDone:
 
     result: Any
     imported: tuple[str, ...] = ()
-    """Frameworks (``forkserver.FRAMEWORKS``) the worker imported since its last
+    """Frameworks (``forkserver.HEAVY_MODULES``) the worker imported since its last
     report, for the zygote to import before forking more workers."""
 
 

@@ -73,10 +73,10 @@ class WorkerPool:
             self.start_forkserver().request(handle.worker_id, args, extra_env)
         return handle
 
-    def preload_like_driver(self, modules: tuple[str, ...] = HEAVY_MODULES) -> None:
-        """Have the zygote import those of ``modules`` the driver has imported (torch...), so
-        workers forked from now on start with them instead of each importing them (1-2 s each)."""
-        self.want_preloaded([m for m in modules if m in sys.modules])
+    def preload_like_driver(self) -> None:
+        """Have the zygote import the frameworks the driver has imported (torch...), so workers
+        forked from now on start with them instead of each importing them (1-2 s each)."""
+        self.want_preloaded([m for m in HEAVY_MODULES if m in sys.modules])
         self.preload_wanted()
 
     def want_preloaded(self, modules: list[str] | tuple[str, ...]) -> None:

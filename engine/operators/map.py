@@ -1,7 +1,8 @@
 """MapOperator: bundles its inputs into tasks that run a fused BlockTransform on workers.
 
 Inputs are block refs from an upstream operator, or read tasks from a source (a lazy iterator,
-pulled only as fast as tasks are dispatched, so listing 100,000 files streams). Small inputs are
+pulled at most 64 items ahead of dispatch, on its own thread in the multi-process engine, so
+listing 100,000 files streams and a slow listing never stalls the executor). Small inputs are
 bundled until a task has ``min_bundle_bytes`` of input. With a callable-class UDF the operator
 runs on an actor pool (``ActorPoolSpec``): dedicated workers that construct the class once.
 """

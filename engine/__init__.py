@@ -20,7 +20,8 @@ The data path, in order:
 * ``protocol``        typed, versioned messages; ``transport``: pyzmq sockets only
 * ``serialization``   the only module that pickles
 * ``worker_pool``     the driver's handles on worker processes (pidfds)
-* ``forkserver``      the zygote that forks workers with pyarrow already imported
+* ``forkserver``      the zygote that forks workers with pyarrow already imported; torch once the
+                      driver or an actor has imported it
 * ``worker``          a worker process's loop
 * ``object_store``    Arrow IPC files in /dev/shm, zero-copy reads, spill to disk
 * ``local``           the synchronous in-process mode

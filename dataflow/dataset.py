@@ -18,7 +18,7 @@ from dataflow import builtins as bi
 from dataflow.context import DataContext
 from dataflow.iterator import DataIterator
 from dataflow.optimizer import count_from_metadata, optimize
-from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain
+from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
 from dataflow.udf import builtin_node, map_node
 from engine.runner import ExecutionHandle, execute
 from engine.stats import ExecutionStats
@@ -352,12 +352,15 @@ class Dataset:
     def materialize(self) -> MaterializedDataset:
         """Run the plan once and keep its blocks; the result can be iterated many times."""
         handle = self._execute()
-        refs = []
+        refs, owned = [], []
         for ref in handle.iter_refs():
-            handle.detach(ref)
+            if handle.detach(ref):
+                owned.append(ref)
             refs.append(ref)
         self._last_stats = handle.stats()
-        return MaterializedDataset(refs, handle, self._last_stats)
+        # blocks passed through from a materialized input stay that dataset's: keep it alive
+        inputs = [node.owner for node in walk(self._plan) if isinstance(node, InputBlocks)] if len(owned) < len(refs) else []
+        return MaterializedDataset(refs, handle, self._last_stats, owned=owned, keepalive=inputs)
 
     # writing --------------------------------------------------------------------------------
     def write_datasink(self, datasink: Any) -> None:
@@ -516,11 +519,16 @@ class Dataset:
 
 
 class _Blocks:
-    """Owns a materialized dataset's blocks; frees them when the dataset is collected."""
+    """Owns a materialized dataset's blocks; frees them when the dataset is collected.
 
-    def __init__(self, refs: list[Any], handle: ExecutionHandle) -> None:
+    ``owned`` are the blocks its execution produced; the others belong to the materialized
+    datasets it read (``keepalive``), which stay alive as long as this one does.
+    """
+
+    def __init__(self, refs: list[Any], handle: ExecutionHandle, owned: list[Any], keepalive: list[Any]) -> None:
         self.refs = refs
-        weakref.finalize(self, _release_all, handle, list(refs))
+        self._keepalive = keepalive
+        weakref.finalize(self, _release_all, handle, list(owned))
 
 
 def _release_all(handle: ExecutionHandle, refs: list[Any]) -> None:
@@ -534,8 +542,15 @@ def _release_all(handle: ExecutionHandle, refs: list[Any]) -> None:
 class MaterializedDataset(Dataset):
     """A dataset whose blocks are computed and held; iterating it does not recompute."""
 
-    def __init__(self, refs: list[Any], handle: ExecutionHandle, stats: ExecutionStats | None) -> None:
-        self._blocks = _Blocks(refs, handle)
+    def __init__(
+        self,
+        refs: list[Any],
+        handle: ExecutionHandle,
+        stats: ExecutionStats | None,
+        owned: list[Any] | None = None,
+        keepalive: list[Any] | None = None,
+    ) -> None:
+        self._blocks = _Blocks(refs, handle, refs if owned is None else owned, keepalive or [])
         super().__init__(InputBlocks(tuple(refs), self._blocks))
         self._last_stats = stats
 

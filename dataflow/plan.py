@@ -6,6 +6,7 @@ filters into reads), ``compile`` turns them into engine operators.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,3 +123,10 @@ def explain(node: LogicalNode, indent: int = 0) -> str:
     for child in node.inputs:
         lines.append(explain(child, indent + 1))
     return "\n".join(lines)
+
+
+def walk(node: LogicalNode) -> Iterator[LogicalNode]:
+    """``node`` and every node it reads from, depth first."""
+    yield node
+    for child in node.inputs:
+        yield from walk(child)

@@ -1,9 +1,22 @@
-"""Backpressure as a pure function: may this operator start one more task, and if not, why.
+"""Backpressure as pure functions: how many bytes an operator may hold, and may it start a task.
 
-Every operator has a byte budget for its output: blocks it produced that nobody has freed yet
-(``held_bytes``) plus what its running tasks are expected to produce. A slow consumer leaves
-blocks held, the budget fills, and the reads stop. One task may always run when the operator
-holds nothing, so progress never depends on a guess being right.
+Every operator that runs tasks has a byte budget for the blocks it produced and nobody has freed
+yet (``held_bytes``: queued at its downstream, parked for ordering, in the consumer's hands) plus
+what its running tasks are expected to produce. A slow consumer leaves blocks held, the budget
+fills, and the reads stop.
+
+Budgets are not fixed byte counts. ``op_budget`` derives one from the object store's capacity
+and the CPU count: enough for two waves of the operator's parallel tasks at the block size it
+actually produces (so the pool stays busy at any block size, 1 MiB or 256 MiB), never less than
+a floor, never more than its share of half the store (the other half is headroom shared by all,
+as Ray Data's resource manager reserves half the store per operator and shares the rest).
+
+Two rules keep every plan moving whatever the shapes:
+
+* one task may always run when the operator holds nothing, so progress never depends on a guess;
+* an operator whose downstream is starved (it needs more rows than have arrived before it can
+  run at all: a batch size, a rows-per-file minimum) is admitted whatever its budget says.
+  Those rows are needed anyway; past the store's capacity they spill to disk.
 """
 
 from __future__ import annotations
@@ -11,11 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 WAIT_CONCURRENCY = "concurrency cap"
-WAIT_BUDGET = "output budget full (downstream is slower)"
+WAIT_BUDGET = "output budget full (downstream or the consumer is slower)"
 WAIT_WORKER = "no free worker"
 WAIT_ACTORS = "actor pool starting"
 WAIT_RESOURCES = "its CPUs or custom resources are in use by other tasks"
 WAIT_ACTORS_BUSY = "every actor busy (the pool is at its maximum size)"
+
+STORE_SHARE = 0.5
+"""The part of the object store split between operators' budgets; the rest is shared headroom."""
+WAVES = 2
+"""Budgets hold this many waves of an operator's parallel tasks' output."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +45,16 @@ class OpLoad:
     expected_output_bytes: float
     budget: int
     max_concurrency: int | None = None
+    downstream_starved: bool = False
+    """Its downstream holds input it cannot run yet and waits for more rows."""
+
+
+def op_budget(store_capacity: int, task_operators: int, slots: int, expected_output_bytes: float, floor: int) -> int:
+    """Bytes one operator may hold: ``WAVES`` waves of ``slots`` tasks of its expected output,
+    at least ``floor`` (capped by the share), at most its share of the store."""
+    share = int(store_capacity * STORE_SHARE / max(1, task_operators))
+    want = int(WAVES * max(1, slots) * expected_output_bytes)
+    return max(min(floor, share), min(want, share))
 
 
 def blocked_reason(load: OpLoad) -> str | None:
@@ -34,6 +62,8 @@ def blocked_reason(load: OpLoad) -> str | None:
     if load.max_concurrency is not None and load.in_flight >= load.max_concurrency:
         return WAIT_CONCURRENCY
     if load.in_flight == 0 and load.held_bytes == 0:
+        return None
+    if load.downstream_starved:
         return None
     if load.held_bytes + (load.in_flight + 1) * load.expected_output_bytes > load.budget:
         return WAIT_BUDGET

@@ -15,10 +15,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.backpressure import OpLoad, blocked_reason
-from engine.errors import DataflowError, EngineError, make_user_error
+from engine.backpressure import OpLoad, blocked_reason, op_budget
+from engine.errors import DataflowError, EngineError, WorkerDiedError, make_user_error
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.operators.base import PhysicalOperator
+from engine.operators.input import InputOperator
 from engine.operators.limit import LimitOperator
 from engine.operators.map import MapOperator
 from engine.operators.union import UnionOperator
@@ -88,6 +89,7 @@ class Execution:
         free: Callable[[BlockRef], None],
         store: BlockStore,
         stored: Callable[[BlockRef], None] | None = None,
+        store_capacity: int | None = None,
     ) -> None:
         """``free`` frees a block; ``stored`` counts one the driver itself put in the store."""
         self.id = next(_execution_ids)
@@ -97,9 +99,15 @@ class Execution:
         self.options = options
         self._free_block = free
         self.store = store
-        self.borrowed: set[str] = set()
-        for op in ops:
-            self.borrowed |= getattr(op, "borrowed", set())
+        self.store_capacity = store_capacity if store_capacity is not None else options.resolved_store_capacity()
+        self._owner: dict[str, PhysicalOperator | None] = {}
+        """The one ownership table: every block this execution produced and has not freed, and
+        the task-running operator whose budget it counts against. Blocks not in it (a
+        materialized dataset's, one detached by the consumer) are never freed here."""
+        self.borrowed: frozenset[str] = frozenset(
+            ref.block_id for op in ops if isinstance(op, InputOperator) for ref in op.refs
+        )
+        """Blocks of materialized datasets this plan reads (never freed by it; read by any thread)."""
         self.buffer = OutputBuffer()
         self.depth: dict[int, int] = {}
         for op in ops:
@@ -107,9 +115,11 @@ class Execution:
             for u in op.upstream:
                 u.downstream = op
             if isinstance(op, LimitOperator):
-                op.bind(self._slice_head, free)
+                op.bind(self._slice_head, self.release)
             if isinstance(op, UnionOperator):
                 op.ordered = options.preserve_order
+        self._task_ops = [op for op in ops if isinstance(op, MapOperator)]
+        self._feeds_consumer = {id(op) for op in self._task_ops if self._task_downstream(op) is None}
         self.consumer_held = 0
         """Bytes handed to the consumer and not yet released by it."""
         self.started = time.perf_counter()
@@ -118,16 +128,45 @@ class Execution:
         self.stopped = threading.Event()
         """Set once no task of this execution runs anymore (it finished, failed or was cancelled)."""
         self._last_wait_check = time.perf_counter()
+        self._waiting: dict[int, str] = {}
 
-    def _free(self, ref: BlockRef) -> None:
-        if ref.block_id not in self.borrowed:
+    # ownership -----------------------------------------------------------------------------
+    def own(self, ref: BlockRef, producer: PhysicalOperator | None) -> None:
+        """Record a block this execution produced, counted against ``producer``'s budget."""
+        self._owner[ref.block_id] = producer
+        if producer is not None:
+            producer.held_bytes += ref.size_bytes
+            producer.stats.peak_held_bytes = max(producer.stats.peak_held_bytes, producer.held_bytes)
+
+    def owns(self, ref: BlockRef) -> bool:
+        return ref.block_id in self._owner
+
+    def _disown(self, ref: BlockRef) -> bool:
+        if ref.block_id not in self._owner:
+            return False
+        producer = self._owner.pop(ref.block_id)
+        if producer is not None:
+            producer.held_bytes -= ref.size_bytes
+        return True
+
+    def release(self, ref: BlockRef) -> None:
+        """Free ``ref`` if this execution owns it; a borrowed or already freed block is left alone."""
+        if self._disown(ref):
             self._free_block(ref)
 
     def _slice_head(self, ref: BlockRef, n: int) -> BlockRef:
         piece = self.store.put(self.store.get(ref).slice(0, n))
         if self._stored is not None:
             self._stored(piece)
+        self.own(piece, self._owner.get(ref.block_id))
         return piece
+
+    def _task_downstream(self, op: PhysicalOperator) -> MapOperator | None:
+        """The next operator after ``op`` that runs tasks (through limits and unions), if any."""
+        down = op.downstream
+        while down is not None and not isinstance(down, MapOperator):
+            down = down.downstream
+        return down
 
     # moving data -----------------------------------------------------------------------------
     def route(self) -> None:
@@ -138,11 +177,7 @@ class Execution:
                 ref = op.outputs.popleft()
                 if target is None:
                     self.buffer.put(ref)
-                    continue
-                if isinstance(target, MapOperator):
-                    target.add_input(ref, target.upstream.index(op), op)
                 else:
-                    op.held_bytes -= ref.size_bytes
                     target.add_input(ref, target.upstream.index(op))
             if target is not None and op.completed() and not op.outputs:
                 target.upstream_finished(target.upstream.index(op))
@@ -155,32 +190,35 @@ class Execution:
     def _cancel_upstream(self, op: PhysicalOperator) -> None:
         for up in op.upstream:
             if not up.cancelled:
-                for value, producer in up.cancel():
-                    self.free_input(value, producer, up)
+                for value in up.cancel():
+                    self.release_input(value, up)
                 self._cancel_upstream(up)
 
-    def free_input(self, value: Any, producer: PhysicalOperator | None, consumer: PhysicalOperator) -> None:
-        """Free a consumed input block: an upstream's output, or a block its source gave up."""
+    def release_input(self, value: Any, consumer: PhysicalOperator) -> None:
+        """``consumer`` is done with an input item (a consumed or dropped block, or slice of one)."""
         if isinstance(value, BlockSlice):
             if not isinstance(consumer, MapOperator) or not consumer.release_slice(value):
                 return  # another slice of the block is still queued or running
             value = value.ref
-        if not isinstance(value, BlockRef):
-            return
-        if producer is not None:
-            producer.held_bytes -= value.size_bytes
-            self._free(value)
-        elif getattr(consumer, "source_owned", False):
-            self._free(value)
+        if isinstance(value, BlockRef):
+            self.release(value)
 
     # tasks -------------------------------------------------------------------------------
     def map_ops(self) -> list[MapOperator]:
-        return [op for op in self.ops if isinstance(op, MapOperator)]
+        return self._task_ops
 
     def load(self, op: MapOperator) -> OpLoad:
-        budget = self.options.consumer_buffer_bytes if op is self.output_op else self.options.op_output_budget
-        held = op.held_bytes + (self.consumer_held if op is self.output_op else 0)
-        return OpLoad(held, op.in_flight(), op.expected_output_bytes(), budget, op.max_concurrency)
+        cpus = self.options.resolved_num_cpus()
+        slots = op.slots(cpus)
+        expected = op.expected_output_bytes(prior=float(self.options.target_max_block_size))
+        if id(op) in self._feeds_consumer:
+            floor = self.options.consumer_buffer_bytes
+        else:
+            floor = self.options.op_output_budget
+        budget = op_budget(self.store_capacity, len(self._task_ops), slots, expected, floor)
+        down = self._task_downstream(op)
+        starved = down is not None and down.needs_more_input()
+        return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved)
 
     def dispatchable(self, op: MapOperator) -> tuple[bool, str | None]:
         """(has a task ready, reason it may not start) for ``op``."""
@@ -203,14 +241,16 @@ class Execution:
 
     def task_finished(self, op: MapOperator, result: TaskResult) -> None:
         pending = op.task_finished(result.task_id, result)
+        for ref in result.refs:
+            self.own(ref, op)
         if result.error is not None:
             op.stats.tasks_failed += 1
             for ref in result.refs:
-                self._free(ref)
+                self.release(ref)
             self.fail(_user_error(op, result))
             return
-        for value, producer in pending.bundle:
-            self.free_input(value, producer, op)
+        for value in pending.bundle:
+            self.release_input(value, op)
         if op.output == "count":
             op.rows_counted += result.num_rows
             op.stats.rows_out += result.num_rows
@@ -221,7 +261,7 @@ class Execution:
         refs = op.in_order(pending.spec.task_index, result.refs) if self.options.preserve_order else result.refs
         for ref in refs:
             if op.cancelled:
-                self._free(ref)
+                self.release(ref)
             else:
                 op.emit(ref)
         self.route()
@@ -229,8 +269,6 @@ class Execution:
     def task_lost(self, op: MapOperator, task_id: int, why: str) -> None:
         pending = op.task_lost(task_id)
         if pending.spec.attempt + 1 >= self.options.max_task_attempts:
-            from engine.errors import WorkerDiedError
-
             msg = (
                 f"task {pending.spec.task_index} of {op.name} failed {pending.spec.attempt + 1} times "
                 f"because its worker died ({why}); giving up"
@@ -239,14 +277,14 @@ class Execution:
 
     def release_consumed(self, ref: BlockRef) -> None:
         self.consumer_held -= ref.size_bytes
-        self._free(ref)
+        self.release(ref)
 
     def detach(self, ref: BlockRef) -> None:
-        """The consumer keeps ``ref`` beyond this execution (materialize): stop counting it."""
+        """The consumer keeps ``ref`` beyond this execution (materialize): it owns it now."""
         self.consumer_held -= ref.size_bytes
+        self._disown(ref)
 
     def handed_to_consumer(self, ref: BlockRef) -> None:
-        self.output_op.held_bytes -= ref.size_bytes
         self.consumer_held += ref.size_bytes
 
     # ending ------------------------------------------------------------------------------
@@ -262,33 +300,35 @@ class Execution:
             return
         self.cancelled = True
         for op in self.ops:
-            for value, producer in op.cancel():
-                self.free_input(value, producer, op)
+            for value in op.cancel():
+                self.release_input(value, op)
             while op.outputs:
-                self._free(op.outputs.popleft())
+                self.release(op.outputs.popleft())
             if isinstance(op, MapOperator):
                 for ref in op.held_out_of_order():
-                    self._free(ref)
+                    self.release(ref)
         if self.finished_at is None:
             self.finished_at = time.perf_counter()
 
     def release_undelivered(self) -> None:
         for ref in self.buffer.drain():
-            self._free(ref)
+            self.release(ref)
 
     @property
     def done(self) -> bool:
         return self.buffer.done and all(op.in_flight() == 0 for op in self.ops)
 
     def note_waits(self, reasons: dict[int, str]) -> None:
-        """Charge the time since the last call to each waiting operator's reason."""
+        """Charge the time since the last call to the reasons each operator was waiting for
+        then (a wait lasts until the loop next looks), and remember the new ones."""
         now = time.perf_counter()
         elapsed = now - self._last_wait_check
         self._last_wait_check = now
         for op in self.ops:
-            reason = reasons.get(id(op))
+            reason = self._waiting.get(id(op))
             if reason is not None:
                 op.stats.add_wait(reason, elapsed)
+        self._waiting = dict(reasons)
 
 
 def _user_error(op: MapOperator, result: TaskResult) -> BaseException:

@@ -372,7 +372,8 @@ class StreamingExecutor:
     def _dispatch(self, execution: Execution, op: MapOperator, slot: WorkerHandle | str) -> None:
         pending = op.next_task()
         spec = pending.spec
-        spec.spill = self.store_used + op.expected_output_bytes() > self.store_capacity
+        expected = op.expected_output_bytes(prior=float(execution.options.target_max_block_size))
+        spec.spill = self.store_used + expected > self.store_capacity
         self._ledger.take(op.resources.num_cpus, op.resources.custom)
         if slot == INLINE:
             self._inline_busy = True

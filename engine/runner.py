@@ -39,8 +39,9 @@ class ExecutionHandle:
     def cancel(self) -> None:
         raise NotImplementedError
 
-    def detach(self, ref: BlockRef) -> None:
-        """Keep ``ref`` after the execution (it no longer counts against its budget)."""
+    def detach(self, ref: BlockRef) -> bool:
+        """Keep ``ref`` after the execution (it no longer counts against its budget). False when
+        the block was borrowed (a materialized input's): it is not the caller's to free."""
         raise NotImplementedError
 
     def free_detached(self, ref: BlockRef) -> None:
@@ -92,8 +93,9 @@ class StreamingHandle(ExecutionHandle):
     def release(self, ref: BlockRef) -> None:
         self.executor.release(self.execution, ref)
 
-    def detach(self, ref: BlockRef) -> None:
+    def detach(self, ref: BlockRef) -> bool:
         self.executor.call_soon(lambda: self.execution.detach(ref))
+        return ref.block_id not in self.execution.borrowed
 
     def free_detached(self, ref: BlockRef) -> None:
         if not self.executor.stopped:
@@ -121,8 +123,9 @@ class LocalHandle(ExecutionHandle):
     def release(self, ref: BlockRef) -> None:
         self.execution.release_consumed(ref)
 
-    def detach(self, ref: BlockRef) -> None:
+    def detach(self, ref: BlockRef) -> bool:
         self.execution.detach(ref)
+        return ref.block_id not in self.execution.borrowed
 
     def free_detached(self, ref: BlockRef) -> None:
         self.local.free(ref)
@@ -152,6 +155,13 @@ def execute(
 
         session = get_session(options)
     executor = session.executor
-    execution = Execution(ops, session.options.for_execution(options), executor.free, session.store, executor.stored)
+    execution = Execution(
+        ops,
+        session.options.for_execution(options),
+        executor.free,
+        session.store,
+        executor.stored,
+        store_capacity=executor.store_capacity,
+    )
     session.executor.submit(execution)
     return StreamingHandle(execution, session)

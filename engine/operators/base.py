@@ -1,9 +1,14 @@
 """The physical operator interface, and the bookkeeping every operator shares.
 
-An operator receives items (block refs, or read tasks for a source) with ``add_input``, turns
-them into outputs either on the driver (``limit``, ``union``) or by handing out tasks
-(``map``), and reports ``statistics()``. The executor is the only caller: it moves each
-operator's outputs to its downstream operator and decides when tasks may be dispatched.
+An operator receives items (block refs, or read tasks for a source) with ``add_input(item,
+index)`` (``index`` names the upstream it came from), turns them into ``outputs`` either on the
+driver (``limit``, ``union``) or by handing out tasks (``map``), and says when it is
+``completed``. The execution is the only caller: it moves each operator's outputs to its
+downstream operator and decides when tasks may be dispatched.
+
+Operators never free a block. Which blocks exist, who produced them and who may free them is
+one table in ``engine.execution`` (``Execution.release``); a block an execution did not produce
+(a materialized dataset's) is never in it, so no operator can destroy another dataset's data.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ class PhysicalOperator:
         self._upstream_done: set[int] = set()
         self.cancelled = False
         self.held_bytes = 0
-        """Bytes of this operator's output blocks not yet freed (its memory footprint)."""
+        """Bytes of the live blocks this operator produced, wherever they wait (its memory
+        footprint). Written only by the execution's ownership table, never by operators."""
 
     # data flow ---------------------------------------------------------------------------
     def add_input(self, item: Any, index: int) -> None:
@@ -64,10 +70,8 @@ class PhysicalOperator:
 
     def emit(self, ref: BlockRef) -> None:
         self.outputs.append(ref)
-        self.held_bytes += ref.size_bytes
         self.stats.rows_out += ref.num_rows
         self.stats.bytes_out += ref.size_bytes
-        self.stats.peak_held_bytes = max(self.stats.peak_held_bytes, self.held_bytes)
 
     def completed(self) -> bool:
         """True when this operator will produce no more outputs."""

@@ -1,6 +1,6 @@
 """InputOperator: blocks that already exist (a materialized dataset) enter a plan here.
 
-It runs no tasks; the blocks are borrowed, so the execution never frees them.
+It runs no tasks; the blocks are borrowed (``Execution.borrowed``), so the execution never frees them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from engine.operators.base import PhysicalOperator
 class InputOperator(PhysicalOperator):
     def __init__(self, refs: Sequence[BlockRef], name: str = "Input") -> None:
         super().__init__(name, [])
-        self.borrowed = {r.block_id for r in refs}
+        self.refs = tuple(refs)
         for ref in refs:
             self.emit(ref)
         self.inputs_done = True

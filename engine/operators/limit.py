@@ -10,32 +10,36 @@ from engine.operators.base import PhysicalOperator
 
 
 class LimitOperator(PhysicalOperator):
-    """Runs on the driver; the last block is sliced (a new small block) when it overshoots."""
+    """Runs on the driver; the last block is sliced (a new small block) when it overshoots.
+
+    Blocks it does not pass on are handed back to the execution's ``release``, which frees only
+    blocks this execution produced: a limit over a materialized dataset leaves it intact.
+    """
 
     def __init__(self, limit: int, upstream: PhysicalOperator) -> None:
         super().__init__(f"Limit[{limit}]", [upstream])
         self.remaining = limit
         self._slice: Callable[[BlockRef, int], BlockRef] | None = None
-        self._free: Callable[[BlockRef], None] | None = None
+        self._release: Callable[[BlockRef], None] | None = None
         if limit <= 0:
             self.inputs_done = True
 
-    def bind(self, slicer: Callable[[BlockRef, int], BlockRef], free: Callable[[BlockRef], None]) -> None:
-        """Give the operator the store functions it needs (done by the execution)."""
-        self._slice, self._free = slicer, free
+    def bind(self, slicer: Callable[[BlockRef, int], BlockRef], release: Callable[[BlockRef], None]) -> None:
+        """Give the operator the execution's slicing and owner-aware release (done by the execution)."""
+        self._slice, self._release = slicer, release
 
     def add_input(self, item: Any, index: int) -> None:
         ref: BlockRef = item
-        assert self._slice is not None and self._free is not None
+        assert self._slice is not None and self._release is not None
         if self.remaining <= 0:
-            self._free(ref)
+            self._release(ref)
             return
         if ref.num_rows <= self.remaining:
             self.remaining -= ref.num_rows
             self.emit(ref)
         else:
             piece = self._slice(ref, self.remaining)
-            self._free(ref)
+            self._release(ref)
             self.remaining = 0
             self.emit(piece)
         if self.remaining <= 0:

@@ -52,14 +52,14 @@ class Pending:
     """A dispatched task: what it consumed, so it can be retried or its inputs freed."""
 
     spec: TaskSpec
-    bundle: list[tuple[Any, PhysicalOperator | None]]
+    bundle: list[Any]
+    """The input items it consumed (read tasks, block refs or slices)."""
     input_bytes: int
 
 
 @dataclass
 class _Item:
     value: Any
-    producer: PhysicalOperator | None
     size: int
 
 
@@ -125,9 +125,9 @@ class MapOperator(PhysicalOperator):
         return self._transform_bytes
 
     # inputs ------------------------------------------------------------------------------
-    def add_input(self, item: Any, index: int, producer: PhysicalOperator | None = None) -> None:
+    def add_input(self, item: Any, index: int) -> None:
         size = _item_bytes(item)
-        self._queue.append(_Item(item, producer, size))
+        self._queue.append(_Item(item, size))
         self._queued_bytes += size
         self._queued_rows += _item_rows(item)
 
@@ -154,7 +154,7 @@ class MapOperator(PhysicalOperator):
                 return
             if item is WAITING:
                 return
-            self.add_input(item, 0, None)
+            self.add_input(item, 0)
 
     def has_pending_work(self) -> bool:
         return bool(self._queue or self.pending or self.retry_queue or self._source is not None)
@@ -190,7 +190,7 @@ class MapOperator(PhysicalOperator):
             retry.spec.attempt += 1
             self.pending[retry.spec.task_id] = retry
             return retry
-        bundle: list[tuple[Any, PhysicalOperator | None]] = []
+        bundle: list[Any] = []
         size = rows = 0
         if self.exact_batch_rows is not None:
             bundle, size = self._exact_bundle()
@@ -204,14 +204,14 @@ class MapOperator(PhysicalOperator):
             self._queued_bytes -= item.size
             item_rows = _item_rows(item.value)
             self._queued_rows -= item_rows
-            bundle.append((item.value, item.producer))
+            bundle.append(item.value)
             size += item.size
             rows += item_rows
         spec = TaskSpec(
             task_id=next(_task_ids),
             op_key=self.key,
             transform_digest=self.digest,
-            inputs=[value for value, _ in bundle],
+            inputs=list(bundle),
             output=self.output,
             sink=self.sink,
             task_index=next(self._task_index),
@@ -232,10 +232,10 @@ class MapOperator(PhysicalOperator):
             batches = max(1, min(batches, share))
         return batches * self.exact_batch_rows
 
-    def _exact_bundle(self) -> tuple[list[tuple[Any, PhysicalOperator | None]], int]:
+    def _exact_bundle(self) -> tuple[list[Any], int]:
         """Inputs totalling a multiple of ``exact_batch_rows`` rows, slicing the last block."""
         want = self._exact_task_rows()
-        bundle: list[tuple[Any, PhysicalOperator | None]] = []
+        bundle: list[Any] = []
         size = rows = 0
         while self._queue and rows < want:
             item = self._queue.popleft()
@@ -246,16 +246,16 @@ class MapOperator(PhysicalOperator):
                 ref, offset = (value, 0) if isinstance(value, BlockRef) else (value.ref, value.offset)
                 head, tail = BlockSlice(ref, offset, take), BlockSlice(ref, offset + take, n - take)
                 self._slices[ref.block_id] = self._slices.get(ref.block_id, 1) + 1
-                self._queue.appendleft(_Item(tail, item.producer, tail.size_bytes))
+                self._queue.appendleft(_Item(tail, tail.size_bytes))
                 self._queued_bytes += tail.size_bytes - item.size
                 self._queued_rows -= take
-                bundle.append((head, item.producer))
+                bundle.append(head)
                 size += head.size_bytes
                 rows += take
                 break
             self._queued_bytes -= item.size
             self._queued_rows -= n
-            bundle.append((value, item.producer))
+            bundle.append(value)
             size += item.size
             rows += n
         return bundle, size
@@ -283,11 +283,39 @@ class MapOperator(PhysicalOperator):
         self._finished_out_of_order.clear()
         return refs
 
-    def expected_output_bytes(self) -> float:
-        """Bytes a new task is expected to produce (history first, else its input size)."""
+    def needs_more_input(self) -> bool:
+        """Waiting for rows: it has input queued, nothing running, and cannot form a task until
+        more arrives (a batch size or a rows-per-file minimum not reached yet)."""
+        if self.cancelled or self.inputs_done or self.pending or self.retry_queue or not self._queue:
+            return False
+        if self.exact_batch_rows is not None:
+            return self._queued_rows < self._exact_task_rows()
+        if self.min_rows_per_task is not None:
+            return self._queued_rows < self.min_rows_per_task
+        return False
+
+    def expected_output_bytes(self, prior: float) -> float:
+        """Bytes of blocks a new task is expected to leave in the store.
+
+        Learned from finished tasks (a moving average); before the first one comes back, the
+        larger of its input size and ``prior`` (a conservative guess the caller picks: a whole
+        block), so a first wave of tasks cannot overshoot a budget by the CPU count. Counting and
+        writing tasks leave no blocks behind: 0.
+        """
+        if self.output != OUTPUT_BLOCKS:
+            return 0.0
         if self._out_bytes_per_task is not None:
             return self._out_bytes_per_task
-        return float(max(min(self._queued_bytes, self.min_bundle_bytes), 1 << 20))
+        return float(max(min(self._queued_bytes, self.min_bundle_bytes), prior))
+
+    def slots(self, cpus: int) -> int:
+        """How many of its tasks can run at once on ``cpus`` CPUs (its pool, its cap, its CPUs each)."""
+        n = cpus if self.resources.num_cpus <= 0 else max(1, int(cpus / self.resources.num_cpus))
+        if self.actor_pool is not None:
+            n = self.actor_pool.max_size
+        if self.max_concurrency is not None:
+            n = min(n, self.max_concurrency)
+        return max(1, n)
 
     def task_finished(self, task_id: int, result: TaskResult) -> Pending:
         pending = self.pending.pop(task_id)
@@ -309,7 +337,7 @@ class MapOperator(PhysicalOperator):
 
     def cancel(self) -> list[Any]:
         self.cancelled = True
-        items = [(i.value, i.producer) for i in self._queue]
+        items = [i.value for i in self._queue]
         for retry in self.retry_queue:
             items.extend(retry.bundle)
         self._queue.clear()

@@ -1,4 +1,8 @@
-"""UnionOperator: the blocks of several inputs, in the order they arrive (or input by input)."""
+"""UnionOperator: the blocks of several inputs, in the order they arrive (or input by input).
+
+Blocks it parks (with ``preserve_order``, input 1's blocks wait for the end of input 0) stay
+counted against the operator that produced them, so that producer's budget sees them and stops.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +34,6 @@ class UnionOperator(PhysicalOperator):
 
     def cancel(self) -> list[Any]:
         self.cancelled = True
-        items = [(item, self.upstream[i]) for i, waiting in self._waiting.items() for item in waiting]
+        items = [item for waiting in self._waiting.values() for item in waiting]
         self._waiting.clear()
         return items

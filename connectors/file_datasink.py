@@ -4,17 +4,44 @@
 Each ``write`` task encodes its blocks into files in memory, rolling over at ``max_rows_per_file``
 rows (or ``MAX_FILE_BYTES``), one set per partition when ``partition_cols`` is given (hive
 ``key=value`` folders, partition columns left out of the files), and uploads each file into the
-staging folder as one retried request. File names carry the write id, task index and attempt, so
-a retried task never overwrites another task's file. ``on_write_complete`` moves the files named
-by the successful tasks' results into place and removes the staging folder (with any leftovers of
-failed attempts); ``on_write_failed`` removes the staging folder, so a failed job leaves no
-partial files. A format subclass implements ``_encode``.
+staging folder as one retried request. File names start with the write id and carry the task
+index and attempt, so a retried task never overwrites another task's file. A format subclass
+implements ``_encode``.
+
+The commit (``on_write_complete``, on the driver, once every task succeeded) runs in this order:
+
+1. remove a ``_SUCCESS`` left by an earlier job in the same folder (the folder is about to change);
+2. put the staged files named by the successful tasks' results into place, ``COMMIT_THREADS`` at
+   a time on object stores (S3: one server-side copy each, the staged copies are deleted with the
+   staging folder in bulk afterwards) and ``LOCAL_COMMIT_THREADS`` at a time elsewhere (a rename
+   each);
+3. remove the staging folder, with the leftovers of failed task attempts;
+4. write an empty ``_SUCCESS`` in the destination (Spark/Hadoop's marker), unless the sink was
+   made with ``write_success_marker=False``.
+
+What a reader of the destination sees (listings skip names starting with ``_`` or ``.``, so the
+staging folder and the marker are never read as data):
+
+* while tasks write, or if the job dies then: nothing new, whatever happened; a job that failed
+  with an error also removes its staging folder (``on_write_failed``), a killed driver leaves it;
+* during steps 1 to 3, or if the driver is killed then: some or all of the job's files (all named
+  ``<write id>_...``), no ``_SUCCESS``, and the staging folder with the staged files not yet
+  removed (on object stores every staged file stays there until step 3);
+* after step 4: every file of the job and ``_SUCCESS``, and no staging folder.
+
+A commit that fails with an error (a file that cannot be moved, the marker that cannot be
+written) stops placing files, removes again every file it had put in place, removes the staging
+folder and raises ``CommitError`` naming the files that failed: the destination holds nothing of
+the job and no ``_SUCCESS``. Removal is best effort; files it could not remove are named in the
+error. Partition folders created for the job may remain, empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +56,36 @@ from connectors.partitioning import folder_name
 from connectors.retry import Retrier, RetryPolicy, default_retry_policy
 
 MAX_FILE_BYTES = 512 << 20
+COMMIT_THREADS = 16
+"""Files put in place at once by the commit on object stores, where each is a copy request."""
+LOCAL_COMMIT_THREADS = 4
+"""Files put in place at once on local and other filesystems, where each is a rename."""
+SUCCESS_MARKER = "_SUCCESS"
+_OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss"})
+_NATIVE_OBJECT_STORES = tuple(
+    getattr(pafs, name) for name in ("S3FileSystem", "GcsFileSystem", "AzureFileSystem") if hasattr(pafs, name)
+)
+
+
+class CommitError(OSError):
+    """The commit could not put the job's files in place; those it had placed were removed again.
+
+    ``failures`` lists ``(path, exception)`` for every step that failed; ``remaining`` the paths
+    of this job that could not be removed again (empty when the destination is as it was).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        failures: Sequence[tuple[str, BaseException]] = (),
+        remaining: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+        self.remaining = list(remaining)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -53,15 +110,14 @@ class FileDatasink(Datasink):
         min_rows_per_file: int | None = None,
         max_rows_per_file: int | None = None,
         filesystem: Any = None,
+        write_success_marker: bool = True,
     ) -> None:
         if min_rows_per_file is not None and min_rows_per_file < 1:
             raise ValueError(f"min_rows_per_file must be at least 1, got {min_rows_per_file}")
         if max_rows_per_file is not None and max_rows_per_file < 1:
             raise ValueError(f"max_rows_per_file must be at least 1, got {max_rows_per_file}")
         if min_rows_per_file and max_rows_per_file and min_rows_per_file > max_rows_per_file:
-            raise ValueError(
-                f"min_rows_per_file ({min_rows_per_file}) > max_rows_per_file ({max_rows_per_file})"
-            )
+            raise ValueError(f"min_rows_per_file ({min_rows_per_file}) > max_rows_per_file ({max_rows_per_file})")
         fs, roots, prefix = resolve_filesystem([str(path)], filesystem)
         self._fs: pafs.FileSystem = fs
         self._root = roots[0].rstrip("/")
@@ -71,6 +127,8 @@ class FileDatasink(Datasink):
         self._max_rows = max_rows_per_file
         self._write_id = uuid.uuid4().hex[:16]
         self._retry_policy: RetryPolicy = default_retry_policy()
+        self.write_success_marker = write_success_marker
+        """Write an empty ``_SUCCESS`` in the destination once every file is in place."""
         self.written_files: list[str] = []
 
     @property
@@ -119,27 +177,27 @@ class FileDatasink(Datasink):
         return WriteResult(tuple(files), rows, size)
 
     def on_write_complete(self, write_results: list[Any]) -> None:
-        """Move every staged file of every successful task into place, then drop the staging folder."""
+        """Put every staged file of every successful task in place, in parallel, then ``_SUCCESS``.
+
+        Raises ``CommitError`` (after removing what it had placed) if any step fails.
+        """
         retrier = Retrier(self._retry_policy)
-        made: set[str] = set()
-        for result in write_results:
-            for relative in result.files:
-                source, target = f"{self.staging_dir}/{relative}", f"{self._root}/{relative}"
-                parent = target.rsplit("/", 1)[0]
-                if parent not in made:
-                    retrier.call(
-                        lambda p=parent: self._fs.create_dir(p, recursive=True),
-                        path=self._display(parent),
-                        action="create",
-                    )
-                    made.add(parent)
-                retrier.call(
-                    lambda s=source, t=target: self._fs.move(s, t),
-                    path=self._display(target),
-                    action="commit",
-                )
-                self.written_files.append(self._display(target))
-        self._remove_staging()
+        relatives = [relative for result in write_results for relative in result.files]
+        marker = f"{self._root}/{SUCCESS_MARKER}"
+        placed: list[str] = []  # every target this commit may have created, even by a failed call
+        failures: list[tuple[str, BaseException]] = []
+        if self.write_success_marker:
+            failures = self._step(marker, lambda: self._remove_marker(marker, retrier))
+        if not failures:
+            failures = self._place_all(relatives, retrier, placed)
+        if not failures:
+            failures = self._step(self.staging_dir, self._remove_staging)
+        if not failures and self.write_success_marker:
+            placed.append(marker)
+            failures = self._step(marker, lambda: self._write_marker(marker, retrier))
+        if failures:
+            self._abort_commit(len(relatives), placed, failures)
+        self.written_files.extend(self._display(f"{self._root}/{relative}") for relative in relatives)
 
     def on_write_failed(self, error: BaseException) -> None:
         """Remove the staging folder: a failed job leaves nothing behind."""
@@ -151,6 +209,107 @@ class FileDatasink(Datasink):
                 self._fs.delete_dir(self.staging_dir)
 
         Retrier(self._retry_policy).call(remove, path=self._display(self.staging_dir), action="remove")
+
+    def _commit_threads(self, count: int) -> int:
+        threads = COMMIT_THREADS if _is_object_store(self._fs) else LOCAL_COMMIT_THREADS
+        return max(1, min(threads, count))
+
+    def _place_all(self, relatives: list[str], retrier: Retrier, placed: list[str]) -> list[tuple[str, BaseException]]:
+        """Every staged file moved (or copied, on object stores) into place; the failures."""
+        if not relatives:
+            return []
+        copy = _is_object_store(self._fs)
+        targets = [f"{self._root}/{relative}" for relative in relatives]
+        parents = sorted({target.rsplit("/", 1)[0] for target in targets} - {self._root})
+
+        def create(parent: str) -> Callable[[], None]:
+            return lambda: retrier.call(
+                lambda: self._fs.create_dir(parent, recursive=True), path=self._display(parent), action="create"
+            )
+
+        def place(source: str, target: str) -> Callable[[], None]:
+            def run() -> None:
+                placed.append(target)  # before the call: a failed copy may still have created it
+                if copy:
+                    retrier.call(lambda: self._copy(source, target), path=self._display(target), action="commit")
+                else:
+                    retrier.call(lambda: self._fs.move(source, target), path=self._display(target), action="commit")
+
+            return run
+
+        with ThreadPoolExecutor(self._commit_threads(len(targets)), thread_name_prefix="commit") as pool:
+            failures = _run_all(pool, [(self._display(p), create(p)) for p in parents])
+            if failures:
+                return failures
+            calls = [
+                (self._display(target), place(f"{self.staging_dir}/{relative}", target))
+                for relative, target in zip(relatives, targets, strict=True)
+            ]
+            return _run_all(pool, calls)
+
+    def _copy(self, source: str, target: str) -> None:
+        inner = _fsspec_of(self._fs)
+        if inner is not None:
+            inner.cp_file(source, target)  # one copy request; ``copy_file`` would list both paths first
+        else:
+            self._fs.copy_file(source, target)
+
+    def _remove_marker(self, marker: str, retrier: Retrier) -> None:
+        def remove() -> None:
+            if self._fs.get_file_info(marker).type != pafs.FileType.NotFound:
+                self._fs.delete_file(marker)
+
+        retrier.call(remove, path=self._display(marker), action="remove")
+
+    def _write_marker(self, marker: str, retrier: Retrier) -> None:
+        def put() -> None:
+            with self._fs.open_output_stream(marker) as out:
+                out.write(b"")
+
+        retrier.call(put, path=self._display(marker), action="write")
+
+    def _step(self, path: str, fn: Callable[[], None]) -> list[tuple[str, BaseException]]:
+        try:
+            fn()
+        except Exception as exc:  # reported with the others by _abort_commit
+            return [(self._display(path), exc)]
+        return []
+
+    def _abort_commit(self, total: int, placed: list[str], failures: list[tuple[str, BaseException]]) -> None:
+        """Remove what this commit placed and the staging folder (best effort), then raise."""
+        retrier = Retrier(self._retry_policy)
+
+        def remove(path: str) -> Callable[[], None]:
+            def run() -> None:
+                def delete() -> None:
+                    if self._fs.get_file_info(path).type == pafs.FileType.File:
+                        self._fs.delete_file(path)
+
+                retrier.call(delete, path=self._display(path), action="remove")
+
+            return run
+
+        remaining: list[str] = []
+        if placed:
+            with ThreadPoolExecutor(self._commit_threads(len(placed)), thread_name_prefix="commit") as pool:
+                calls = [(self._display(path), remove(path)) for path in dict.fromkeys(placed)]
+                remaining = [path for path, _ in _run_all(pool, calls, stop_early=False)]
+        with contextlib.suppress(Exception):  # hidden from readers; the commit error below matters more
+            self._remove_staging()
+        shown = "; ".join(f"{path}: {type(exc).__name__}: {exc}" for path, exc in failures[:3])
+        more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
+        if not placed:
+            outcome = "none of its files had been put in place"
+        elif remaining:
+            listed = ", ".join(remaining[:3]) + (f" and {len(remaining) - 3} more" if len(remaining) > 3 else "")
+            outcome = f"{len(remaining)} of its files could not be removed again and remain: {listed}"
+        else:
+            outcome = "the files it had put in place were removed again"
+        msg = (
+            f"could not commit write {self._write_id} ({total} files) to {self._display(self._root)}: "
+            f"{shown}{more}. No {SUCCESS_MARKER} was written; {outcome}"
+        )
+        raise CommitError(msg, failures, remaining) from failures[0][1]
 
     def _split_by_partition(self, table: pa.Table) -> Iterator[tuple[str, pa.Table]]:
         if not self._partition_cols:
@@ -233,3 +392,44 @@ def combine(tables: list[pa.Table]) -> pa.Table:
     if len(tables) == 1:
         return tables[0]
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _run_all(
+    pool: ThreadPoolExecutor, calls: list[tuple[str, Callable[[], None]]], *, stop_early: bool = True
+) -> list[tuple[str, BaseException]]:
+    """Run ``calls`` (``(path, fn)``) on ``pool``; the ``(path, error)`` of each that failed.
+
+    With ``stop_early``, calls not started yet are cancelled after the first failure.
+    """
+    futures: dict[Future[None], str] = {pool.submit(fn): path for path, fn in calls}
+    failures: list[tuple[str, BaseException]] = []
+    for future in as_completed(futures):
+        if future.cancelled():
+            continue
+        error = future.exception()
+        if error is None:
+            continue
+        if stop_early and not failures:
+            for other in futures:
+                other.cancel()
+        failures.append((futures[future], error))
+    return failures
+
+
+def _fsspec_of(fs: pafs.FileSystem) -> Any:
+    if isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, pafs.FSSpecHandler):
+        return fs.handler.fs
+    return None
+
+
+def _is_object_store(fs: pafs.FileSystem) -> bool:
+    """Whether moving a file means copying it (S3, GCS, Azure): then the commit copies in parallel."""
+    if isinstance(fs, pafs.SubTreeFileSystem):
+        return _is_object_store(fs.base_fs)
+    if isinstance(fs, _NATIVE_OBJECT_STORES):
+        return True
+    inner = _fsspec_of(fs)
+    if inner is None:
+        return False
+    protocols = inner.protocol if isinstance(inner.protocol, tuple | list) else (inner.protocol,)
+    return any(protocol in _OBJECT_STORE_PROTOCOLS for protocol in protocols)

@@ -82,10 +82,10 @@ def test_csv_and_json_sinks_commit_and_read_back(tmp_path: Path) -> None:
             iter([table.select(["i", "s"]) if sink_cls is CSVDatasink else table]), TaskContext(3)
         )
         sink.on_write_complete([result])
-        assert len(os.listdir(dest)) == 3
+        assert len(os.listdir(dest)) == 4 and (dest / "_SUCCESS").exists()
         out = read_all(source_cls(str(dest)))
         assert sorted(out["i"].to_pylist()) == [1, 2, 3, 4, 5]
-    first = sorted(os.listdir(tmp_path / "JSONDatasink"))[0]
+    first = sorted(n for n in os.listdir(tmp_path / "JSONDatasink") if n.endswith(".json"))[0]
     assert json.loads((tmp_path / "JSONDatasink" / first).read_text().splitlines()[0])["b"] == "AA=="
 
 

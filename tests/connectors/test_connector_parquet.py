@@ -40,7 +40,9 @@ def _write(table: pa.Table, dest: Path, **kwargs) -> ParquetDatasink:
 def test_round_trip_through_sink_and_source(tmp_path: Path) -> None:
     sink = _write(_table(1000), tmp_path / "out", max_rows_per_file=300)
     assert len(sink.written_files) == 4
-    assert sorted(os.listdir(tmp_path / "out")) == sorted(os.path.basename(f) for f in sink.written_files)
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(
+        ["_SUCCESS", *(os.path.basename(f) for f in sink.written_files)]
+    )
     source = ParquetDatasource(str(tmp_path / "out"))
     assert source.count_rows() == 1000
     assert source.schema() == pa.schema([("id", pa.int64()), ("name", pa.string())])
@@ -51,7 +53,7 @@ def test_round_trip_through_sink_and_source(tmp_path: Path) -> None:
 def test_hive_partitions_become_typed_columns_and_filters_prune(tmp_path: Path) -> None:
     table = _table(600).append_column("year", pa.array([2020 + i % 3 for i in range(600)]))
     _write(table, tmp_path / "p", partition_cols=["year"])
-    assert sorted(os.listdir(tmp_path / "p")) == ["year=2020", "year=2021", "year=2022"]
+    assert sorted(os.listdir(tmp_path / "p")) == ["_SUCCESS", "year=2020", "year=2021", "year=2022"]
     source = ParquetDatasource(str(tmp_path / "p"))
     assert source.schema().field("year").type == pa.int64()
     io_stats.snapshot(reset=True)
@@ -141,7 +143,7 @@ def test_corrupt_file_names_the_file(tmp_path: Path, damage: str) -> None:
 def test_flipped_byte_is_caught_by_page_checksums(tmp_path: Path) -> None:
     table = pa.table({"x": pa.array(range(5000), pa.int64())})
     _write(table, tmp_path / "out", compression="none")
-    [name] = os.listdir(tmp_path / "out")
+    [name] = [n for n in os.listdir(tmp_path / "out") if n != "_SUCCESS"]
     path = tmp_path / "out" / name
     data = bytearray(path.read_bytes())
     data[len(data) // 3] ^= 0xFF  # inside the data page
@@ -203,7 +205,7 @@ def test_retried_task_attempt_does_not_duplicate(tmp_path: Path) -> None:
     sink.write(iter([_table(10)]), TaskContext(0, attempt=0))  # lost attempt: result never reported
     kept = sink.write(iter([_table(10)]), TaskContext(0, attempt=1))
     sink.on_write_complete([kept])
-    assert os.listdir(tmp_path / "out") == [os.path.basename(kept.files[0])]
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(["_SUCCESS", os.path.basename(kept.files[0])])
     assert read_all(ParquetDatasource(str(tmp_path / "out"))).num_rows == 10
 
 

@@ -49,7 +49,7 @@ def test_write_parquet_then_read_back_and_no_staging_left(s3) -> None:
     ]
     sink.on_write_complete(results)
     keys = s3.keys("out/")
-    assert len(keys) == 4 and not any("_staging" in k for k in keys)
+    assert len(keys) == 5 and "out/_SUCCESS" in keys and not any("_staging" in k for k in keys)
     assert _ids(read_all(ParquetDatasource("s3://test-bucket/out"))) == list(range(100))
 
 

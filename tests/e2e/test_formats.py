@@ -55,7 +55,8 @@ def test_parquet_round_trip(mode, tmp_path):
 def test_csv_round_trip(mode, tmp_path):
     table = _table(1500)
     dataflow.from_arrow(table).write_csv(str(tmp_path / "out"))
-    assert _files(tmp_path / "out") and all(p.suffix == ".csv" for p in _files(tmp_path / "out"))
+    files = _files(tmp_path / "out")
+    assert tmp_path / "out" / "_SUCCESS" in files and all(p.suffix == ".csv" for p in files if p.name != "_SUCCESS")
     back = dataflow.read_csv(str(tmp_path / "out")).to_arrow().sort_by("id")
     assert back.equals(table)
 
@@ -170,7 +171,7 @@ def test_from_huggingface(mode):
 def test_hive_partitions_projection_and_filter_pushdown(mode, tmp_path):
     table = _table(4000)
     dataflow.from_arrow(table).write_parquet(str(tmp_path / "hive"), partition_cols=["k"])
-    assert sorted(p.name for p in (tmp_path / "hive").iterdir()) == ["k=0", "k=1", "k=2", "k=3"]
+    assert sorted(p.name for p in (tmp_path / "hive").iterdir()) == ["_SUCCESS", "k=0", "k=1", "k=2", "k=3"]
     for path in _files(tmp_path / "hive", ".parquet"):
         assert "k" not in pq.read_schema(path).names  # the folder holds the value
     ds = dataflow.read_parquet(str(tmp_path / "hive"), columns=["id", "k"])

@@ -1,0 +1,68 @@
+"""Shapes that used to deadlock: a batch, or a file's minimum rows, bigger than a budget.
+
+Rule: an operator that needs N rows before it can run is always admitted enough to produce
+them (spilled past the store's capacity); no batch size, file size or block size stalls a plan.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+
+MiB = 1 << 20
+ROW_BYTES = 64 << 10  # 64 KiB rows ("decoded images")
+
+
+def _wide(batch):
+    n = len(batch["id"])
+    return {"id": batch["id"], "pixels": np.ones((n, ROW_BYTES // 8), dtype=np.float64)}
+
+
+class Model:
+    def __call__(self, batch):
+        assert len(batch["id"]) == 512 or batch["id"][-1] == 2047, len(batch["id"])
+        return {"id": batch["id"], "score": batch["pixels"].sum(axis=1)}
+
+
+SMALL = {
+    "object_store_memory": 64 * MiB,
+    "op_output_budget": 8 * MiB,
+    "consumer_buffer_bytes": 4 * MiB,
+    "min_task_input_bytes": 1,  # one 2 MiB block per task: no bundle reaches a batch on its own
+}
+
+
+@pytest.fixture(params=["local", "streaming"])
+def small_engine(request, fresh_engine):
+    dataflow.init(execution_mode=request.param, num_cpus=2, **SMALL)
+    yield request.param
+
+
+@pytest.mark.timeout(90)
+def test_a_batch_bigger_than_every_budget_runs(small_engine):
+    # 512 rows x 64 KiB = 32 MiB per batch: over the 16 MiB per-operator share of a 64 MiB store
+    ds = dataflow.range(2048, override_num_blocks=64).map_batches(_wide).map_batches(Model, batch_size=512, concurrency=1)
+    ids = np.concatenate([b["id"] for b in ds.iter_batches(batch_size=None, batch_format="numpy")])
+    assert sorted(ids.tolist()) == list(range(2048))
+
+
+@pytest.mark.timeout(90)
+def test_a_file_minimum_bigger_than_every_budget_is_written(small_engine, tmp_path):
+    ds = dataflow.range(4096, override_num_blocks=64).map_batches(_wide)
+    ds.write_parquet(str(tmp_path), min_rows_per_file=1024)  # 64 MiB per file
+    files = sorted(p for p in tmp_path.iterdir() if p.suffix == ".parquet")
+    rows = [pq.ParquetFile(p).metadata.num_rows for p in files]
+    assert sum(rows) == 4096
+    assert all(n >= 1024 for n in rows), rows
+
+
+@pytest.mark.timeout(90)
+def test_waits_are_charged_to_the_whole_wait(small_engine):
+    ds = dataflow.range(2048, override_num_blocks=64).map_batches(_wide).map_batches(Model, batch_size=512, concurrency=1)
+    assert ds.count() == 2048
+    stats = ds._last_handle.stats()
+    for op in stats.operators:
+        assert sum(op.waits.values()) <= stats.wall_s + 0.05, (op.name, op.waits, stats.wall_s)

@@ -147,7 +147,10 @@ class SplitDealer:
         if self.dropped_rows:
             log.warning(
                 "streaming_split(equal=True): dropped the last %d of %d rows so that each of %d splits gets %d",
-                self.dropped_rows, total, len(active), target,
+                self.dropped_rows,
+                total,
+                len(active),
+                target,
             )
         return leftovers
 
@@ -259,11 +262,18 @@ class SplitCoordinator:
         self._epoch = epoch
         self._ended = set()
         self._dealer = SplitDealer(self.n, self.equal)
-        self._handle = self._start()
-        threading.Thread(target=self._pump, args=(self._handle, self._dealer), name="dataflow-split", daemon=True).start()
+        self._handle = None
+        threading.Thread(target=self._pump, args=(self._dealer,), name="dataflow-split", daemon=True).start()
 
-    def _pump(self, handle: Any, dealer: SplitDealer) -> None:
+    def _pump(self, dealer: SplitDealer) -> None:
         try:
+            # Started here, not under the lock in ``try_next``: planning and starting an
+            # execution can take a while, and the socket server's thread (which calls
+            # ``try_next``) must stay free to send keepalives meanwhile.
+            handle = self._start()
+            with self._cond:
+                if self._dealer is dealer:
+                    self._handle = handle
             for ref in handle.iter_refs():
                 handle.detach(ref)
                 with self._cond:

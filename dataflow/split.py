@@ -5,7 +5,10 @@ whose blocks come from a shared ``engine.split.SplitCoordinator``. Every call to
 method starts the split's next epoch; an epoch's execution starts when the first split asks for
 it, once every split has finished the previous one. Iterators pickle: in another process (a
 ``torch.distributed`` rank started by a launcher) they connect to the coordinator's socket and
-map blocks from shared memory directly.
+map blocks from shared memory directly. Such an iterator never waits unboundedly: if the process
+that called ``streaming_split`` (it hosts the coordinator) dies or stops answering, it raises
+``SplitCoordinatorLostError`` within seconds (``engine.split_server.LIVENESS_S``), while a slow
+pipeline keeps it waiting as long as needed (the coordinator sends keepalives meanwhile).
 
 ``equal=True``: every split gets exactly ``floor(total / n)`` rows; the last ``total % n`` rows
 are dropped and reported (``SplitIterator.stats()["dropped_rows"]``, and a warning in the log).

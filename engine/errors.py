@@ -37,6 +37,12 @@ class ResourceError(DataflowError, ValueError):
     """A task asks for resources no node can ever provide."""
 
 
+class SplitCoordinatorLostError(DataflowError):
+    """A ``streaming_split`` iterator in another process lost its coordinator: the driver
+    process that called ``streaming_split`` (which hosts the coordinator) died, shut down, or
+    stopped answering for longer than the liveness window."""
+
+
 class EngineError(DataflowError):
     """An internal failure: this is a bug in dataflow, please report it."""
 

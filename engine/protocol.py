@@ -17,7 +17,7 @@ from typing import Any
 
 from engine import serialization
 
-VERSION = 2
+VERSION = 3
 MAGIC = b"DF"
 
 
@@ -77,6 +77,8 @@ class SplitNext:
 
     split: int
     epoch: int
+    seq: int = 0
+    """The client's number for this request, echoed in the reply and in every keepalive for it."""
 
 
 @dataclass
@@ -102,6 +104,17 @@ class SplitReply:
     error: Any = None
     busy_cpus: float = 0.0
     """CPUs the engine's workers were using when the piece was dealt."""
+    seq: int = 0
+    """The ``SplitNext.seq`` this answers."""
+
+
+@dataclass
+class SplitWaiting:
+    """Coordinator -> split iterator: request ``seq`` is parked (no piece to give yet) and the
+    coordinator is alive. Sent every ``split_server.KEEPALIVE_S`` while the request waits, so a
+    long wait for a slow pipeline is not mistaken for a dead coordinator."""
+
+    seq: int
 
 
 _KINDS: dict[type, int] = {
@@ -114,6 +127,7 @@ _KINDS: dict[type, int] = {
     SplitRelease: 7,
     SplitReply: 8,
     SplitAbandon: 9,
+    SplitWaiting: 10,
 }
 _TYPES = {v: k for k, v in _KINDS.items()}
 

@@ -2,98 +2,330 @@
 ask the coordinator for pieces over a ROUTER socket in the session's 0700 folder.
 
 A request that cannot be answered yet is parked and answered when the coordinator's state
-changes (the pump or a release writes to a wake-up pipe); nothing polls on a timer.
+changes (the pump or a release writes to a wake-up pipe). While a request is parked, its
+client gets a ``SplitWaiting`` keepalive every ``KEEPALIVE_S``: a client that hears nothing for
+``LIVENESS_S`` knows the coordinator is gone (its process died or stopped answering) and
+raises ``SplitCoordinatorLostError``, while a long wait for a slow pipeline never times out
+(the ZeroMQ guide's "Paranoid Pirate" heartbeating, one way).
+
+Whatever arrives on the socket is decoded and handled inside ``try``: a frame that is not a
+well-formed split request (a bad header, a body that does not unpickle, an unknown kind, an
+unknown split) is dropped, counted (``SplitServer.statistics``) and logged once per kind, and
+the server goes on serving. An exception in the coordinator while answering a request goes
+back to that client as an error reply, which it raises.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
+import math
 import os
 import threading
+import time
+import traceback
+from collections import Counter
 from typing import Any
 
 import zmq
 
-from engine import protocol
+from engine import protocol, serialization
+from engine.errors import DataflowError, SplitCoordinatorLostError
+from engine.object_store import BlockRef
 from engine.split import WAIT, Piece
+
+log = logging.getLogger("dataflow.split")
+
+KEEPALIVE_S = 1.0
+"""How often the server tells the client of each parked request that it is still there."""
+LIVENESS_S = 5.0
+"""How long a client waits without a word from the coordinator before it declares it gone:
+five keepalives missed in a row, so a driver busy for a moment (GIL, GC) is not taken for dead,
+while a rank still learns of a dead driver within seconds."""
+MAX_REQUEST_BYTES = 1 << 20
+"""A larger inbound message gets its sender disconnected (requests are a few hundred bytes)."""
+_MAX_BATCH = 1000
+"""Requests read per turn of the loop, so keepalives are sent on time under a flood."""
+_MAX_LOOP_FAILURES = 100
+"""Failures of the serving loop itself in a row after which the server gives up."""
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_piece(value: Any) -> bool:
+    if not isinstance(value, Piece) or not isinstance(value.ref, BlockRef):
+        return False
+    return isinstance(value.ref.block_id, str) and _is_index(value.offset) and _is_index(value.length)
+
+
+def _portable(err: BaseException) -> BaseException:
+    """``err`` if it survives pickling, else a DataflowError carrying its text and traceback."""
+    if serialization.dumps_exception(err) is not None:
+        return err
+    text = "".join(traceback.format_exception(err)).rstrip()
+    return DataflowError(f"the streaming_split coordinator failed: {type(err).__name__}: {err}\n\n{text}")
 
 
 class SplitServer:
+    """Serves ``coordinator`` at ``address`` on its own thread until ``close``."""
+
     def __init__(self, coordinator: Any, address: str) -> None:
         self._coordinator = coordinator
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a departed client fails, not vanishes
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
         self._sock.bind(address)
         self.address = address
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        self._wake_lock = threading.Lock()
+        self._wake_closed = False
         self._parked: list[tuple[bytes, protocol.SplitNext]] = []
+        self._outstanding: Counter[Piece] = Counter()
+        """Pieces dealt to clients and not released yet: a release of anything else is dropped."""
+        self._next_keepalive = time.monotonic()
+        self._stats_lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._dropped: Counter[str] = Counter()
+        self._warned: set[str] = set()
+        self._serving = True
         self._stop = False
         self._thread = threading.Thread(target=self._serve, name="dataflow-split-server", daemon=True)
         self._thread.start()
 
     def wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        with self._wake_lock:
+            if self._wake_closed:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
 
+    def statistics(self) -> dict[str, Any]:
+        """What the server has done: requests served, frames dropped (by kind), keepalives sent."""
+        with self._stats_lock:
+            return {
+                "serving": self._serving and self._thread.is_alive(),
+                "served": self._counts["served"],
+                "error_replies": self._counts["error_replies"],
+                "keepalives": self._counts["keepalives"],
+                "parked": len(self._parked),
+                "dropped": sum(self._dropped.values()),
+                "dropped_by_kind": dict(self._dropped),
+            }
+
+    # the loop ------------------------------------------------------------------------------
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        reason = f"the streaming_split coordinator at {self.address} was closed (the driver shut down)"
+        failures = 0
         try:
             while not self._stop:
-                events = dict(poller.poll())
-                if self._wake_r in events:
-                    try:
-                        while os.read(self._wake_r, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
-                if self._sock in events:
-                    while True:
-                        try:
-                            ident, *frames = self._sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._handle(ident, protocol.decode(frames))
-                self._retry_parked()
+                try:
+                    self._turn(poller)
+                    failures = 0
+                except Exception as err:  # a bug here must not leave every rank waiting
+                    failures += 1
+                    self._drop("serving loop error", f"{type(err).__name__}: {err}")
+                    if failures >= _MAX_LOOP_FAILURES:
+                        raise
+        except BaseException as err:
+            log.error("the streaming_split server at %s stopped: %s", self.address, err, exc_info=True)
+            reason = (
+                f"the streaming_split coordinator at {self.address} stopped serving after an internal "
+                f"error ({type(err).__name__}: {err}); this is a bug in dataflow, please report it"
+            )
         finally:
-            self._sock.close(linger=0)
+            with self._stats_lock:
+                self._serving = False
+            self._fail_parked(reason)
+            self._sock.close(linger=200)  # long enough for those last replies to go out
             self._ctx.term()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            with self._wake_lock:
+                self._wake_closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
+    def _turn(self, poller: zmq.Poller) -> None:
+        timeout = max(0.0, self._next_keepalive - time.monotonic()) if self._parked else KEEPALIVE_S
+        events = dict(poller.poll(math.ceil(timeout * 1000)))
+        if self._wake_r in events:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        if self._sock in events:
+            for _ in range(_MAX_BATCH):
+                try:
+                    parts = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._receive(parts)
+        self._retry_parked()
+        if self._parked and time.monotonic() >= self._next_keepalive:
+            self._send_keepalives()
+            self._next_keepalive = time.monotonic() + KEEPALIVE_S
+
+    def _receive(self, parts: list[bytes]) -> None:
+        if len(parts) < 2:
+            self._drop("empty message", f"{len(parts)} frames")
+            return
+        ident, frames = parts[0], parts[1:]
+        try:
+            msg = protocol.decode(frames)
+        except protocol.ProtocolError as err:
+            self._drop("bad header", str(err))
+            return
+        except BaseException as err:  # unpickling junk can raise anything at all
+            self._drop("undecodable body", f"{type(err).__name__}: {err}")
+            return
+        if protocol._KINDS.get(type(msg)) != frames[0][3]:  # decode checked the header, not the body
+            self._drop("body does not match its header", f"{type(msg).__name__} under kind {frames[0][3]}")
+            return
+        try:
+            self._handle(ident, msg)
+        except Exception as err:
+            self._drop("request failed", f"{type(msg).__name__}: {type(err).__name__}: {err}")
+
+    def _drop(self, kind: str, detail: str) -> None:
+        with self._stats_lock:
+            self._dropped[kind] += 1
+            first = kind not in self._warned
+            self._warned.add(kind)
+        if first:
+            log.warning(
+                "streaming_split server at %s dropped a message (%s: %s); further ones of this kind are "
+                "counted in statistics() but not logged",
+                self.address,
+                kind,
+                detail[:300],
+            )
+
+    def _count(self, what: str) -> None:
+        with self._stats_lock:
+            self._counts[what] += 1
+
+    # requests ------------------------------------------------------------------------------
     def _handle(self, ident: bytes, msg: Any) -> None:
-        if isinstance(msg, protocol.SplitRelease):
-            self._coordinator.release(msg.piece)
+        if isinstance(msg, protocol.SplitNext):
+            problem = self._check(msg.split, msg.epoch)
+            if problem is None and not _is_index(msg.seq):
+                problem = f"bad request number {msg.seq!r}"
+            if problem is not None:
+                self._drop("bad split request", problem)
+                if _is_index(msg.seq):  # the sender waits for an answer: tell it what is wrong
+                    self._send(ident, protocol.SplitReply(error=ValueError(problem), seq=msg.seq))
+                return
+            if not self._answer(ident, msg):
+                if not self._parked:
+                    self._next_keepalive = time.monotonic() + KEEPALIVE_S
+                self._parked.append((ident, msg))
+        elif isinstance(msg, protocol.SplitRelease):
+            piece = msg.piece
+            if not _is_piece(piece) or self._outstanding[piece] <= 0:  # (a Counter lookup adds nothing)
+                self._drop("release of an unknown piece", repr(piece)[:200])
+                return
+            self._outstanding[piece] -= 1
+            if self._outstanding[piece] <= 0:
+                del self._outstanding[piece]
+            self._coordinator.release(piece)
             self._retry_parked()
         elif isinstance(msg, protocol.SplitAbandon):
+            problem = self._check(msg.split, msg.epoch)
+            if problem is not None:
+                self._drop("bad split request", problem)
+                return
             self._coordinator.abandon(msg.split, msg.epoch)
             self._retry_parked()
-        elif isinstance(msg, protocol.SplitNext):
-            if not self._answer(ident, msg):
-                self._parked.append((ident, msg))
+        else:
+            self._drop("unexpected message kind", type(msg).__name__)
+
+    def _check(self, split: Any, epoch: Any) -> str | None:
+        n = self._coordinator.n
+        if not _is_index(split) or split >= n:
+            return f"unknown split {split!r} (this streaming_split has splits 0..{n - 1})"
+        if not _is_index(epoch):
+            return f"bad epoch {epoch!r}"
+        return None
 
     def _answer(self, ident: bytes, msg: protocol.SplitNext) -> bool:
+        """Reply to ``msg`` if there is an answer (a piece, the end, an error); False to park it."""
         try:
             result = self._coordinator.try_next(msg.split, msg.epoch)
-        except BaseException as err:
-            reply = protocol.SplitReply(error=err)
-        else:
-            if result == WAIT:
+            if isinstance(result, str) and result == WAIT:
                 return False
             piece = result if isinstance(result, Piece) else None
-            reply = protocol.SplitReply(piece=piece, busy_cpus=self._coordinator.busy_cpus())
-        self._sock.send_multipart([ident, *protocol.encode(reply)])
+            reply = protocol.SplitReply(piece=piece, busy_cpus=self._busy_cpus(), seq=msg.seq)
+        except BaseException as err:  # the execution's error, or the coordinator's: the client raises it
+            self._count("error_replies")
+            self._send(ident, protocol.SplitReply(error=_portable(err), seq=msg.seq))
+            return True
+        if piece is not None:
+            self._outstanding[piece] += 1
+        if self._send(ident, reply):
+            self._count("served")
+        elif piece is not None:  # nobody to take it: give it back so its block is freed
+            self._outstanding[piece] -= 1
+            if self._outstanding[piece] <= 0:
+                del self._outstanding[piece]
+            self._coordinator.release(piece)
+        return True
+
+    def _busy_cpus(self) -> float:
+        try:
+            return float(self._coordinator.busy_cpus())
+        except Exception:
+            return 0.0
+
+    def _send(self, ident: bytes, msg: Any) -> bool:
+        """Send ``msg`` to client ``ident``; False (and counted) if it cannot be delivered."""
+        try:
+            frames = protocol.encode(msg)
+        except Exception as err:
+            if not isinstance(msg, protocol.SplitReply) or msg.error is None:
+                raise
+            fallback = DataflowError(f"the streaming_split coordinator failed: {msg.error!r} ({err})")
+            frames = protocol.encode(protocol.SplitReply(error=fallback, seq=msg.seq))
+        try:
+            self._sock.send_multipart([ident, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError as err:  # EHOSTUNREACH: the client is gone; EAGAIN: it reads nothing
+            self._drop("reply to a departed client", f"{ident!r}: {err}")
+            return False
         return True
 
     def _retry_parked(self) -> None:
         parked, self._parked = self._parked, []
-        for ident, msg in parked:
-            if not self._answer(ident, msg):
+        for i, (ident, msg) in enumerate(parked):
+            try:
+                answered = self._answer(ident, msg)
+            except Exception:
+                self._parked.extend(parked[i:])  # _turn counts the error; the rest stay parked
+                raise
+            if not answered:
                 self._parked.append((ident, msg))
+
+    def _send_keepalives(self) -> None:
+        parked, self._parked = self._parked, []
+        for ident, msg in parked:
+            if self._send(ident, protocol.SplitWaiting(msg.seq)):
+                self._count("keepalives")
+                self._parked.append((ident, msg))
+
+    def _fail_parked(self, reason: str) -> None:
+        parked, self._parked = self._parked, []
+        for ident, msg in parked:
+            try:
+                self._send(ident, protocol.SplitReply(error=SplitCoordinatorLostError(reason), seq=msg.seq))
+            except Exception:
+                pass
 
     def close(self) -> None:
         self._stop = True
@@ -102,33 +334,94 @@ class SplitServer:
 
 
 class SplitClient:
-    """A split iterator's connection from another process."""
+    """A split iterator's connection from another process (one thread at a time).
 
-    def __init__(self, address: str) -> None:
+    Every wait is bounded: if the coordinator says nothing for ``liveness_s`` (default
+    ``LIVENESS_S``) while a request is outstanding, ``next`` raises
+    ``SplitCoordinatorLostError``, and so does every later call.
+    """
+
+    def __init__(self, address: str, liveness_s: float | None = None) -> None:
+        self.address = address
+        self._liveness_s = liveness_s
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 1000)
         self._sock.connect(address)
         self._busy_cpus = 0.0
+        self._seq = itertools.count(1)
+        self._lost: str | None = None
 
     def next(self, split: int, epoch: int) -> Piece | None:
-        self._sock.send_multipart(protocol.encode(protocol.SplitNext(split, epoch)))
-        reply: protocol.SplitReply = protocol.decode(self._sock.recv_multipart())
-        if reply.error is not None:
-            raise reply.error
-        self._busy_cpus = reply.busy_cpus
-        return reply.piece  # type: ignore[no-any-return]
+        """The next piece of ``epoch`` for ``split``, None at its end; waits as long as the
+        coordinator keeps saying it is alive."""
+        if self._lost is not None:
+            raise SplitCoordinatorLostError(self._lost)
+        seq = next(self._seq)
+        window = self._liveness_s if self._liveness_s is not None else LIVENESS_S
+        try:
+            self._sock.send_multipart(protocol.encode(protocol.SplitNext(split, epoch, seq)), zmq.NOBLOCK)
+        except zmq.Again:
+            raise self._lose("its requests are not being read") from None
+        deadline = time.monotonic() + window
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._lose(f"it has not answered for {window:g} s")
+            if not self._sock.poll(math.ceil(remaining * 1000), zmq.POLLIN):
+                continue
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            try:
+                msg = protocol.decode(frames)
+            except Exception as err:
+                text = f"a reply from the streaming_split coordinator at {self.address} could not be decoded: {err}"
+                raise DataflowError(text) from err
+            deadline = time.monotonic() + window  # it spoke: it is alive
+            if isinstance(msg, protocol.SplitWaiting) or not isinstance(msg, protocol.SplitReply):
+                continue
+            if msg.seq != seq:  # the answer to a request abandoned by an interrupted call
+                if msg.piece is not None and msg.error is None:
+                    self.release(msg.piece)
+                continue
+            if msg.error is not None:
+                if isinstance(msg.error, SplitCoordinatorLostError):
+                    self._lost = str(msg.error)
+                raise msg.error
+            self._busy_cpus = msg.busy_cpus
+            return msg.piece  # type: ignore[no-any-return]
+
+    def _lose(self, why: str) -> SplitCoordinatorLostError:
+        self._lost = (
+            f"lost the streaming_split coordinator at {self.address}: {why}. The driver process that "
+            "called streaming_split (it hosts the coordinator) has died, shut down or hung; this split "
+            "iterator cannot go on"
+        )
+        return SplitCoordinatorLostError(self._lost)
 
     def busy_cpus(self) -> float:
         """What the coordinator said with its last piece."""
         return self._busy_cpus
 
     def release(self, piece: Piece) -> None:
-        self._sock.send_multipart(protocol.encode(protocol.SplitRelease(piece)))
+        self._post(protocol.SplitRelease(piece))
 
     def abandon(self, split: int, epoch: int) -> None:
-        self._sock.send_multipart(protocol.encode(protocol.SplitAbandon(split, epoch)))
+        self._post(protocol.SplitAbandon(split, epoch))
+
+    def _post(self, msg: Any) -> None:
+        """Send a message that has no reply; nothing to do once the coordinator is lost."""
+        if self._lost is not None:
+            return
+        try:
+            self._sock.send_multipart(protocol.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning(
+                "streaming_split coordinator at %s is not reading; %s not sent", self.address, type(msg).__name__
+            )
 
     def close(self) -> None:
-        self._sock.close()
+        self._sock.close(linger=0 if self._lost is not None else 1000)
         self._ctx.term()

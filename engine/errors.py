@@ -84,9 +84,20 @@ def make_user_error(
         f"{cause_type} in {udf_name}{where}: {cause if cause is not None else ''}\n\n"
         f"Traceback from the worker (engine frames removed):\n{remote_traceback.rstrip()}"
     )
+    if cause is not None and not isinstance(cause, Exception):
+        # KeyboardInterrupt, SystemExit: the caller gets the exception itself (``except
+        # KeyboardInterrupt`` must work); the UDF and the worker's traceback ride in a note
+        cause.add_note(message)
+        return cause  # type: ignore[return-value]
     cls = _user_error_class(type(cause)) if cause is not None else UserCodeError
-    err: Any = cls.__new__(cls, message)
-    err.args = (message,)
+    try:
+        err: Any = cls.__new__(cls, message)
+        err.args = (message,)
+    except Exception:  # a class whose constructor wants other arguments (ExceptionGroup...)
+        if cause is None:
+            raise
+        cause.add_note(message)
+        return cause  # type: ignore[return-value]
     if cause is not None:
         for attr in ("errno", "strerror", "filename", "code"):
             if hasattr(cause, attr):
@@ -98,3 +109,11 @@ def make_user_error(
     err.remote_traceback = remote_traceback
     err.__cause__ = cause
     return err  # type: ignore[no-any-return]
+
+
+def unpicklable_error(op_name: str, what: str, err: Exception) -> UserCodeError:
+    """The error for a UDF or task input that cannot be pickled to reach a worker."""
+    import traceback
+
+    context = f"(pickling {what} of {op_name} to send it to a worker process; define it at module level or make it picklable)"
+    return make_user_error(op_name, err, type(err).__name__, "".join(traceback.format_exception_only(err)), context)

@@ -15,18 +15,20 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import zmq
 
 from engine import protocol
 from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_RESOURCES, WAIT_WORKER
-from engine.errors import EngineError
+from engine.errors import EngineError, unpicklable_error
 from engine.execution import Execution, check_resources
 from engine.object_store import BlockRef, SharedMemoryStore
 from engine.operators.map import MapOperator, Pending
@@ -63,7 +65,14 @@ class StreamingExecutor:
         self._socket = DriverSocket(self._ctx, address, self._curve)
         self._wake_r, self._wake_w = os.pipe()
         self._wake_closed = False
+        self._wake_lock = threading.Lock()
+        """Held while writing to or closing the wake-up pipe: a thread that wakes the loop during
+        teardown must never write into a descriptor number the process has since reused."""
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.dropped_messages = 0
+        """Frames from workers or peers that could not be decoded or handled (dropped, counted)."""
+        self._submitted: list[Execution] = []
         self._commands: deque[Callable[[], None]] = deque()
         self._executions: list[Execution] = []
         self._actors: dict[str, list[WorkerHandle]] = {}
@@ -74,7 +83,8 @@ class StreamingExecutor:
         }
         self.pool = WorkerPool(worker_args, per_worker_args=self._worker_keys if self._curve else None)
         self._start_failures = 0
-        self._broken: str | None = None
+        self._fs_fd: int | None = None
+        """The zygote's pipe, while the loop watches it."""
         self._gpus = GpuLedger(options.resolved_num_gpus())
         self._ledger = ResourceLedger(options.resolved_num_cpus(), dict(options.resources))
         self._inline_queue: queue.SimpleQueue[tuple[Execution, MapOperator, Pending] | None] = queue.SimpleQueue()
@@ -87,6 +97,7 @@ class StreamingExecutor:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="dataflow-executor", daemon=True)
         self._poller = zmq.Poller()
+        self._turn = 0
 
     def _worker_keys(self) -> dict[str, Any]:
         """A fresh CurveZMQ key pair for one worker, admitted by the driver's socket."""
@@ -101,24 +112,28 @@ class StreamingExecutor:
         self.call_soon(self._start_workers)
 
     def call_soon(self, fn: Callable[[], None]) -> None:
+        """Any thread: run ``fn`` on the loop's thread (dropped once the loop has ended)."""
         self._commands.append(fn)
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
+        self._wake()
 
     def _wake(self) -> None:
-        """Any thread: make the loop look again (a listing thread has new read tasks)."""
-        if self._wake_closed:
-            return
-        try:
-            os.write(self._wake_w, b"s")
-        except (BlockingIOError, OSError):
-            pass
+        """Any thread: make the loop look again (a command, a listing thread's read tasks)."""
+        with self._wake_lock:
+            if self._wake_closed:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass  # full: the loop has wake-ups pending anyway
 
     def submit(self, execution: Execution) -> None:
         """Start running ``execution``; its outputs appear in ``execution.buffer``."""
         check_resources(execution, self.options)
+        if self._error is not None or not self._thread.is_alive():
+            why = f": {self._error!r}" if self._error is not None else ""
+            msg = f"dataflow's executor is no longer running{why}; call dataflow.shutdown() and try again"
+            raise EngineError(msg)
+        self._submitted.append(execution)
         self.call_soon(lambda: self._add_execution(execution))
 
     def release(self, execution: Execution, ref: BlockRef) -> None:
@@ -193,17 +208,32 @@ class StreamingExecutor:
         except BaseException as err:  # the loop must never die silently
             log.exception("executor loop failed")
             self._error = err
-            for execution in self._executions:
-                execution.fail(EngineError(f"the executor failed (this is a bug in dataflow): {err!r}"))
         finally:
             self._teardown()
 
+    def _guarded(self, what: str, fn: Callable[[], None], execution: Execution | None = None) -> None:
+        """Run one step of the loop; an exception fails ``execution`` (if known) and is logged,
+        never the loop: one bad message or one plan's bug must not stop every other job."""
+        try:
+            fn()
+        except Exception as err:
+            log.exception("dataflow executor: %s failed", what)
+            if execution is not None:
+                execution.fail(EngineError(f"{what} failed (this is a bug in dataflow): {err!r}"))
+                self._reap(execution)
+
     def _poll_timeout(self) -> int | None:
+        """How long the loop may sleep with nothing happening: deadlines only, never a poll."""
         if self._stopping:
             return 100
+        timeouts = []
         if any(a for a in self._actors.values()):
-            return int(self.options.actor_idle_timeout_s * 1000)
-        return None
+            timeouts.append(self.options.actor_idle_timeout_s)
+        starting = [h.spawned_at for h in self.pool.live() if h.state == STARTING and h.pid is not None]
+        if starting:
+            deadline = min(starting) + self.options.worker_start_timeout_s - time.monotonic()
+            timeouts.append(max(0.01, deadline + 0.01))
+        return int(min(timeouts) * 1000) if timeouts else None
 
     def _handle_events(self, events: dict[Any, int]) -> None:
         if self._wake_r in events:
@@ -213,35 +243,117 @@ class StreamingExecutor:
             except BlockingIOError:
                 pass
         while self._commands:
-            self._commands.popleft()()
+            self._guarded("a command", self._commands.popleft())
         if self._socket.sock in events:
             while True:
                 try:
                     worker_id, frames = self._socket.recv()
                 except zmq.Again:
                     break
+                except Exception as err:  # a peer with an identity that is not ours (not text)
+                    self._drop(f"unreadable message: {err!r}")
+                    continue
                 try:
                     msg = protocol.decode(frames)
-                except protocol.ProtocolError as err:
-                    log.warning("dropped a message from %s: %s", worker_id, err)
+                except Exception as err:  # bad header, no body, bad ids, a body that does not unpickle
+                    self._drop(f"undecodable message from {worker_id!r}: {err!r}")
                     continue
-                self._on_message(worker_id, msg)
-        fs = self.pool.forkserver
-        if fs is not None and fs.fileno in events:
-            for handle in self.pool.on_forked():
-                assert handle.pidfd is not None
-                self._poller.register(handle.pidfd, zmq.POLLIN)
+                self._guarded(f"handling {type(msg).__name__} from {worker_id}", partial(self._on_message, worker_id, msg))
+        if self._fs_fd is not None and self._fs_fd in events:
+            self._guarded("watching the zygote", self._on_zygote_output)
         for fd in [fd for fd in events if isinstance(fd, int) and fd in self.pool.by_pidfd]:
-            self._on_death(self.pool.by_pidfd[fd])
+            handle = self.pool.by_pidfd[fd]
+            self._guarded(f"the death of worker {handle.worker_id}", partial(self._on_death, handle))
         while self._inline_results:
             execution, op, _pending, result = self._inline_results.popleft()
             self._inline_busy = False
-            self._finish_task(execution, op, result)
-        self._retire_idle_actors()
+            self._guarded(f"a task of {op.name}", partial(self._finish_task, execution, op, result), execution)
+        self._guarded("retiring idle actors", self._retire_idle_actors)
+        self._guarded("checking starting workers", self._check_start_deadlines)
+
+    def _drop(self, why: str) -> None:
+        self.dropped_messages += 1
+        if self.dropped_messages <= 10 or self.dropped_messages % 1000 == 0:
+            log.warning("dataflow executor dropped a message (%d so far): %s", self.dropped_messages, why)
+
+    def _on_zygote_output(self) -> None:
+        """The zygote reported forked pids, or its pipe closed: it died (killed, OOM)."""
+        fs = self.pool.forkserver
+        if fs is None or fs.fileno != self._fs_fd:  # a stale registration: watch the current one
+            self._unwatch_zygote()
+            if fs is not None:
+                self._watch_zygote()
+            return
+        for handle in self.pool.on_forked():
+            assert handle.pidfd is not None
+            self._poller.register(handle.pidfd, zmq.POLLIN)
+        if fs.eof:
+            self._zygote_gone()
+
+    def _zygote_gone(self) -> None:
+        """Stop watching a dead zygote; the workers it never forked are requested again."""
+        self._unwatch_zygote()
+        self.pool.forget_forkserver()
+        if self._stopping:
+            return
+        log.warning("dataflow: the zygote that forks workers exited; starting a new one")
+        for handle in [h for h in self.pool.live() if h.pid is None]:
+            self.pool.mark_dead(handle)
+            if handle.gpus:
+                self._gpus.release(handle.gpus, handle.gpu_amount)
+            self._replace(handle)
+
+    def _watch_zygote(self) -> None:
+        fs = self.pool.forkserver
+        if fs is not None and self._fs_fd is None:
+            self._poller.register(fs.fileno, zmq.POLLIN)
+            self._fs_fd = fs.fileno
+
+    def _unwatch_zygote(self) -> None:
+        if self._fs_fd is not None:
+            try:
+                self._poller.unregister(self._fs_fd)
+            except KeyError:
+                pass
+            self._fs_fd = None
+
+    def _spawn(self, kind: str, env: dict[str, str] | None = None) -> WorkerHandle:
+        """A new worker through the zygote (a new zygote if it died), watched by the loop."""
+        fs = self.pool.forkserver
+        if fs is not None and not fs.alive():
+            self._zygote_gone()  # before its pipe is closed and its fd number reused
+        handle = self.pool.spawn(kind, env)
+        if self._fs_fd is not None and (self.pool.forkserver is None or self.pool.forkserver.fileno != self._fs_fd):
+            self._unwatch_zygote()
+        self._watch_zygote()
+        return handle
+
+    def _check_start_deadlines(self) -> None:
+        """A worker that has not said Ready within ``worker_start_timeout_s`` is killed (its death
+        is then handled as a failed start)."""
+        now = time.monotonic()
+        for handle in self.pool.live():
+            if handle.state == STARTING and handle.pid is not None and now - handle.spawned_at > self.options.worker_start_timeout_s:
+                log.warning("worker %s (pid %s) did not start within %.0f s; killing it", handle.worker_id, handle.pid, self.options.worker_start_timeout_s)
+                try:
+                    os.kill(handle.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                handle.spawned_at = float("inf")  # killed once
 
     def _on_message(self, worker_id: str, msg: Any) -> None:
         handle = self.pool.workers.get(worker_id)
         if handle is None:
+            if isinstance(msg, protocol.TaskDone):  # after its worker's death: the task was retried
+                for ref in getattr(msg.result, "refs", ()):
+                    self.store.free(ref)
+            else:
+                self._drop(f"{type(msg).__name__} from unknown worker {worker_id!r}")
+            return
+        if isinstance(msg, protocol.TaskDone) and (
+            handle.task is None or getattr(msg.result, "task_id", None) != handle.task[2].spec.task_id
+        ):
+            self._drop(f"TaskDone from {worker_id} for a task it was not running")
             return
         if isinstance(msg, protocol.Ready):
             self._start_failures = 0
@@ -257,6 +369,10 @@ class StreamingExecutor:
             handle.task = None
             handle.state = IDLE
             handle.idle_since = time.monotonic()
+            for ref in msg.result.refs:
+                counter = ref.block_id.rsplit("-", 1)[-1]
+                if counter.isdigit():
+                    handle.last_accepted = max(handle.last_accepted, int(counter))
             if task is not None:
                 execution, op, _ = task
                 self._finish_task(execution, op, msg.result)
@@ -281,76 +397,126 @@ class StreamingExecutor:
         task = handle.task
         never_started = handle.state == STARTING
         retired = handle.state == RETIRING
-        self._poller.unregister(handle.pidfd)
+        if handle.pidfd is not None:
+            self._poller.unregister(handle.pidfd)
         self.pool.mark_dead(handle)
+        self._sweep_orphans(handle)
         if handle.gpus:
             self._gpus.release(handle.gpus, handle.gpu_amount)
-        if handle.kind == TASK_KIND and self._workers_ready:
-            self._workers_ready -= 0 if never_started else 1
+        if handle.kind == TASK_KIND and self._workers_ready and not never_started:
+            self._workers_ready -= 1
         if self._stopping or retired:
             return
         log.warning("worker %s (pid %s) died", handle.worker_id, handle.pid)
         if never_started:
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:
-                self._broken = (
-                    f"{self._start_failures} worker processes in a row exited before they were ready; "
-                    "their error output above says why"
+                # fail what runs now, but do not break the session: a later job tries again
+                self._start_failures = 0
+                why = (
+                    f"{MAX_START_FAILURES} worker processes in a row exited before they were ready "
+                    f"(the last: pid {handle.pid}); a worker's error, if it printed one, is on this "
+                    "process's standard error"
                 )
-                for execution in self._executions:
-                    execution.fail(EngineError(self._broken))
-                return
+                for execution in list(self._executions):
+                    execution.fail(EngineError(why))
+                    self._reap(execution)
         if task is not None:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)
             if not execution.cancelled:
                 execution.task_lost(op, pending.spec.task_id, f"worker pid {handle.pid} exited")
+            else:
+                op.pending.pop(pending.spec.task_id, None)
+            self._reap(execution)
+        self._replace(handle)
+
+    def _replace(self, handle: WorkerHandle) -> None:
+        """Start a worker in place of a dead one (a task worker, or an actor of a running pool)."""
         if handle.kind == TASK_KIND:
-            self.pool.spawn(TASK_KIND)
+            self._spawn(TASK_KIND)
         elif handle.kind in self._actors:
             pool = self._actors[handle.kind]
             if handle in pool:
                 pool.remove(handle)
-            replacement = self._spawn_actor(handle.kind, handle.gpu_amount)
-            if replacement is not None:
-                pool.append(replacement)
+            if self._actor_op(handle.kind) is not None:
+                replacement = self._spawn_actor(handle.kind, handle.gpu_amount)
+                if replacement is not None:
+                    pool.append(replacement)
+
+    def _sweep_orphans(self, handle: WorkerHandle) -> None:
+        """Remove the block files a dead worker wrote that the driver never accepted (the output
+        of the task it died in, or of a reply that never arrived): nobody else would."""
+        if handle.pid is None:
+            return
+        prefix = f"{handle.worker_id}.{handle.pid}-"
+        for folder in (self.store.shm_dir, self.store.spill_dir):
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if not name.startswith(prefix):
+                    continue
+                counter = name[len(prefix) :].split(".", 1)[0]
+                if counter.isdigit() and int(counter) > handle.last_accepted:
+                    try:
+                        os.unlink(os.path.join(folder, name))
+                    except FileNotFoundError:
+                        pass
 
     # scheduling ----------------------------------------------------------------------------
     def _schedule(self) -> None:
+        """Dispatch to free workers, one task per execution per round, so executions running
+        together (a train and an eval iterator) share the workers instead of the first taking all."""
         if self._stopping:
             return
+        if self._executions:
+            self._turn = (self._turn + 1) % len(self._executions)
+        active = self._executions[self._turn :] + self._executions[: self._turn]
+        waits: dict[int, dict[int, str]] = {execution.id: {} for execution in active}
+        while active:
+            still = []
+            for execution in active:
+                try:
+                    if self._dispatch_one(execution, waits[execution.id]):
+                        still.append(execution)
+                except Exception as err:
+                    log.exception("dataflow executor: scheduling %s failed", execution.id)
+                    execution.fail(EngineError(f"scheduling failed (this is a bug in dataflow): {err!r}"))
+            active = still
         for execution in list(self._executions):
-            waits: dict[int, str] = {}
-            ops = execution.map_ops()
-            while True:
-                candidates: list[Candidate] = []
-                choices: list[tuple[MapOperator, WorkerHandle | str]] = []
-                for op in ops:
-                    ready, reason = execution.dispatchable(op)
-                    if not ready:
-                        waits.pop(id(op), None)
-                        continue
-                    if reason is not None:
-                        waits[id(op)] = reason
-                        continue
-                    if not self._ledger.fits(op.resources.num_cpus, op.resources.custom):
-                        waits[id(op)] = WAIT_RESOURCES
-                        continue
-                    slot = self._free_slot(op)
-                    if slot is None:
-                        waits[id(op)] = self._actor_wait(op) if op.actor_pool else WAIT_WORKER
-                        continue
-                    waits.pop(id(op), None)
-                    candidates.append(Candidate(op.key, execution.depth[id(op)], op.held_bytes, op.in_flight()))
-                    choices.append((op, slot))
-                index = pick(candidates)
-                if index is None:
-                    break
-                op, slot = choices[index]
-                self._dispatch(execution, op, slot)
-            self._grow_actor_pools(execution)
-            execution.note_waits(waits)
+            self._guarded("growing actor pools", partial(self._grow_actor_pools, execution), execution)
+            execution.note_waits(waits.get(execution.id, {}))
             self._reap(execution)
+
+    def _dispatch_one(self, execution: Execution, waits: dict[int, str]) -> bool:
+        """Dispatch the most urgent ready task of ``execution``; False when none may start."""
+        candidates: list[Candidate] = []
+        choices: list[tuple[MapOperator, WorkerHandle | str]] = []
+        for op in execution.map_ops():
+            ready, reason = execution.dispatchable(op)
+            if not ready:
+                waits.pop(id(op), None)
+                continue
+            if reason is not None:
+                waits[id(op)] = reason
+                continue
+            if not self._ledger.fits(op.resources.num_cpus, op.resources.custom):
+                waits[id(op)] = WAIT_RESOURCES
+                continue
+            slot = self._free_slot(op)
+            if slot is None:
+                waits[id(op)] = self._actor_wait(op) if op.actor_pool else WAIT_WORKER
+                continue
+            waits.pop(id(op), None)
+            candidates.append(Candidate(op.key, execution.depth[id(op)], op.held_bytes, op.in_flight()))
+            choices.append((op, slot))
+        index = pick(candidates)
+        if index is None:
+            return False
+        op, slot = choices[index]
+        return self._dispatch(execution, op, slot)
 
     def _actor_wait(self, op: MapOperator) -> str:
         pool = self._actors.get(f"actor:{op.key}", [])
@@ -369,27 +535,43 @@ class StreamingExecutor:
             return INLINE
         return None
 
-    def _dispatch(self, execution: Execution, op: MapOperator, slot: WorkerHandle | str) -> None:
+    def _dispatch(self, execution: Execution, op: MapOperator, slot: WorkerHandle | str) -> bool:
+        """Send ``op``'s next task to ``slot``; False (and the execution failed) when the task
+        cannot be sent: a UDF or a read task that does not pickle is that job's error."""
+        transform = None
+        if isinstance(slot, WorkerHandle) and op.digest not in slot.digests:
+            try:
+                transform = op.transform_bytes
+            except Exception as err:
+                execution.fail(unpicklable_error(op.name, "its function", err))
+                return False
         pending = op.next_task()
         spec = pending.spec
         expected = op.expected_output_bytes(prior=float(execution.options.target_max_block_size))
         spec.spill = self.store_used + expected > self.store_capacity
+        frames: list[bytes] = []
+        if isinstance(slot, WorkerHandle):
+            try:
+                frames = protocol.encode(protocol.RunTask(spec, transform, sys.path if transform is not None else None))
+            except Exception as err:
+                op.pending.pop(spec.task_id, None)
+                execution.fail(unpicklable_error(op.name, "a task's inputs (its read task or arguments)", err))
+                return False
         self._ledger.take(op.resources.num_cpus, op.resources.custom)
         if slot == INLINE:
             self._inline_busy = True
             self._ensure_inline_thread()
             self._inline_queue.put((execution, op, pending))
-            return
+            return True
         assert isinstance(slot, WorkerHandle)
-        transform = None if op.digest in slot.digests else op.transform_bytes
         slot.digests.add(op.digest)
         slot.state = BUSY
         slot.task = (execution, op, pending)
         try:
-            sys_path = sys.path if transform is not None else None
-            self._socket.send(slot.worker_id, protocol.encode(protocol.RunTask(spec, transform, sys_path)))
+            self._socket.send(slot.worker_id, frames)
         except zmq.ZMQError:  # the worker vanished between Ready and now: its pidfd will say so
             pass
+        return True
 
     def _ensure_inline_thread(self) -> None:
         if self._inline_thread is None:
@@ -404,10 +586,7 @@ class StreamingExecutor:
             execution, op, pending = item
             result = run_task(pending.spec, op.transform, self.store)
             self._inline_results.append((execution, op, pending, result))
-            try:
-                os.write(self._wake_w, b"i")
-            except OSError:
-                pass
+            self._wake()
 
     # actor pools ---------------------------------------------------------------------------
     def _grow_actor_pools(self, execution: Execution) -> None:
@@ -445,7 +624,7 @@ class StreamingExecutor:
             grant = maybe
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in grant)
         self.pool.preload_like_driver()
-        handle = self.pool.spawn(kind, env)
+        handle = self._spawn(kind, env)
         handle.gpus, handle.gpu_amount = grant, num_gpus
         return handle
 
@@ -477,11 +656,12 @@ class StreamingExecutor:
 
     # executions ----------------------------------------------------------------------------
     def _add_execution(self, execution: Execution) -> None:
-        if self._broken is not None or self._stopping:
-            reason = self._broken or "dataflow was shut down before this dataset started"
-            execution.fail(EngineError(reason))
+        if self._stopping:
+            execution.fail(EngineError("dataflow was shut down before this dataset started"))
             execution.stopped.set()
             return
+        if execution in self._submitted:
+            self._submitted.remove(execution)
         self._executions.append(execution)
         for op in execution.map_ops():
             op.pull_source_in_background(self._wake)
@@ -502,10 +682,8 @@ class StreamingExecutor:
 
     # start and stop ------------------------------------------------------------------------
     def _start_workers(self) -> None:
-        fs = self.pool.start_forkserver()
-        self._poller.register(fs.fileno, zmq.POLLIN)
         for _ in range(self.options.resolved_num_cpus()):
-            self.pool.spawn(TASK_KIND)
+            self._spawn(TASK_KIND)
         # torch (if the script imported it) is for actors, imported just before the first one
         # is forked (``_spawn_actor``). Not now: task workers rarely need it, and a training
         # loop starting now would lose 1.3 CPU-s to an import nobody uses
@@ -526,13 +704,21 @@ class StreamingExecutor:
         return time.monotonic() > self._stop_deadline
 
     def _teardown(self) -> None:
-        for execution in self._executions:
+        why = (
+            f"dataflow's executor failed (this is a bug in dataflow): {self._error!r}"
+            if self._error is not None
+            else "dataflow was shut down while this dataset was running"
+        )
+        for execution in self._submitted + self._executions:  # nobody waits forever on a dead loop
             for op in execution.map_ops():
                 op.close_source()
-        self._wake_closed = True  # a listing thread still finishing a call must not write to it
+            execution.fail(EngineError(why))
+            execution.stopped.set()
+        with self._wake_lock:  # a thread waking the loop now must not write into a reused fd
+            self._wake_closed = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         self._inline_queue.put(None)
         self.pool.close()
         self._socket.close()
         self._ctx.term()
-        os.close(self._wake_r)
-        os.close(self._wake_w)

@@ -113,6 +113,8 @@ class ForkServer:
         )
         assert self.proc.stdout is not None
         self._buffer = ""
+        self.eof = False
+        """Its pipe closed: the zygote is gone."""
         self.requested = 0
         self.replied = 0
         self.fileno = self.proc.stdout.fileno()
@@ -138,6 +140,7 @@ class ForkServer:
         except BlockingIOError:
             return []
         if not chunk:
+            self.eof = True
             return []
         self._buffer += chunk.decode()
         *lines, self._buffer = self._buffer.split("\n")

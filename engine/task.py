@@ -116,7 +116,7 @@ def run_task(spec: TaskSpec, transform: BlockTransform, store: BlockStore) -> Ta
                 result.num_rows += ref.num_rows
                 result.size_bytes += ref.size_bytes
             result.refs = written
-    except Exception as err:  # everything is reported; nothing escapes a task
+    except BaseException as err:  # everything is reported (SystemExit too); nothing escapes a task
         for ref in written:
             store.free(ref)
         result.refs = []

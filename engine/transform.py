@@ -22,6 +22,11 @@ ROW_CHUNK = 16384
 """Rows turned into Python dicts at a time inside a row-stage chain (bounds their memory)."""
 
 
+USER_ERRORS: tuple[type[BaseException], ...] = (Exception, KeyboardInterrupt, SystemExit)
+"""What a UDF may raise and have reported as its own error (``KeyboardInterrupt`` and
+``SystemExit`` included: they reach the caller as themselves, never as a dead worker)."""
+
+
 class UDFFailure(Exception):
     """Internal: user code raised ``error`` inside stage ``udf_name`` (unwrapped by the worker)."""
 
@@ -68,7 +73,7 @@ class Stage:
             if isinstance(self.fn, type):
                 try:
                     self._callable = self.fn(*self.fn_constructor_args, **self.fn_constructor_kwargs)
-                except Exception as err:
+                except USER_ERRORS as err:
                     raise UDFFailure(f"{self.name} (constructor of {udf_name(self.fn)})", err) from err
             else:
                 self._callable = self.fn
@@ -126,7 +131,7 @@ def _call(stage: Stage, fn: Callable[..., Any], value: Any) -> Any:
         return fn(value, *stage.fn_args, **stage.fn_kwargs)
     except UDFFailure:
         raise
-    except Exception as err:
+    except USER_ERRORS as err:
         if not stage.user_code:
             raise
         raise UDFFailure(stage.name, err) from err
@@ -179,7 +184,7 @@ def _apply_row_stage(stage: Stage, fn: Callable[..., Any], rows: list[Any]) -> l
             return [out for r in rows for out in fn(r)]
     except UDFFailure:
         raise
-    except Exception as err:
+    except USER_ERRORS as err:
         if not stage.user_code:
             raise
         raise UDFFailure(stage.name, err) from err
@@ -221,7 +226,7 @@ def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Ta
                 yield to_block(out)
         except UDFFailure:
             raise
-        except Exception as err:
+        except USER_ERRORS as err:
             if not stage.user_code:
                 raise
             raise UDFFailure(stage.name, err) from err

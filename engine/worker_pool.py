@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,11 @@ class WorkerHandle:
     idle_since: float = 0.0
     gpus: tuple[int, ...] = ()
     gpu_amount: float = 0.0
+    spawned_at: float = 0.0
+    """When the zygote reported its pid (``time.monotonic()``): the start deadline counts from it."""
+    last_accepted: int = -1
+    """The highest block counter of its outputs the driver accepted: after its death, its files
+    numbered above it are orphans (``StreamingExecutor._sweep_orphans``)."""
 
 
 class WorkerPool:
@@ -56,6 +62,7 @@ class WorkerPool:
 
     def start_forkserver(self) -> ForkServer:
         if self.forkserver is None or not self.forkserver.alive():
+            self.forget_forkserver()
             self.forkserver = ForkServer(self._env)
             self._preloaded = set()
         return self.forkserver
@@ -68,8 +75,8 @@ class WorkerPool:
             args.update(self._per_worker_args())
         try:
             self.start_forkserver().request(handle.worker_id, args, extra_env)
-        except (BrokenPipeError, OSError):
-            self.forkserver = None
+        except (BrokenPipeError, OSError):  # the zygote died: a new one
+            self.forget_forkserver()
             self.start_forkserver().request(handle.worker_id, args, extra_env)
         return handle
 
@@ -110,6 +117,7 @@ class WorkerPool:
             if handle is None:
                 continue
             handle.pid = pid
+            handle.spawned_at = time.monotonic()
             try:
                 handle.pidfd = os.pidfd_open(pid)
             except ProcessLookupError:
@@ -118,6 +126,12 @@ class WorkerPool:
             self.by_pidfd[handle.pidfd] = handle
             started.append(handle)
         return started
+
+    def forget_forkserver(self) -> None:
+        """The zygote died: the next ``spawn`` starts a new one."""
+        if self.forkserver is not None:
+            self.forkserver.close()
+            self.forkserver = None
 
     def mark_dead(self, handle: WorkerHandle) -> None:
         handle.state = DEAD

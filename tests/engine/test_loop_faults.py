@@ -1,0 +1,215 @@
+"""Nothing a worker, a peer or a UDF does can kill the scheduling loop.
+
+Each test hurts the loop one way and then runs an ordinary job in the same session: it must
+give exact results. Bad frames are dropped and counted; a UDF's own problem (a BaseException,
+an exception group, a function that does not pickle) fails that job with the UDF's error.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+import dataflow
+from engine import protocol
+from engine import session as engine_session
+
+
+def _executor():
+    return engine_session.current_session().executor
+
+
+def _healthy() -> None:
+    ds = dataflow.range(5000, override_num_blocks=10).map_batches(lambda b: {"id": b["id"] * 2})
+    assert sorted(r["id"] for r in ds.take_all()) == list(range(0, 10000, 2))
+
+
+@pytest.fixture
+def ready(streaming):
+    assert _executor().wait_for_workers()
+
+
+def _frames(rng: random.Random) -> list[list[bytes]]:
+    header = protocol.MAGIC + bytes((protocol.VERSION, 3))  # a TaskDone header
+    task_header = protocol.MAGIC + bytes((protocol.VERSION, 2))
+    return [
+        [rng.randbytes(rng.randint(0, 64))],
+        [rng.randbytes(4)],
+        [header],  # a header with no body
+        [header, b"not a pickle"],
+        [header, pickle.dumps(object)[:-3]],  # truncated
+        [header, pickle.dumps({"not": "a message"})],
+        [protocol.MAGIC + bytes((protocol.VERSION, 250)), b""],  # unknown kind
+        [protocol.MAGIC + bytes((99, 3)), b""],  # another version
+        [task_header, b"not-an-int", b"", b""],
+        [header, protocol.encode(protocol.TaskDone(result=None))[1]],  # a result that is None
+        protocol.encode(protocol.Ready("w-nobody", 1)),
+        protocol.encode(protocol.Heartbeat("w-nobody")),
+    ]
+
+
+def test_fuzzed_frames_at_the_driver_socket_leave_it_serving(ready):
+    executor = _executor()
+    before = executor.dropped_messages
+    ctx = zmq.Context()
+    rng = random.Random(7)
+    try:
+        identities = [b"", b"\xff\xfe\x00binary", b"w0", b"w1", rng.randbytes(8), b"x" * 200]
+        sockets = []
+        for ident in identities:
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if ident:
+                sock.setsockopt(zmq.IDENTITY, ident)
+            sock.connect(executor.address)
+            sockets.append(sock)
+        for _ in range(5):
+            for sock in sockets:
+                for frames in _frames(rng):
+                    sock.send_multipart(frames)
+        # a peer claiming a real worker's identity is a second connection: zmq keeps the first
+        assert executor.sync()
+        _healthy()
+        assert executor.sync()
+    finally:
+        for sock in sockets:
+            sock.close(0)
+        ctx.term()
+    assert executor.dropped_messages > before
+    assert executor._thread.is_alive()
+    _healthy()
+
+
+class _Boom(Exception):
+    pass
+
+
+def _raiser(kind: str):
+    def udf(batch):
+        if batch["id"][0] >= 2000:
+            if kind == "memory":
+                raise MemoryError("the UDF ran out of memory")
+            if kind == "group":
+                raise ExceptionGroup("several", [ValueError("a"), _Boom("b")])
+            if kind == "interrupt":
+                raise KeyboardInterrupt
+            if kind == "exit":
+                raise SystemExit(3)
+        return batch
+
+    return udf
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [("memory", MemoryError), ("group", ExceptionGroup), ("interrupt", KeyboardInterrupt), ("exit", SystemExit)],
+)
+def test_a_udf_base_exception_reaches_the_caller_as_itself(mode, kind, expected):
+    if mode == "streaming":
+        assert _executor().wait_for_workers()
+    ds = dataflow.range(5000, override_num_blocks=5).map_batches(_raiser(kind))
+    with pytest.raises(expected) as info:
+        ds.take_all()
+    text = str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert "udf" in text, text
+    if kind == "exit":
+        assert info.value.code == 3
+    if kind == "group":
+        assert info.value.subgroup(ValueError) is not None
+    _healthy()
+
+
+def test_a_udf_raising_in_the_first_inline_task_does_not_hang(fresh_engine):
+    dataflow.init(num_cpus=2)  # workers still starting: the first tasks run in the driver
+    ds = dataflow.range(100, override_num_blocks=1).map_batches(_raiser("interrupt"))
+    with pytest.raises(KeyboardInterrupt):
+        dataflow.range(5000, override_num_blocks=5).map_batches(_raiser("interrupt")).take_all()
+    assert ds.count() == 100
+    _healthy()
+
+
+def test_a_udf_that_cannot_be_pickled_fails_its_job_only(ready):
+    lock = threading.Lock()
+
+    def holds_a_lock(batch):
+        with lock:
+            return batch
+
+    with pytest.raises(TypeError, match=r"holds_a_lock|pickl"):
+        dataflow.range(5000, override_num_blocks=10).map_batches(holds_a_lock).take_all()
+    _healthy()
+
+
+def test_the_zygote_killed_twice_in_one_job_then_a_worker(ready, tmp_path):
+    executor = _executor()
+    marker = str(tmp_path / "worker-killed")
+    driver = os.getpid()
+
+    def slow(batch):
+        time.sleep(0.0002 * len(batch["id"]))
+        if batch["id"][0] == 9000 and os.getpid() != driver and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"id": batch["id"], "sq": batch["id"] ** 2}
+
+    with dataflow.options(min_task_input_bytes=1):  # 200 tasks, not a few bundles
+        ds = dataflow.range(20_000, override_num_blocks=200).map_batches(slow)
+        it = ds.iter_batches(batch_size=100, batch_format="numpy")
+        ids = [next(it)["id"]]
+        for _ in range(2):
+            deadline = time.monotonic() + 10
+            while (executor.pool.forkserver is None or not executor.pool.forkserver.alive()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            zygote = executor.pool.forkserver
+            assert zygote is not None
+            zygote.proc.kill()
+            zygote.proc.wait()
+            ids += [next(it)["id"] for _ in range(10)]
+        ids += [b["id"] for b in it]
+        assert ds._last_handle.stats().operators[-1].tasks >= 100
+    assert sorted(np.concatenate(ids).tolist()) == list(range(20_000))
+    assert os.path.exists(marker)
+    cpu_before = time.process_time()
+    time.sleep(1.0)  # the idle loop must sleep, not spin on a dead pipe
+    assert time.process_time() - cpu_before < 0.3
+    _healthy()
+
+
+def test_a_worker_killed_while_writing_leaves_no_file(ready, tmp_path):
+    marker = str(tmp_path / "killed")
+    driver = os.getpid()
+
+    def writes_then_dies(batch):
+        yield {"id": batch["id"][:10]}  # written to the store before the process dies
+        if batch["id"][0] == 3000 and os.getpid() != driver and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield {"id": batch["id"][10:]}
+
+    ds = dataflow.range(10_000, override_num_blocks=10).map_batches(writes_then_dies)
+    assert sorted(r["id"] for r in ds.take_all()) == list(range(10_000))
+    assert os.path.exists(marker)
+    # the conftest leak check fails the test if the dead worker's first block is still there
+
+
+def test_calls_after_shutdown_never_write_into_a_reused_descriptor(fresh_engine, tmp_path):
+    dataflow.init(num_cpus=1)
+    executor = _executor()
+    wake_fd = executor._wake_w
+    dataflow.shutdown()
+    path = tmp_path / "user-file"
+    with open(path, "wb") as f:  # likely to reuse the closed pipe's descriptor numbers
+        fds = [os.dup(f.fileno()) for _ in range(4)]
+        executor.call_soon(lambda: None)
+        executor._wake()
+        for fd in fds:
+            os.close(fd)
+    assert path.read_bytes() == b"", f"wrote into fd {wake_fd} after shutdown"

@@ -85,3 +85,18 @@ class RetriesExhaustedError(_Located, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+S3_CREDENTIALS_HELP = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary credentials), "
+    "or AWS_PROFILE naming a profile in ~/.aws/credentials, or pass filesystem= an s3fs filesystem built with "
+    "them, e.g. connectors.s3_filesystem.make_s3_filesystem(key=..., secret=...) (anon=True for a public "
+    "bucket); for an S3-compatible store (MinIO, Ceph, a local server) also set AWS_ENDPOINT_URL, or pass "
+    "endpoint_url=... to that filesystem"
+)
+"""How to give S3 credentials and an endpoint, as ``MissingCredentialsError`` states it."""
+
+
+class MissingCredentialsError(AccessDeniedError):
+    """No credentials to sign storage requests with (S3: none in the environment, a profile or the
+    filesystem given); retrying will not help. The message names the path and says how to set them."""

@@ -90,9 +90,7 @@ class FileSet:
                 raise PathNotFoundError(msg, path=self.display(root))
 
     def _info(self, path: str, retrier: Retrier) -> pafs.FileInfo:
-        return retrier.call(
-            lambda: self.filesystem.get_file_info(path), path=self.display(path), action="look up"
-        )
+        return retrier.call(lambda: self.filesystem.get_file_info(path), path=self.display(path), action="look up")
 
     def _iter_root(self, root: str) -> Iterator[FileEntry]:
         if _has_glob(root):
@@ -102,7 +100,7 @@ class FileSet:
                 if _glob_match(pattern, _split(_relative(path, base))):
                     yield FileEntry(path, size, base)
             return
-        info = self.filesystem.get_file_info(root)
+        info = self._info(root, Retrier())
         if info.type == pafs.FileType.File:
             yield FileEntry(root, info.size, _parent(root))
             return
@@ -176,8 +174,22 @@ def as_pyarrow_filesystem(filesystem: Any) -> pafs.FileSystem:
     except ImportError:  # pragma: no cover - fsspec is a dependency
         AbstractFileSystem = ()  # type: ignore[assignment,misc]
     if isinstance(filesystem, AbstractFileSystem):
-        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
+        return pafs.PyFileSystem(FSSpecHandler(filesystem))
     raise TypeError(f"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, got {filesystem!r}")
+
+
+class FSSpecHandler(pafs.FSSpecHandler):
+    """pyarrow's handler for an fsspec filesystem, but opening a file lets fsspec's own error through.
+
+    pyarrow's asks ``isfile`` first, which answers False for any error: a read without
+    credentials would fail as "not found" (and every open would cost one more request).
+    """
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        return pa.PythonFile(self.fs.open(path, mode="rb"), mode="r")
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        return pa.PythonFile(self.fs.open(path, mode="rb"), mode="r")
 
 
 def read_file_bytes(

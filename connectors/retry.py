@@ -7,8 +7,9 @@ Three kinds of error (``classify``):
   requests allowed in flight, then lets it grow back by one per window of successes.
 * ``TRANSIENT``: timeouts, connection resets, bodies cut short (``IncompleteRead``), 5xx.
   Retried with backoff.
-* ``PERMANENT``: everything else, in particular missing keys or buckets and access denied.
-  Raised at once, with the path in the message (``PathNotFoundError``, ``AccessDeniedError``).
+* ``PERMANENT``: everything else, in particular missing keys or buckets, access denied and no
+  credentials at all. Raised at once, with the path in the message (``PathNotFoundError``,
+  ``AccessDeniedError``, ``MissingCredentialsError``, which also says how to configure them).
 
 ``call_with_retry`` wraps one call; ``iter_with_retry`` wraps a stream of items (row groups,
 record batches) and, after a transient failure, reopens the stream and skips what was already
@@ -29,7 +30,13 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from connectors import io_stats
-from connectors.errors import AccessDeniedError, PathNotFoundError, RetriesExhaustedError
+from connectors.errors import (
+    S3_CREDENTIALS_HELP,
+    AccessDeniedError,
+    MissingCredentialsError,
+    PathNotFoundError,
+    RetriesExhaustedError,
+)
 
 T = TypeVar("T")
 
@@ -72,6 +79,8 @@ _TRANSIENT_TYPES = (
     "ClientOSError",
     "ProtocolError",
 )
+_CREDENTIALS_TYPES = ("NoCredentialsError", "PartialCredentialsError")
+"""botocore's errors for credentials that are missing or incomplete (matched by name: no import)."""
 _TRANSIENT_MARKERS = (
     "connection reset",
     "connection aborted",
@@ -110,6 +119,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def classify(exc: BaseException) -> ErrorKind:
     """Whether ``exc`` (or an error it was raised from) is worth retrying, and why."""
     chain = list(_chain(exc))
+    if any(type(err).__name__ in _CREDENTIALS_TYPES for err in chain):
+        return ErrorKind.PERMANENT  # before the markers: nothing in such a chain is worth a retry
     for err in chain:
         text = f"{type(err).__name__} {err}".lower()
         if any(marker in text for marker in _THROTTLE_MARKERS):
@@ -228,10 +239,25 @@ LIMITER = AimdLimiter()
 """The limiter shared by every connector in this process."""
 
 
+def _missing_credentials(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain saying that there are no (or partial) credentials, if any."""
+    for err in _chain(exc):
+        if type(err).__name__ in _CREDENTIALS_TYPES:
+            return err
+    return None
+
+
 def permanent_error(exc: BaseException, path: str, action: str) -> BaseException:
     """``exc`` restated so that its message names ``path``; same builtin family as before."""
     if isinstance(exc, PathNotFoundError | AccessDeniedError):
         return exc
+    credentials = _missing_credentials(exc)
+    if credentials is not None:
+        msg = (
+            f"no credentials to sign S3 requests with while trying to {action} "
+            f"({type(credentials).__name__}: {credentials}); {S3_CREDENTIALS_HELP}"
+        )
+        return MissingCredentialsError(msg, path=path)
     if isinstance(exc, FileNotFoundError):
         return PathNotFoundError(f"not found while trying to {action} ({exc})", path=path)
     if isinstance(exc, PermissionError):
@@ -263,9 +289,7 @@ class Retrier:
             self.limiter.on_success()
             return result
 
-    def iterate(
-        self, open_stream: Callable[[], Iterator[T]], *, path: str, action: str = "read"
-    ) -> Iterator[T]:
+    def iterate(self, open_stream: Callable[[], Iterator[T]], *, path: str, action: str = "read") -> Iterator[T]:
         """Items of ``open_stream()``; after a transient error, reopen and skip those already yielded.
 
         The stream must be deterministic (the same items in the same order on every open), as a
@@ -319,8 +343,6 @@ class Retrier:
 _END = object()
 
 
-def call_with_retry(
-    fn: Callable[[], T], *, path: str, action: str = "read", policy: RetryPolicy | None = None
-) -> T:
+def call_with_retry(fn: Callable[[], T], *, path: str, action: str = "read", policy: RetryPolicy | None = None) -> T:
     """Shorthand for ``Retrier(policy).call(fn, path=path)`` with the process limiter."""
     return Retrier(policy or default_retry_policy()).call(fn, path=path, action=action)

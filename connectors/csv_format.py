@@ -1,15 +1,22 @@
-"""CSV files through ``pyarrow.csv``, with pyarrow's read/parse/convert options passed through.
+"""CSV files through ``pyarrow.csv``, streamed, with pyarrow's read/parse/convert options passed through.
 
-Each file is read whole (decompressed by extension) and parsed with ``pyarrow.csv.read_csv``, which
-infers a column's type from the whole file, so a column that looks numeric for a million rows and
-then holds ``"n/a"`` becomes ``string`` instead of failing. If a conversion still fails (for
-example with a small ``block_size``), the file is parsed again with that column as ``string``.
-A row with the wrong number of fields raises ``FileFormatError`` naming the file and the line.
+Each file is read as a stream (decompressed by extension as it goes) with
+``pyarrow.csv.open_csv``, ``read_options.block_size`` bytes at a time, and comes out in tables of
+about ``block_bytes`` (16 MiB): a 10 GB file never needs more than a few such blocks in memory.
+
+Types: pyarrow infers each column's type from the first ``block_size`` bytes of the file. Until
+the first table of a file is handed on (its first ``block_bytes``), a value that does not convert
+(a column that looks numeric for thousands of rows, then holds ``"n/a"``) makes the file be read
+again from the start with that column as ``string``. Past that point the rows before it are
+gone downstream, so such a value raises ``FileFormatError`` naming the file and the column, and
+saying which ``column_types`` to pass. A row with the wrong number of fields raises
+``FileFormatError`` naming the file and the line.
 """
 
 from __future__ import annotations
 
 import csv as stdlib_csv
+import functools
 import io
 import re
 from collections.abc import Iterator
@@ -20,16 +27,19 @@ import pyarrow.csv as pacsv
 
 from connectors.errors import FileFormatError
 from connectors.file_datasink import FileDatasink, combine
-from connectors.file_datasource import FileDatasource, FilePiece
-from connectors.filesystem import read_file_bytes
+from connectors.file_datasource import FileDatasource, FilePiece, coalesce
+from connectors.filesystem import STREAM_BLOCK_BYTES, iter_stream, open_input_stream
 from connectors.retry import Retrier
 
-_CONVERSION = re.compile(r"In CSV column #(\d+): CSV conversion error")
+_CONVERSION = re.compile(r"In CSV column #(\d+): (?:Row #\d+: )?CSV conversion error to ([^:]+): invalid value '(.*)'")
 _FIELDS = re.compile(r"Expected (\d+) columns, got (\d+)")
 
 
 class CSVDatasource(FileDatasource):
-    """Rows of CSV files; ``read_options``/``parse_options``/``convert_options`` are pyarrow's."""
+    """Rows of CSV files; ``read_options``/``parse_options``/``convert_options`` are pyarrow's.
+
+    ``block_bytes``: about how many bytes of table each block holds (see the module docstring).
+    """
 
     FILE_EXTENSIONS = (".csv",)
     DEFAULT_PARTITIONING = "hive"
@@ -41,17 +51,31 @@ class CSVDatasource(FileDatasource):
         read_options: pacsv.ReadOptions | None = None,
         parse_options: pacsv.ParseOptions | None = None,
         convert_options: pacsv.ConvertOptions | None = None,
+        block_bytes: int = STREAM_BLOCK_BYTES,
         **kwargs: Any,
     ) -> None:
         super().__init__(paths, **kwargs)
         self._read_options = read_options or pacsv.ReadOptions()
         self._parse_options_kwargs = _parse_options_kwargs(parse_options or pacsv.ParseOptions())
         self._convert_options = convert_options or pacsv.ConvertOptions()
+        self._block_bytes = block_bytes
+
+    def _read_pieces(self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None) -> Iterator[pa.Table]:
+        retrier = Retrier(self._retry_policy)
+        yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
-        data = read_file_bytes(fs, piece.entry.path, retrier, display)
         parse_options = pacsv.ParseOptions(**self._parse_options_kwargs)
-        yield parse_csv(data, display, self._read_options, parse_options, self._convert_options)
+        yield from read_csv_stream(
+            fs,
+            piece.entry.path,
+            display,
+            retrier,
+            self._read_options,
+            parse_options,
+            self._convert_options,
+            block_bytes=self._block_bytes,
+        )
 
 
 def _parse_options_kwargs(options: pacsv.ParseOptions) -> dict[str, Any]:
@@ -73,36 +97,86 @@ def _parse_options_kwargs(options: pacsv.ParseOptions) -> dict[str, Any]:
     return kwargs
 
 
-def parse_csv(
-    data: bytes,
+def read_csv_stream(
+    fs: Any,
+    path: str,
     display: str,
+    retrier: Retrier,
     read_options: pacsv.ReadOptions,
     parse_options: pacsv.ParseOptions,
     convert_options: pacsv.ConvertOptions,
-) -> pa.Table:
-    """``data`` parsed as CSV; conversion failures fall back to string, bad rows name their line."""
+    *,
+    block_bytes: int = STREAM_BLOCK_BYTES,
+) -> Iterator[pa.Table]:
+    """Tables of about ``block_bytes`` parsed from the CSV file ``path`` as it streams in.
+
+    Conversion failures in the first table fall back to string; bad rows name their line.
+    """
     forced: dict[str, pa.DataType] = {}
     while True:
-        options = convert_options
-        if forced:
-            options = _with_column_types(convert_options, forced)
+        options = _with_column_types(convert_options, forced) if forced else convert_options
+        parse = functools.partial(_csv_items, read_options=read_options, parse_options=parse_options, options=options)
+        rows = 0
         try:
-            return pacsv.read_csv(pa.BufferReader(data), read_options, parse_options, options)
+            for table in _blocks(iter_stream(fs, path, retrier, display, parse), block_bytes):
+                rows += table.num_rows
+                yield table
+            return
         except pa.ArrowInvalid as exc:
             message = str(exc)
             conversion = _CONVERSION.search(message)
             if conversion is not None:
-                names = _column_names(data, read_options, parse_options)
+                names = _column_names(fs, path, display, retrier, read_options, parse_options)
                 index = int(conversion.group(1))
-                if index < len(names) and names[index] not in forced:
-                    forced[names[index]] = pa.string()
+                name = names[index] if index < len(names) else None
+                if name is not None and name not in forced and rows == 0:
+                    forced[name] = pa.string()
                     continue
+                if name is not None and name not in forced:
+                    msg = (
+                        f"the column was read as {conversion.group(2)} (inferred from the start of the file), "
+                        f"but a value after the first {rows} rows is {conversion.group(3)!r}; pass "
+                        f"convert_options=pyarrow.csv.ConvertOptions(column_types={{{name!r}: pyarrow.string()}})"
+                    )
+                    raise FileFormatError(msg, path=display, column=name) from exc
             fields = _FIELDS.search(message)
             if fields is not None:
-                line = _bad_line(data, read_options, parse_options, int(fields.group(1)))
+                line = _bad_line(fs, path, display, retrier, read_options, parse_options, int(fields.group(1)))
                 msg = f"expected {fields.group(1)} fields, got {fields.group(2)}"
                 raise FileFormatError(msg, path=display, row=line) from exc
             raise FileFormatError(f"could not parse as CSV: {message}", path=display) from exc
+
+
+def _csv_items(
+    stream: pa.NativeFile,
+    *,
+    read_options: pacsv.ReadOptions,
+    parse_options: pacsv.ParseOptions,
+    options: pacsv.ConvertOptions,
+) -> Iterator[pa.Schema | pa.RecordBatch]:
+    """The file's schema, then its record batches (one per ``read_options.block_size`` bytes)."""
+    reader = pacsv.open_csv(stream, read_options, parse_options, options)
+    yield reader.schema
+    yield from reader
+
+
+def _blocks(items: Iterator[pa.Schema | pa.RecordBatch], block_bytes: int) -> Iterator[pa.Table]:
+    """Batches gathered into tables of at most about ``block_bytes`` (one table, maybe empty, at least)."""
+    schema: pa.Schema | None = None
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    done = False
+    for item in items:
+        if isinstance(item, pa.Schema):
+            schema = item
+            continue
+        if pending and size + item.nbytes > block_bytes:
+            yield pa.Table.from_batches(pending, schema)
+            pending, size, done = [], 0, True
+        pending.append(item)
+        size += item.nbytes
+    if pending or not done:
+        yield pa.Table.from_batches(pending, schema)
 
 
 def _with_column_types(options: pacsv.ConvertOptions, forced: dict[str, pa.DataType]) -> pacsv.ConvertOptions:
@@ -127,27 +201,40 @@ def _with_column_types(options: pacsv.ConvertOptions, forced: dict[str, pa.DataT
 
 
 def _column_names(
-    data: bytes, read_options: pacsv.ReadOptions, parse_options: pacsv.ParseOptions
+    fs: Any,
+    path: str,
+    display: str,
+    retrier: Retrier,
+    read_options: pacsv.ReadOptions,
+    parse_options: pacsv.ParseOptions,
 ) -> list[str]:
     all_strings = pacsv.ConvertOptions(column_types={}, strings_can_be_null=False)
-    reader = pacsv.open_csv(pa.BufferReader(data), read_options, parse_options, all_strings)
-    return list(reader.schema.names)
+    with open_input_stream(fs, path, retrier, display) as stream:
+        reader = pacsv.open_csv(stream, read_options, parse_options, all_strings)
+        return list(reader.schema.names)
 
 
 def _bad_line(
-    data: bytes, read_options: pacsv.ReadOptions, parse_options: pacsv.ParseOptions, expected: int
+    fs: Any,
+    path: str,
+    display: str,
+    retrier: Retrier,
+    read_options: pacsv.ReadOptions,
+    parse_options: pacsv.ParseOptions,
+    expected: int,
 ) -> int | None:
     """1-based line number (header included) of the first row without ``expected`` fields."""
-    text = io.StringIO(data.decode(read_options.encoding, errors="replace"), newline="")
-    quotechar = parse_options.quote_char or '"'
-    reader = stdlib_csv.reader(text, delimiter=parse_options.delimiter, quotechar=quotechar)
-    skipped = read_options.skip_rows
-    for row in reader:
-        if skipped > 0:
-            skipped -= 1
-            continue
-        if row and len(row) != expected:
-            return reader.line_num
+    with open_input_stream(fs, path, retrier, display) as stream:
+        text = io.TextIOWrapper(stream, encoding=read_options.encoding, errors="replace", newline="")
+        quotechar = parse_options.quote_char or '"'
+        reader = stdlib_csv.reader(text, delimiter=parse_options.delimiter, quotechar=quotechar)
+        skipped = read_options.skip_rows
+        for row in reader:
+            if skipped > 0:
+                skipped -= 1
+                continue
+            if row and len(row) != expected:
+                return reader.line_num
     return None
 
 

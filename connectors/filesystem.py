@@ -14,25 +14,38 @@ Files named explicitly or matched by a glob are always read. ``**`` in a glob ma
 
 Every filesystem is a ``pyarrow.fs.FileSystem``; fsspec filesystems (s3fs included) are wrapped
 in ``PyFileSystem(FSSpecHandler(...))``. s3fs is imported only when an ``s3://`` path is seen.
+
+Reading: ``read_file_bytes`` reads a whole file; ``open_input_stream`` and ``iter_stream`` read it
+as a stream (decompressed by extension as it goes), so a text format (CSV, JSON Lines) holds a few
+MiB of it at a time, whatever the file's size.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from connectors.errors import PathNotFoundError
-from connectors.retry import Retrier
+from connectors.retry import ErrorKind, Retrier
+
+T = TypeVar("T")
 
 PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".lz4", ".br")
+_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4", ".br": "brotli"}
+MiB = 1 << 20
+STREAM_BUFFER_BYTES = 8 * MiB
+"""Read-ahead of a file streamed through fsspec (s3fs's own default is 50 MiB per open file)."""
+STREAM_BLOCK_BYTES = 16 * MiB
+"""About how many bytes of table a streamed format (CSV, JSON Lines) yields at a time."""
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -203,6 +216,90 @@ def read_file_bytes(
             return stream.read()
 
     return retrier.call(read, path=display)
+
+
+def compression_of(path: str) -> str | None:
+    """The codec that ``path``'s extension names (``gzip`` for ``.gz``...), or None."""
+    lower = path.lower()
+    for suffix, codec in _CODECS.items():
+        if lower.endswith(suffix):
+            return codec
+    return None
+
+
+def open_input_stream(
+    fs: pafs.FileSystem, path: str, retrier: Retrier, display: str, *, decompress: bool = True
+) -> pa.NativeFile:
+    """A forward-only stream of ``path``, decompressed by extension when asked.
+
+    Opening is retried; reads are the caller's (``iter_stream`` retries them too).
+    """
+    return retrier.call(lambda: _open_stream(fs, path, decompress), path=display, action="open")
+
+
+def iter_stream(
+    fs: pafs.FileSystem,
+    path: str,
+    retrier: Retrier,
+    display: str,
+    parse: Callable[[pa.NativeFile], Iterator[T]],
+    *,
+    decompress: bool = True,
+) -> Iterator[T]:
+    """The items ``parse`` makes of ``path``'s stream (see ``open_input_stream``), as they are needed.
+
+    A transient I/O error reopens the file and skips the items already yielded
+    (``Retrier.iterate``), so ``parse`` must be deterministic. A ``ValueError`` (pyarrow's
+    ``ArrowInvalid``, a ``FileFormatError``) is a parse error and raised at once, as it is: the
+    same bytes would fail again.
+    """
+    classify = retrier.classify
+
+    def classify_parse_errors(exc: BaseException) -> ErrorKind:
+        return ErrorKind.PERMANENT if isinstance(exc, ValueError) else classify(exc)
+
+    def open_items() -> _StreamItems[T]:
+        stream = _open_stream(fs, path, decompress)
+        try:
+            return _StreamItems(parse(stream), stream)
+        except BaseException:
+            stream.close()
+            raise
+
+    yield from dataclasses.replace(retrier, classify=classify_parse_errors).iterate(open_items, path=display)
+
+
+class _StreamItems(Generic[T]):
+    """``items`` as an iterator whose ``close()`` also closes the stream they are parsed from."""
+
+    def __init__(self, items: Iterator[T], stream: pa.NativeFile) -> None:
+        self._items = items
+        self._stream = stream
+
+    def __iter__(self) -> _StreamItems[T]:
+        return self
+
+    def __next__(self) -> T:
+        return next(self._items)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._items, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._stream.close()
+
+
+def _open_stream(fs: pafs.FileSystem, path: str, decompress: bool) -> pa.NativeFile:
+    inner = _fsspec_of(fs)
+    if inner is not None:
+        # through fsspec itself, to bound its read-ahead (pyarrow's handler opens with the default)
+        stream = pa.PythonFile(inner.open(path, mode="rb", block_size=STREAM_BUFFER_BYTES), mode="r")
+    else:
+        stream = fs.open_input_stream(path, compression=None)
+    codec = compression_of(path) if decompress else None
+    return pa.CompressedInputStream(stream, codec) if codec is not None else stream
 
 
 def open_input_file(fs: pafs.FileSystem, path: str, retrier: Retrier, display: str) -> pa.NativeFile:

@@ -1,9 +1,20 @@
-"""JSON files: JSON Lines (one object per line) through ``pyarrow.json``, and JSON arrays.
+"""JSON files: JSON Lines (one object per line) through ``pyarrow.json``, streamed, and JSON arrays.
 
-A file whose first non-blank character is ``[`` is read as one array of objects (with the
-standard library, then ``pa.Table.from_pylist``); anything else as JSON Lines, with pyarrow's
-``read_options``/``parse_options`` passed through. A malformed line raises ``FileFormatError``
-naming the file, the row (1-based) and, for a type change, the column.
+A file whose first non-blank character is ``[`` is read whole as one array of objects (with the
+standard library, then ``pa.Table.from_pylist``): an array cannot be parsed piece by piece, so
+such a file needs its size in memory. Anything else is JSON Lines, read as a stream (decompressed
+by extension as it goes) in chunks of whole lines of about ``block_bytes`` (16 MiB), each parsed
+with ``pyarrow.json.read_json`` and pyarrow's ``read_options``/``parse_options``; with
+``newlines_in_values=True`` (objects spanning lines) a file is parsed whole.
+
+Types: the first chunk of a file is parsed on its own, so its types are inferred from all of its
+rows (a column that is null at first and numbers later is a number column; ints and floats make a
+float column). That schema then parses the chunks after it, so later blocks have the same columns
+and types. A later value that does not fit (text in a number column, a float in an int column, a
+value in a column that was all null) or a field that appears only later raises
+``FileFormatError`` naming the file, the column (and the row where pyarrow says) and saying to
+pass ``explicit_schema``. A malformed line raises ``FileFormatError`` naming the file and the row
+(1-based, counting rows, not blank lines).
 """
 
 from __future__ import annotations
@@ -11,26 +22,32 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import functools
 import json as stdlib_json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from connectors.errors import FileFormatError
 from connectors.file_datasink import FileDatasink
-from connectors.file_datasource import FileDatasource, FilePiece
-from connectors.filesystem import read_file_bytes
+from connectors.file_datasource import FileDatasource, FilePiece, coalesce
+from connectors.filesystem import STREAM_BLOCK_BYTES, iter_stream
 from connectors.retry import Retrier
 
 _ROW = re.compile(r"in row (\d+)")
 _COLUMN = re.compile(r"Column\(/?([^)]*)\)")
+_SCHEMA_HINT = "pass parse_options=pyarrow.json.ParseOptions(explicit_schema=...) with every field and its type"
 
 
 class JSONDatasource(FileDatasource):
-    """Rows of ``.json``/``.jsonl`` files (JSON Lines or a top-level array of objects)."""
+    """Rows of ``.json``/``.jsonl`` files (JSON Lines or a top-level array of objects).
+
+    ``block_bytes``: about how many bytes of JSON Lines are parsed at a time (see the module docstring).
+    """
 
     FILE_EXTENSIONS = (".json", ".jsonl", ".ndjson")
     DEFAULT_PARTITIONING = "hive"
@@ -41,46 +58,186 @@ class JSONDatasource(FileDatasource):
         *,
         read_options: pajson.ReadOptions | None = None,
         parse_options: pajson.ParseOptions | None = None,
+        block_bytes: int = STREAM_BLOCK_BYTES,
         **kwargs: Any,
     ) -> None:
         super().__init__(paths, **kwargs)
         self._read_options = read_options or pajson.ReadOptions()
         self._parse_options = parse_options or pajson.ParseOptions()
+        self._block_bytes = block_bytes
+
+    def _read_pieces(self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None) -> Iterator[pa.Table]:
+        retrier = Retrier(self._retry_policy)
+        yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
-        data = read_file_bytes(fs, piece.entry.path, retrier, display)
-        yield parse_json(data, display, self._read_options, self._parse_options)
+        parse = functools.partial(
+            parse_json_stream,
+            display=display,
+            read_options=self._read_options,
+            parse_options=self._parse_options,
+            chunk_bytes=self._block_bytes,
+        )
+        yield from iter_stream(fs, piece.entry.path, retrier, display, parse)
 
 
-def parse_json(
-    data: bytes, display: str, read_options: pajson.ReadOptions, parse_options: pajson.ParseOptions
-) -> pa.Table:
-    """``data`` as a table: a JSON array of objects, or JSON Lines."""
-    if data.lstrip()[:1] == b"[":
-        try:
-            rows = stdlib_json.loads(data)
-        except ValueError as exc:
-            raise FileFormatError(f"invalid JSON: {exc}", path=display) from exc
-        if not all(isinstance(row, dict) for row in rows):
-            raise FileFormatError("a JSON array must hold objects (one per row)", path=display)
-        try:
-            return pa.Table.from_pylist(rows)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise FileFormatError(f"rows do not share column types: {exc}", path=display) from exc
-    if not data.strip():
-        return pa.table({})
+def parse_json_stream(
+    stream: pa.NativeFile,
+    *,
+    display: str,
+    read_options: pajson.ReadOptions,
+    parse_options: pajson.ParseOptions,
+    chunk_bytes: int = STREAM_BLOCK_BYTES,
+) -> Iterator[pa.Table]:
+    """Tables read from ``stream``: one for a JSON array, one per chunk of about ``chunk_bytes`` of JSON Lines."""
+    head = stream.read(chunk_bytes)
+    while head and not head.strip():
+        head = stream.read(chunk_bytes)
+    if not head:
+        yield pa.table({})
+        return
+    if head.lstrip()[:1] == b"[":
+        yield _parse_array(head + stream.read(), display)
+        return
+    # objects spanning lines cannot be cut at a newline: such a file is parsed whole
+    chunks = [head + stream.read()] if parse_options.newlines_in_values else _line_chunks(stream, chunk_bytes, head)
+    schema: pa.Schema | None = None
+    rows = 0
+    for chunk in chunks:
+        table = _parse_lines(chunk, rows, schema, display, read_options, parse_options)
+        if schema is None:
+            schema = table.schema
+        rows += table.num_rows
+        yield table
+
+
+def _parse_array(data: bytes, display: str) -> pa.Table:
     try:
-        return pajson.read_json(pa.BufferReader(data), read_options, parse_options)
+        rows = stdlib_json.loads(data)
+    except ValueError as exc:
+        raise FileFormatError(f"invalid JSON: {exc}", path=display) from exc
+    if not all(isinstance(row, dict) for row in rows):
+        raise FileFormatError("a JSON array must hold objects (one per row)", path=display)
+    try:
+        return pa.Table.from_pylist(rows)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise FileFormatError(f"rows do not share column types: {exc}", path=display) from exc
+
+
+def _line_chunks(stream: pa.NativeFile, chunk_bytes: int, head: bytes) -> Iterator[bytes]:
+    """``head`` and the rest of ``stream`` cut after a newline every ``chunk_bytes`` or so."""
+    rest = head
+    while True:
+        data = stream.read(chunk_bytes)
+        if not data:
+            if rest.strip():
+                yield rest
+            return
+        data = rest + data
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:  # one line longer than a chunk: read on until it ends
+            rest = data
+            continue
+        rest = data[cut:]
+        yield data[:cut]
+
+
+def _parse_lines(
+    chunk: bytes,
+    rows_before: int,
+    schema: pa.Schema | None,
+    display: str,
+    read_options: pajson.ReadOptions,
+    parse_options: pajson.ParseOptions,
+) -> pa.Table:
+    """``chunk`` (whole lines) as a table; after the first chunk, with the first chunk's ``schema``."""
+    options = parse_options if schema is None else _with_schema(parse_options, schema)
+    try:
+        table = pajson.read_json(pa.py_buffer(chunk), read_options, options)
     except pa.ArrowInvalid as exc:
-        message = str(exc)
-        row = _ROW.search(message)
-        column = _COLUMN.search(message)
-        raise FileFormatError(
-            f"could not parse as JSON Lines: {message}",
-            path=display,
-            row=int(row.group(1)) + 1 if row else None,
-            column=column.group(1) if column and column.group(1) else None,
-        ) from exc
+        raise _lines_error(exc, chunk, rows_before, schema, display, read_options, parse_options) from exc
+    if schema is not None and not table.schema.equals(schema):
+        _check_no_new_fields(table, schema, rows_before, display)
+    return table
+
+
+def _check_no_new_fields(table: pa.Table, schema: pa.Schema, rows_before: int, display: str) -> None:
+    """Raise for a field (at the top, or inside an object) that the first chunk did not have."""
+    new = [name for name in table.column_names if name not in schema.names]
+    if new:
+        first = pc.index(table.column(new[0]).is_valid(), True).as_py()
+        msg = f"the field(s) {new} appear only after the first {rows_before} rows, which fixed the columns"
+        row = rows_before + first + 1 if first >= 0 else None
+        raise FileFormatError(f"{msg}; {_SCHEMA_HINT}", path=display, row=row, column=new[0])
+    changed = [f.name for f in schema if table.schema.field(f.name) != f]
+    if changed:
+        msg = f"the objects in {changed} have fields that appear only after the first {rows_before} rows"
+        raise FileFormatError(f"{msg}; {_SCHEMA_HINT}", path=display, column=changed[0])
+
+
+def _with_schema(options: pajson.ParseOptions, schema: pa.Schema) -> pajson.ParseOptions:
+    return pajson.ParseOptions(
+        explicit_schema=schema,
+        newlines_in_values=options.newlines_in_values,
+        unexpected_field_behavior=options.unexpected_field_behavior,
+    )
+
+
+def _lines_error(
+    exc: pa.ArrowInvalid,
+    chunk: bytes,
+    rows_before: int,
+    schema: pa.Schema | None,
+    display: str,
+    read_options: pajson.ReadOptions,
+    parse_options: pajson.ParseOptions,
+) -> FileFormatError:
+    """``exc`` restated naming the row in the file (not in pyarrow's block) and the column."""
+    options = parse_options if schema is None else _with_schema(parse_options, schema)
+    message = str(exc)
+    if read_options.block_size < len(chunk):
+        message = _one_block_error(chunk, options) or message
+    row = _ROW.search(message)
+    column = _COLUMN.search(message)
+    name = column.group(1) if column and column.group(1) else None
+    text = f"could not parse as JSON Lines: {message}"
+    misfits = _misfits(chunk, schema, read_options, parse_options) if schema is not None and name is None else []
+    if schema is not None and (name is not None or misfits):
+        name = name or misfits[0]
+        text = (
+            f"{text}; the column types were fixed by the first {rows_before} rows"
+            f"{f', and column(s) {misfits} hold values that do not fit them' if misfits else ''}; {_SCHEMA_HINT}"
+        )
+    return FileFormatError(text, path=display, row=rows_before + int(row.group(1)) + 1 if row else None, column=name)
+
+
+def _one_block_error(chunk: bytes, options: pajson.ParseOptions) -> str | None:
+    """The error parsing ``chunk`` as one block gives: its row counts from the chunk's start."""
+    single = pajson.ReadOptions(use_threads=False, block_size=len(chunk) + 1)
+    try:
+        pajson.read_json(pa.py_buffer(chunk), single, options)
+    except pa.ArrowInvalid as exc:
+        return str(exc)
+    return None
+
+
+def _misfits(
+    chunk: bytes, schema: pa.Schema, read_options: pajson.ReadOptions, parse_options: pajson.ParseOptions
+) -> list[str]:
+    """Columns of ``chunk`` whose values do not convert to their type in ``schema``."""
+    free = pajson.ParseOptions(newlines_in_values=parse_options.newlines_in_values)
+    try:
+        table = pajson.read_json(pa.py_buffer(chunk), read_options, free)
+    except pa.ArrowInvalid:
+        return []
+    misfits = []
+    for name in table.column_names:
+        if name in schema.names and table.schema.field(name).type != schema.field(name).type:
+            try:
+                table.column(name).cast(schema.field(name).type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                misfits.append(name)
+    return misfits
 
 
 def _json_default(value: Any) -> Any:

@@ -1,0 +1,251 @@
+"""CSV and JSON Lines files are read as streams: bounded blocks, whatever the file's size."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pytest
+from connector_testing import read_all
+
+import dataflow
+from connectors.base import Datasource
+from connectors.csv_format import CSVDatasource
+from connectors.errors import FileFormatError
+from connectors.json_format import JSONDatasource
+
+MiB = 1 << 20
+PAD = "x" * 40
+
+
+def _blocks(source: Datasource) -> Iterator[pa.Table]:
+    """Blocks of every read task, one at a time (each task pickled, as on a worker)."""
+    for task in source.get_read_tasks(4):
+        yield from cloudpickle.loads(cloudpickle.dumps(task))()
+
+
+def _table(start: int, n: int) -> pa.Table:
+    ids = pa.array(np.arange(start, start + n))
+    return pa.table({"id": ids, "s": pc.binary_join_element_wise("name-", pc.cast(ids, pa.string()), PAD, "")})
+
+
+def _check_rows(block: pa.Table, start: int) -> int:
+    """``block`` holds exactly rows ``start``, ``start + 1``...; returns the next row's id."""
+    rows = block.select(["id", "s"])
+    assert rows.equals(_table(start, block.num_rows).cast(rows.schema)), f"rows from {start} differ"
+    return start + block.num_rows
+
+
+def _big_csv(path: Path, rows: int) -> int:
+    with pacsv.CSVWriter(path, _table(0, 0).schema) as writer:
+        for start in range(0, rows, 200_000):
+            writer.write_table(_table(start, min(200_000, rows - start)))
+    return path.stat().st_size
+
+
+def _big_jsonl(path: Path, rows: int) -> int:
+    with path.open("wb") as out:
+        for start in range(0, rows, 200_000):
+            ids = pc.cast(pa.array(np.arange(start, min(start + 200_000, rows))), pa.string())
+            lines = pc.binary_join_element_wise('{"id": ', ids, ', "s": "name-', ids, PAD + '"}\n', "")
+            out.write(b"".join(s.as_buffer().to_pybytes() for s in lines))
+    return path.stat().st_size
+
+
+def _stream_and_measure(source: Datasource) -> tuple[int, int, int, int]:
+    """(blocks, rows, largest block's bytes, most Arrow memory held while reading, above the start)."""
+    baseline = pa.total_allocated_bytes()
+    count = rows = largest = peak = 0
+    for block in _blocks(source):
+        peak = max(peak, pa.total_allocated_bytes() - baseline)
+        rows = _check_rows(block, rows)
+        count += 1
+        largest = max(largest, block.nbytes)
+        del block
+    return count, rows, largest, peak
+
+
+def test_big_csv_is_read_in_bounded_blocks(tmp_path: Path) -> None:
+    rows = 1_000_000
+    size = _big_csv(tmp_path / "big.csv", rows)
+    assert size > 55 * MiB
+    count, read, largest, _ = _stream_and_measure(CSVDatasource(str(tmp_path / "big.csv")))
+    assert read == rows
+    assert count > 1 and largest < size / 3, (count, largest, size)
+
+
+def test_big_json_lines_file_is_read_in_bounded_blocks(tmp_path: Path) -> None:
+    rows = 800_000
+    size = _big_jsonl(tmp_path / "big.jsonl", rows)
+    assert size > 55 * MiB
+    count, read, largest, _ = _stream_and_measure(JSONDatasource(str(tmp_path / "big.jsonl")))
+    assert read == rows
+    assert count > 1 and largest < size / 3, (count, largest, size)
+
+
+def test_memory_held_while_reading_is_bounded_by_the_block_sizes_not_the_file(tmp_path: Path) -> None:
+    # smaller blocks than the defaults (16 MiB ours; 1 MiB pyarrow's, of which its CSV reader reads
+    # up to 32 ahead) so that the bound shows on a 30 MB file
+    size = _big_csv(tmp_path / "a.csv", 500_000) + _big_jsonl(tmp_path / "a.jsonl", 400_000)
+    csv = CSVDatasource(
+        str(tmp_path / "a.csv"), read_options=pacsv.ReadOptions(block_size=128 * 1024), block_bytes=2 * MiB
+    )
+    jsonl = JSONDatasource(str(tmp_path / "a.jsonl"), block_bytes=2 * MiB)
+    for source, rows in ((csv, 500_000), (jsonl, 400_000)):
+        count, read, largest, peak = _stream_and_measure(source)
+        assert read == rows and count > 10 and largest <= 2 * MiB + 256 * 1024
+        assert peak < 12 * MiB < size / 4, f"{peak} bytes of Arrow memory held reading {source}"
+
+
+def test_read_csv_and_read_json_through_the_engine(tmp_path: Path) -> None:
+    rows = 300_000
+    _big_csv(tmp_path / "a.csv", rows)
+    _big_jsonl(tmp_path / "a.jsonl", rows)
+    with dataflow.options(execution_mode="local", target_max_block_size=8 * MiB):
+        for ds in (dataflow.read_csv(str(tmp_path / "a.csv")), dataflow.read_json(str(tmp_path / "a.jsonl"))):
+            blocks = list(ds.iter_batches(batch_size=None, batch_format="pyarrow"))
+            assert len(blocks) > 1
+            assert pa.concat_tables(blocks).sort_by("id")["id"].to_numpy().tolist() == list(range(rows))
+
+
+def test_csv_text_after_the_first_pyarrow_block_falls_back_to_string(tmp_path: Path) -> None:
+    # pyarrow infers from its first block (1 MiB); "unknown" comes ~3 MiB in, still in our first block
+    lines = ["a,b"] + [f"{i},{i}" for i in range(300_000)] + ["unknown,1"]
+    (tmp_path / "f.csv").write_text("\n".join(lines) + "\n")
+    out = read_all(CSVDatasource(str(tmp_path / "f.csv")))
+    assert out.schema.field("a").type == pa.string() and out.schema.field("b").type == pa.int64()
+    assert out.num_rows == 300_001 and out["a"][-1].as_py() == "unknown" and out["a"][7].as_py() == "7"
+
+
+def test_csv_text_after_the_first_block_names_the_column_and_the_fix(tmp_path: Path) -> None:
+    lines = ["a,b"] + [f"{i},{i}" for i in range(50_000)] + ["1,unknown"]
+    (tmp_path / "f.csv").write_text("\n".join(lines) + "\n")
+    source = CSVDatasource(
+        str(tmp_path / "f.csv"), read_options=pacsv.ReadOptions(block_size=16_384), block_bytes=MiB // 8
+    )
+    with pytest.raises(FileFormatError, match=r"f\.csv, column 'b': .*'unknown'.*column_types=\{'b'") as info:
+        read_all(source)
+    assert info.value.column == "b"
+    types = pacsv.ConvertOptions(column_types={"b": pa.string()})
+    out = read_all(CSVDatasource(str(tmp_path / "f.csv"), convert_options=types, block_bytes=MiB // 8))
+    assert out.num_rows == 50_001 and out["b"][-1].as_py() == "unknown"
+
+
+def test_csv_wrong_field_count_deep_in_a_file_names_its_line(tmp_path: Path) -> None:
+    lines = ["a,b"] + [f"{i},{i}" for i in range(100_000)] + ["1,2,3"] + ["4,5"]
+    (tmp_path / "bad.csv.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    source = CSVDatasource(str(tmp_path / "bad.csv.gz"), block_bytes=MiB // 4)
+    with pytest.raises(FileFormatError, match=r"bad\.csv\.gz, row 100002: expected 2 fields, got 3"):
+        read_all(source)
+
+
+def test_compressed_csv_streams_with_partitions_and_paths(tmp_path: Path) -> None:
+    (tmp_path / "k=7").mkdir()
+    buf = pa.BufferOutputStream()
+    pacsv.write_csv(_table(0, 50_000), buf)
+    (tmp_path / "k=7" / "a.csv.gz").write_bytes(gzip.compress(buf.getvalue().to_pybytes()))
+    source = CSVDatasource(str(tmp_path), include_paths=True, block_bytes=MiB // 4)
+    blocks = list(_blocks(source))
+    assert len(blocks) > 2
+    start = 0
+    for block in blocks:
+        start = _check_rows(block, start)
+        assert block.column_names == ["id", "s", "k", "path"]
+        assert pc.all(pc.equal(block["k"], 7)).as_py()
+        assert block["path"][0].as_py() == str(tmp_path / "k=7" / "a.csv.gz")
+    assert start == 50_000
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, object]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_json_lines_types_come_from_the_whole_first_chunk(tmp_path: Path) -> None:
+    rows = [{"a": None, "b": 1} for _ in range(20_000)] + [{"a": 5, "b": 2.5}]
+    _write_jsonl(tmp_path / "f.jsonl", rows)
+    source = JSONDatasource(str(tmp_path / "f.jsonl"), read_options=pajson.ReadOptions(block_size=4096))
+    out = read_all(source)
+    assert out.schema.field("a").type == pa.int64() and out.schema.field("b").type == pa.float64()
+    assert out["a"][-1].as_py() == 5 and out.num_rows == 20_001
+
+
+def test_json_lines_later_chunks_keep_the_first_chunks_types(tmp_path: Path) -> None:
+    rows = [{"a": i, "b": "x"} for i in range(30_000)] + [{"b": "y"}, {"a": 1, "b": None}]
+    _write_jsonl(tmp_path / "f.jsonl", rows)
+    blocks = list(_blocks(JSONDatasource(str(tmp_path / "f.jsonl"), block_bytes=64 * 1024)))
+    assert len(blocks) > 3 and all(b.schema == blocks[0].schema for b in blocks)
+    out = pa.concat_tables(blocks)
+    assert out.num_rows == 30_002 and out["a"][-2].as_py() is None and out["a"][-1].as_py() == 1
+
+
+@pytest.mark.parametrize(
+    ("last", "message", "column"),
+    [
+        ({"a": "text"}, r"changed from number to string", "a"),
+        ({"a": 1.5}, r"column\(s\) \['a'\] hold values that do not fit", "a"),
+        ({"a": 1, "c": True}, r"the field\(s\) \['c'\] appear only after the first", "c"),
+    ],
+)
+def test_json_lines_later_misfits_name_the_column_and_the_fix(
+    tmp_path: Path, last: dict[str, object], message: str, column: str
+) -> None:
+    _write_jsonl(tmp_path / "f.jsonl", [{"a": i} for i in range(30_000)] + [last])
+    source = JSONDatasource(str(tmp_path / "f.jsonl"), block_bytes=64 * 1024)
+    with pytest.raises(FileFormatError, match=message) as info:
+        read_all(source)
+    assert info.value.column == column and "explicit_schema" in str(info.value)
+    if column != "a" or "changed" in message:
+        assert info.value.row == 30_001
+
+
+def test_json_bad_line_deep_in_a_file_names_its_row(tmp_path: Path) -> None:
+    text = "".join(json.dumps({"a": i}) + "\n" for i in range(30_000)) + '{"a": nope}\n'
+    (tmp_path / "bad.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    source = JSONDatasource(str(tmp_path / "bad.jsonl.gz"), block_bytes=64 * 1024)
+    with pytest.raises(FileFormatError, match=r"bad\.jsonl\.gz, row 30001") as info:
+        read_all(source)
+    assert info.value.row == 30_001
+
+
+def test_json_nested_field_after_the_first_chunk_names_the_column(tmp_path: Path) -> None:
+    _write_jsonl(tmp_path / "f.jsonl", [{"a": {"x": i}} for i in range(30_000)] + [{"a": {"x": 1, "y": 2}}])
+    with pytest.raises(FileFormatError, match=r"column 'a': the objects in \['a'\] have fields .*explicit_schema"):
+        read_all(JSONDatasource(str(tmp_path / "f.jsonl"), block_bytes=64 * 1024))
+
+
+def test_json_objects_spanning_lines_are_parsed_whole(tmp_path: Path) -> None:
+    (tmp_path / "f.json").write_text("".join(json.dumps({"a": i, "b": [i]}, indent=2) + "\n" for i in range(5000)))
+    options = pajson.ParseOptions(newlines_in_values=True)
+    out = read_all(JSONDatasource(str(tmp_path / "f.json"), parse_options=options, block_bytes=4096))
+    assert out["a"].to_pylist() == list(range(5000))
+
+
+@pytest.mark.s3
+@pytest.mark.s3_faults
+@pytest.mark.timeout(60)
+def test_s3_streams_are_retried_after_a_cut_body_and_exact(s3) -> None:
+    buf = pa.BufferOutputStream()
+    pacsv.write_csv(_table(0, 40_000), buf)
+    s3.put("s/a.csv.gz", gzip.compress(buf.getvalue().to_pybytes()))
+    s3.put("s/b.jsonl", "".join(json.dumps({"id": i, "s": f"name-{i}{PAD}"}) + "\n" for i in range(40_000)).encode())
+    s3.fault("truncate", method="GET", path=r"/s/a", times=1)
+    s3.fault("truncate", method="GET", path=r"/s/b", times=1)
+    for source in (
+        CSVDatasource("s3://test-bucket/s/a.csv.gz", block_bytes=MiB // 2),
+        JSONDatasource("s3://test-bucket/s/b.jsonl", block_bytes=MiB // 2),
+    ):
+        blocks = list(_blocks(source))
+        assert len(blocks) > 2
+        start = 0
+        for block in blocks:
+            start = _check_rows(block, start)
+        assert start == 40_000
+    assert s3.hits() == [1, 1]

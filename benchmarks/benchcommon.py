@@ -333,3 +333,205 @@ def _pool_rounds(runs: list[dict]) -> dict:
         if key != "times" and isinstance(value, float) and all(isinstance(v, float) for v in values):
             res[key] = median(values)
     return res
+
+
+# ----------------------------------------------------------------------------------------------
+# process-tree CPU and memory (psutil, imported lazily: the peer venvs may lack it)
+
+
+def tree_cpu_s(pid: int | None = None) -> float | None:
+    """User + system CPU seconds of ``pid`` (default: this process, all its threads) and its live
+    descendants; None without psutil. Descendants that already exited are not counted."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        root = psutil.Process(pid or os.getpid())
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def dataflow_session_dirs(pid: int | None = None) -> list[str]:
+    """The dataflow session folders (/dev/shm block folder, spill folder) ``pid`` holds open.
+
+    A session keeps a locked file descriptor on each of its folders, so this finds this
+    process's own session without picking up another one running on the same machine.
+    """
+    found = set()
+    fd_dir = f"/proc/{pid or os.getpid()}/fd"
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(fd_dir):
+            with contextlib.suppress(OSError):
+                target = os.readlink(os.path.join(fd_dir, fd))
+                parts = target.split("/")
+                for k, part in enumerate(parts):
+                    if part.startswith("dataflow-"):
+                        found.add("/".join(parts[: k + 1]))
+                        break
+    return sorted(found)
+
+
+def dir_bytes(path: str) -> int:
+    """Bytes allocated by the files directly in ``path`` (st_blocks, so sparse files count what they hold)."""
+    total = 0
+    with contextlib.suppress(OSError), os.scandir(path) as it:
+        for entry in it:
+            with contextlib.suppress(OSError):
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+    return total
+
+
+def _proc_status_kb(pid: int, keys: tuple[str, ...]) -> dict[str, int]:
+    out = dict.fromkeys(keys, 0)
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in out:
+                out[name] = int(rest.split()[0]) * 1024
+    return out
+
+
+class TreeMemorySampler:
+    """Samples this process tree's memory every ``interval`` s in a thread (Linux, psutil).
+
+    Per sample: ``rss`` (sum of RSS of this process and every descendant), ``anon`` (sum of their
+    ``RssAnon``: private heap, no file or shared-memory pages), ``shm`` (bytes of the session's
+    block files in /dev/shm), ``spill`` (bytes of its spill folder). ``rss + shm`` counts a block
+    twice while a process has it mapped (its pages are in that process's RSS as shared memory
+    and in /dev/shm); ``anon + shm`` counts every block once (and a forked worker's
+    copy-on-write pages once per worker). Use as a context manager; ``peaks()`` after.
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        import threading
+
+        self.interval = interval
+        self.samples: list[tuple[float, int, int, int, int, int]] = []  # t, rss, anon, shm, spill, nprocs
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-mem-sampler", daemon=True)
+        self._t0 = time.perf_counter()
+
+    def __enter__(self) -> TreeMemorySampler:
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._halt.set()
+        self._thread.join(timeout=5)
+
+    def sample(self) -> tuple[float, int, int, int, int, int]:
+        import psutil
+
+        me = psutil.Process()
+        procs = [me]
+        with contextlib.suppress(psutil.Error):
+            procs += me.children(recursive=True)
+        rss = anon = n = 0
+        for p in procs:
+            st = _proc_status_kb(p.pid, ("VmRSS", "RssAnon"))
+            if st["VmRSS"]:
+                rss += st["VmRSS"]
+                anon += st["RssAnon"]
+                n += 1
+        shm = spill = 0
+        for d in dataflow_session_dirs():
+            if d.startswith("/dev/shm/"):
+                shm += dir_bytes(d)
+            else:
+                spill += dir_bytes(d)
+        return (time.perf_counter() - self._t0, rss, anon, shm, spill, n)
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            t = time.perf_counter()
+            with contextlib.suppress(Exception):
+                self.samples.append(self.sample())
+            self._halt.wait(max(0.0, self.interval - (time.perf_counter() - t)))
+
+    def peaks(self) -> dict:
+        s = self.samples
+        if not s:
+            return {}
+        return {"samples": len(s),
+                "peak_rss_shm_bytes": max(x[1] + x[3] for x in s),
+                "peak_anon_shm_bytes": max(x[2] + x[3] for x in s),
+                "peak_rss_bytes": max(x[1] for x in s),
+                "peak_shm_bytes": max(x[3] for x in s),
+                "peak_spill_bytes": max(x[4] for x in s),
+                "max_procs": max(x[5] for x in s)}
+
+
+# ----------------------------------------------------------------------------------------------
+# several cases of one workload in one report
+
+
+def fmt_plain(x, unit: str = "n") -> str:
+    """``fmt_num``, plus unit ``"n"``: a plain number (thousands separated, no exponent)."""
+    if unit != "n" or x is None:
+        return fmt_num(x, unit)
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def print_side_table(title: str, results: dict[str, dict], metric: str = "median_s", baseline: str = "raw",
+                     unit: str = "s", columns: list[tuple[str, str, str]] | None = None,
+                     target: dict | None = None) -> str | None:
+    """One case's table (sides as rows, ratios to ``baseline`` and dataflow); returns the verdict."""
+    base = results.get(baseline, {}).get(metric)
+    dfv = results.get("dataflow", {}).get(metric)
+    columns = columns or []
+    headers = ["side", metric, f"x {baseline}", "x dataflow", *[c[0] for c in columns], "status"]
+    rows = []
+    for side, res in results.items():
+        v = res.get(metric)
+        r_base = v / base if (v is not None and base) else None
+        r_df = v / dfv if (v is not None and dfv) else None
+        res["ratio_vs_" + baseline] = r_base
+        res["ratio_vs_dataflow"] = r_df
+        rows.append([side, fmt_plain(v, unit),
+                     f"{r_base:.2f}x" if r_base is not None else "-",
+                     f"{r_df:.2f}x" if r_df is not None else "-",
+                     *[fmt_plain(res.get(key), u) for _, key, u in columns],
+                     status_text(res)])
+    print()
+    print(f"== {title} ==")
+    print_table(headers, rows)
+    verdict = None
+    if target:
+        verdict = evaluate_target(results, target)
+        print(f"target: {target['text']} -> {verdict}")
+    return verdict
+
+
+def report_cases(workload: str, cases: dict[str, dict[str, dict]], metric: str = "median_s",
+                 baseline: str = "raw", unit: str = "s", columns: list[tuple[str, str, str]] | None = None,
+                 targets: dict[str, dict] | None = None, extra: dict | None = None,
+                 json_out: Path | None = None, notes: list[str] | None = None) -> dict:
+    """A table per case (``cases[case][side]`` = that side's result), then one JSON line."""
+    verdicts = {}
+    for case, results in cases.items():
+        verdicts[case] = print_side_table(f"{workload}: {case}", results, metric, baseline, unit, columns,
+                                          (targets or {}).get(case))
+    for note in notes or []:
+        print(note)
+    obj = {"workload": workload, "metric": metric, "baseline": baseline, "targets": targets,
+           "target_met": verdicts, "machine": machine_info(), "cases": cases,
+           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if extra:
+        obj.update(extra)
+    line = json.dumps(obj, default=str)
+    if json_out:
+        Path(json_out).write_text(line + "\n")
+    print(line)
+    return obj

@@ -35,9 +35,11 @@ class Dataset:
     # running ------------------------------------------------------------------------------
     def _execute(self, plan: LogicalNode | None = None, output: str = OUTPUT_BLOCKS, sink: Any = None) -> ExecutionHandle:
         from dataflow.compile import compile_plan
+        from engine.session import sweep_dead_sessions_once
 
         ctx = DataContext.get_current()
         options = ctx.execution_options
+        sweep_dead_sessions_once(options.spill_dir)  # a killed driver's blocks: first run only
         if ctx.execution_mode == "streaming":
             from engine.session import get_session
 
@@ -297,6 +299,9 @@ class Dataset:
 
     def count(self) -> int:
         """Rows in the dataset; from metadata (e.g. Parquet footers) when nothing changes the count."""
+        from engine.session import sweep_dead_sessions_once
+
+        sweep_dead_sessions_once(DataContext.get_current().execution_options.spill_dir)  # metadata counts skip _execute
         known = count_from_metadata(optimize(self._plan))
         if known is not None:
             return known

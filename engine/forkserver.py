@@ -4,34 +4,94 @@ A fresh Python that imports pyarrow takes ~0.3 s; a fork of this process takes m
 The driver talks to it over its stdin/stdout: one JSON line per request ``{"worker_id", "env",
 "args"}``, one JSON line back ``{"worker_id", "pid"}``. The driver watches each worker with a
 pidfd (``os.pidfd_open``), so a death is seen at once even though workers are the zygote's
-children. When the driver goes away (stdin closes) the zygote kills its workers and exits;
-if the zygote is killed, its workers get SIGKILL from the kernel (PR_SET_PDEATHSIG).
+children. If the zygote is killed, its workers get SIGKILL from the kernel (PR_SET_PDEATHSIG).
+
+How it ends:
+
+* the driver stops it (``ForkServer.close``: an ``{"exit": true}`` line, then its stdin closes):
+  it kills its workers and exits; the driver removes its own folders;
+* the driver dies (SIGKILL, SIGTERM without a handler, OOM): the zygote, the session's last
+  process, gets SIGTERM from the kernel (its parent-death signal, armed first thing in its
+  ``__main__``) or reads EOF on its stdin. Once its parent pid is no longer the driver's it
+  kills its workers, waits for them, and removes the session's folders (shared memory and
+  spill) whose ``lock`` nobody holds any more (``remove_abandoned``), within
+  ``FINISH_DEADLINE_S``. While the driver lives, a SIGTERM is ignored and an EOF removes
+  nothing: the parent-death signal also fires when the driver *thread* that started the zygote
+  ends, and an ordinary shutdown must never lose the race to the driver's own cleanup.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
 
+DRIVER_PID_ENV = "DATAFLOW_ZYGOTE_DRIVER_PID"
+"""The driver's pid, given to the zygote (which removes it from its environment)."""
+CLEANUP_ENV = "DATAFLOW_ZYGOTE_CLEANUP"
+"""A JSON list of the session's folders the zygote removes once the driver has died."""
+WORKER_EXIT_TIMEOUT_S = 3.0
+"""How long the zygote waits for its SIGKILLed workers to be gone before removing folders."""
+DRIVER_EXIT_GRACE_S = 2.0
+"""After an EOF without the driver's goodbye: how long to wait for the driver to be gone (the
+kernel closes a dying process's pipes a moment before it reparents its children)."""
+FINISH_DEADLINE_S = 10
+"""The zygote's cleanup never takes longer: SIGALRM (default action) ends it then."""
 
-def _die_with_parent() -> None:
+
+def _set_parent_death_signal(sig: int) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
 
+def remove_abandoned(path: str) -> bool:
+    """Remove the session folder ``path`` if the process that owned it is gone, i.e. nobody holds
+    the ``flock`` on its ``lock`` file any more; True if it was removed.
+
+    A folder without a ``lock`` file (being created, or not a session's) is left alone, and so is
+    one whose lock a live process holds (its owner, or a child it forked that inherited the lock).
+    """
+    try:
+        fd = os.open(os.path.join(path, "lock"), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _child(request: dict[str, Any], parent_pid: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent_pid:
         os._exit(1)
     os.environ.update(request.get("env") or {})
@@ -55,33 +115,168 @@ def _child(request: dict[str, Any], parent_pid: int) -> None:
     os._exit(code)
 
 
-def serve(stdin: IO[str], stdout: IO[str]) -> None:
-    """The zygote's loop: fork one worker per request until stdin closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    children: set[int] = set()
-    me = os.getpid()
-    for line in stdin:
-        request = json.loads(line)
-        if "preload" in request:
-            _import_quietly(request["preload"])
-            continue
+class _DriverGone(BaseException):
+    """Raised in the zygote's main thread by its SIGTERM handler once the driver has died."""
+
+
+BYE, EOF, DRIVER_DIED, FAILED = "bye", "eof", "driver died", "failed"
+"""How the zygote's loop ended."""
+
+
+class Zygote:
+    """The zygote's state: the driver it serves, its workers, the folders it may have to remove."""
+
+    def __init__(self, driver_pid: int, folders: Sequence[str] = ()) -> None:
+        self.driver_pid = driver_pid
+        self.folders = list(folders)
+        self.children: set[int] = set()
+        self.interruptible = False
+        """While True (importing, serving), the SIGTERM handler may end the loop; elsewhere a
+        dead driver is noticed by ``finish`` itself."""
+        self.me = os.getpid()
+
+    @classmethod
+    def from_environ(cls) -> Zygote:
+        """The driver's pid and the folders from the environment, removed from it (workers
+        forked later must not inherit them)."""
+        driver = os.environ.pop(DRIVER_PID_ENV, "")
+        try:
+            folders = [str(f) for f in json.loads(os.environ.pop(CLEANUP_ENV, "") or "[]")]
+        except (ValueError, TypeError):
+            folders = []
+        return cls(int(driver) if driver.isdigit() else os.getppid(), folders)
+
+    def driver_alive(self) -> bool:
+        """Whether the driver is still our parent (once it dies we are reparented)."""
+        return os.getppid() == self.driver_pid
+
+    def on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM, our parent-death signal: the driver died, or only the driver thread that
+        started us ended (or someone signalled the process group). Only the first means
+        anything: the driver, while alive, ends us itself by closing our stdin."""
+        if not self.interruptible or self.driver_alive():
+            return
+        self.interruptible = False
+        raise _DriverGone
+
+    def __enter__(self) -> Zygote:
+        self.interruptible = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.interruptible = False  # the handler may still raise right before this: inside the with
+
+    def serve(self, stdin: IO[str], stdout: IO[str]) -> str:
+        """Fork one worker per request until the driver says goodbye (``BYE``) or our stdin
+        closes or our replies cannot be written (``EOF``)."""
+        for line in stdin:
+            request = json.loads(line)
+            if request.get("exit"):
+                return BYE
+            if "preload" in request:
+                _import_quietly(request["preload"])
+                continue
+            pid = self._fork(request)
+            try:
+                stdout.write(json.dumps({"worker_id": request["worker_id"], "pid": pid}) + "\n")
+                stdout.flush()
+            except OSError:  # nobody reads our replies: the driver closed its end or died
+                return EOF
+        return EOF
+
+    def _fork(self, request: dict[str, Any]) -> int:
+        # the handler must not end the loop between the fork and recording the child (it would
+        # be left out of the children killed at the end): a signal meanwhile is ignored, and
+        # the driver's death checked right after
+        self.interruptible = False
         pid = os.fork()
         if pid == 0:
-            _child(request, me)
-        children.add(pid)
-        stdout.write(json.dumps({"worker_id": request["worker_id"], "pid": pid}) + "\n")
-        stdout.flush()
-    for pid in children:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    while True:  # with SIGCHLD ignored, wait() returns once every child is gone
-        try:
-            os.wait()
-        except ChildProcessError:
-            break
+            try:
+                _child(request, self.me)
+            finally:
+                os._exit(1)
+        self.children.add(pid)
+        self.interruptible = True
+        if not self.driver_alive():
+            self.interruptible = False
+            raise _DriverGone
+        return pid
+
+    def finish(self, outcome: str) -> None:
+        """Kill the workers; if the driver is gone, remove the session's abandoned folders. Ends
+        within ``FINISH_DEADLINE_S`` whatever hangs (a worker stuck in the kernel, a slow disk)."""
+        self.interruptible = False
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(FINISH_DEADLINE_S)
+        self._kill_children()
+        if outcome == EOF:
+            driver_gone = self._driver_exits_within(DRIVER_EXIT_GRACE_S)
+        else:
+            driver_gone = outcome == DRIVER_DIED or not self.driver_alive()
+        if driver_gone:
+            for folder in self.folders:
+                remove_abandoned(folder)
+
+    def _kill_children(self) -> None:
+        for pid in self.children:
+            if _parent_of(pid) != self.me:  # gone (reaped by the kernel), or its pid reused
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + WORKER_EXIT_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:  # with SIGCHLD ignored the kernel reaps them; ECHILD once every child is gone
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            time.sleep(0.005)
+
+    def _driver_exits_within(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.driver_alive():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+
+def serve(
+    stdin: IO[str], stdout: IO[str], zygote: Zygote | None = None, preload: Callable[[], None] | None = None
+) -> str:
+    """The zygote's life: ``preload``, then fork one worker per request until the driver says
+    goodbye or goes away; then kill the workers (and clean up after a dead driver). Returns how
+    it ended."""
+    zygote = zygote or Zygote(os.getppid())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    outcome = FAILED
+    try:
+        with zygote:
+            if not zygote.driver_alive():  # it died before our parent-death signal was armed
+                raise _DriverGone
+            if preload is not None:
+                preload()
+            outcome = zygote.serve(stdin, stdout)
+    except _DriverGone:
+        outcome = DRIVER_DIED
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+    zygote.finish(outcome)
+    return outcome
+
+
+def main() -> None:
+    """``python -m engine.forkserver``: arm the parent-death signal first, then import and serve."""
+    zygote = Zygote.from_environ()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, zygote.on_sigterm)
+    _set_parent_death_signal(signal.SIGTERM)
+    serve(sys.stdin, sys.stdout, zygote, _preload)
+    os._exit(0)  # nothing to flush, no interpreter teardown (our stdout may be a broken pipe)
 
 
 def _import_quietly(modules: list[str]) -> None:
@@ -97,9 +292,13 @@ def _import_quietly(modules: list[str]) -> None:
 class ForkServer:
     """The driver's handle on the zygote."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, cleanup: Sequence[str] = ()) -> None:
+        """Start the zygote with ``env``; ``cleanup``: the session's folders it removes if this
+        process dies (see the module docstring)."""
         child_env = dict(os.environ)
         child_env.update(env or {})
+        child_env[DRIVER_PID_ENV] = str(os.getpid())
+        child_env[CLEANUP_ENV] = json.dumps(list(cleanup))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.forkserver"],
             stdin=subprocess.PIPE,
@@ -109,7 +308,6 @@ class ForkServer:
             env=child_env,
             cwd=os.getcwd(),
             start_new_session=False,
-            preexec_fn=_zygote_preexec,
         )
         assert self.proc.stdout is not None
         self._buffer = ""
@@ -153,11 +351,18 @@ class ForkServer:
 
     def close(self) -> None:
         """Stop the zygote; its workers go with it (it kills them, or the kernel does)."""
-        if self.replied < self.requested:
+        killed = self.replied < self.requested
+        if killed:
             # still starting (importing pyarrow) with requests queued: workers that nobody
             # will use must not be forked at all, so don't wait for it to read its stdin
             self.proc.kill()
         if self.proc.stdin is not None:
+            try:
+                if not killed and not self.proc.stdin.closed:  # goodbye: we live, it must not wait to see us die
+                    self.proc.stdin.write(json.dumps({"exit": True}) + "\n")
+                    self.proc.stdin.flush()
+            except OSError:
+                pass
             try:
                 self.proc.stdin.close()
             except OSError:
@@ -184,10 +389,6 @@ def frameworks_imported() -> tuple[str, ...]:
     return tuple(m for m in HEAVY_MODULES if m in sys.modules)
 
 
-def _zygote_preexec() -> None:
-    _die_with_parent()
-
-
 def _preload() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -201,5 +402,4 @@ def _preload() -> None:
 
 
 if __name__ == "__main__":
-    _preload()
-    serve(sys.stdin, sys.stdout)
+    main()

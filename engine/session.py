@@ -1,9 +1,22 @@
 """The engine session of this process: its shared-memory folder, its executor, its workers.
 
 ``Session.start`` creates ``/dev/shm/dataflow-<uuid>/`` (mode 0700) holding a ``lock`` file
-this process keeps ``flock``-ed, sweeps the folders of sessions whose lock is free (their
-process died), and starts the executor. ``shutdown`` stops workers and removes the folder; it
-runs at interpreter exit and on SIGTERM too.
+this process keeps ``flock``-ed (and a spill folder alike), sweeps the folders of sessions
+whose lock is free (their process died), and starts the executor. ``shutdown`` stops workers
+and removes the folders; it runs at interpreter exit and on SIGTERM too.
+
+When the driver dies without running ``shutdown`` (SIGKILL, the OOM killer, or SIGTERM's
+default action):
+
+* the zygote (``engine.forkserver``), the session's last process, gets its parent-death signal,
+  kills the workers and removes both folders once the driver's lock is free;
+* a session that never started a zygote leaves its folders to the next process on this machine
+  that executes anything (``sweep_dead_sessions_once``: even a ``count()`` from metadata or a
+  local-mode job), or that starts a session.
+
+The SIGTERM handler can only be installed from the main thread (``signal.signal``). A process
+whose first engine call runs in another thread keeps SIGTERM's default action: it dies without
+``shutdown``, and the zygote cleans up as above.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import uuid
 from typing import Any
 
 from engine.executor import StreamingExecutor
+from engine.forkserver import remove_abandoned
 from engine.object_store import SharedMemoryStore
 from engine.options import ExecutionOptions
 
@@ -28,32 +42,38 @@ PREFIX = "dataflow-"
 
 
 def sweep_dead_sessions(root: str) -> list[str]:
-    """Remove session folders under ``root`` whose owning process is gone."""
-    removed = []
-    for path in glob.glob(os.path.join(root, PREFIX + "*")):
-        lock_path = os.path.join(path, "lock")
-        try:
-            fd = os.open(lock_path, os.O_RDWR)
-        except FileNotFoundError:
-            continue  # being created right now, or not ours
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        os.close(fd)
-        removed.append(path)
-    return removed
+    """Remove session folders under ``root`` whose owning process is gone (their lock is free)."""
+    return [path for path in glob.glob(os.path.join(root, PREFIX + "*")) if remove_abandoned(path)]
+
+
+def _shm_root() -> str:
+    return SHM_ROOT if os.path.isdir(SHM_ROOT) else tempfile.gettempdir()
+
+
+_swept = False
+
+
+def sweep_dead_sessions_once(spill_dir: str | None = None) -> None:
+    """Sweep dead sessions' shared-memory and spill folders, the first time only in this process
+    (a glob and a non-blocking ``flock`` per folder). Called when anything executes, so the blocks
+    of a killed driver that had no zygote to clean up do not hold /dev/shm until some later
+    process starts workers."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    sweep_dead_sessions(_shm_root())
+    sweep_dead_sessions(spill_dir or tempfile.gettempdir())
 
 
 def _make_locked_dir(root: str, name: str) -> tuple[str, int]:
     path = os.path.join(root, name)
     os.mkdir(path, 0o700)
-    fd = os.open(os.path.join(path, "lock"), os.O_CREAT | os.O_RDWR, 0o600)
+    # locked before it is named ``lock``: a sweeper never finds the lock of a live session free
+    pending = os.path.join(path, "lock.new")
+    fd = os.open(pending, os.O_CREAT | os.O_RDWR, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(pending, os.path.join(path, "lock"))
     return path, fd
 
 
@@ -63,7 +83,7 @@ class Session:
     def __init__(self, options: ExecutionOptions, transport: str = "ipc") -> None:
         self.options = options
         self.session_id = uuid.uuid4().hex[:12]
-        shm_root = SHM_ROOT if os.path.isdir(SHM_ROOT) else tempfile.gettempdir()
+        shm_root = _shm_root()
         spill_root = options.spill_dir or tempfile.gettempdir()
         sweep_dead_sessions(shm_root)
         sweep_dead_sessions(spill_root)
@@ -101,6 +121,7 @@ class Session:
 _current: Session | None = None
 _current_lock = threading.Lock()
 _hooks_installed = False
+_sigterm_tried = False
 
 
 def get_session(options: ExecutionOptions | None = None, **kwargs: Any) -> Session:
@@ -127,12 +148,15 @@ def shutdown() -> None:
 
 
 def _install_exit_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    atexit.register(shutdown)
-    if threading.current_thread() is threading.main_thread():
+    global _hooks_installed, _sigterm_tried
+    if not _hooks_installed:
+        _hooks_installed = True
+        atexit.register(shutdown)
+    # only the main thread may install a handler: from another thread SIGTERM keeps its default
+    # action (the zygote cleans up after the dead driver, see the module docstring) until a
+    # session is started from the main thread
+    if not _sigterm_tried and threading.current_thread() is threading.main_thread():
+        _sigterm_tried = True
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
             signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -141,9 +165,10 @@ def _forget_after_fork() -> None:
     """In a forked child (a DataLoader worker, multiprocessing with fork): the session belongs to
     the parent. Forget it, so the child's exit or SIGTERM never stops the parent's workers or
     removes its shared memory."""
-    global _current, _hooks_installed
+    global _current, _hooks_installed, _sigterm_tried
     _current = None
     _hooks_installed = False
+    _sigterm_tried = False
     if signal.getsignal(signal.SIGTERM) is _on_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

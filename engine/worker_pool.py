@@ -63,7 +63,9 @@ class WorkerPool:
     def start_forkserver(self) -> ForkServer:
         if self.forkserver is None or not self.forkserver.alive():
             self.forget_forkserver()
-            self.forkserver = ForkServer(self._env)
+            # the session's folders: the zygote, its last process, removes them if we die
+            folders = [self._args[k] for k in ("shm_dir", "spill_dir") if self._args.get(k)]
+            self.forkserver = ForkServer(self._env, cleanup=folders)
             self._preloaded = set()
         return self.forkserver
 

@@ -1,8 +1,10 @@
 """Logical plan -> engine operators, through one table of build functions.
 
-A read followed by maps becomes one MapOperator whose tasks read and transform in one go
-(``source=`` read tasks); other maps read their upstream's blocks. The last operator can count
-rows instead of producing blocks (``count()``), or write them to a Datasink (``write_*``).
+Each node becomes one operator; what is fused was decided by the optimizer (``can_fuse``),
+never here. A ``FusedRead`` becomes one MapOperator whose tasks read and transform in one go
+(``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its upstream's blocks.
+The last operator can count rows instead of producing blocks (``count()``), or write them to a
+Datasink (``write_*``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union
+from dataflow.plan import FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
 from engine.operators.base import PhysicalOperator
 from engine.operators.input import InputOperator
 from engine.operators.limit import LimitOperator
@@ -49,6 +51,10 @@ def _read(c: _Compiler, node: Read) -> PhysicalOperator:
     return _read_with(c, node, None)
 
 
+def _fused_read(c: _Compiler, node: FusedRead) -> PhysicalOperator:
+    return _read_with(c, node.read, node.maps)
+
+
 def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOperator:
     # as Ray: at least 200 read tasks or 2 per CPU; sources merge tasks smaller than they like
     parallelism = node.parallelism if node.parallelism > 0 else max(200, 2 * c.options.resolved_num_cpus())
@@ -71,8 +77,6 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
 
 
 def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
-    if isinstance(node.input, Read) and node.exact_batch_rows is None:
-        return _read_with(c, node.input, node)
     upstream = c.build(node.input)
     return c.add(
         MapOperator(
@@ -103,6 +107,7 @@ def _union(c: _Compiler, node: Union) -> PhysicalOperator:
 
 BUILDERS: dict[type, Callable[[_Compiler, Any], PhysicalOperator]] = {
     Read: _read,
+    FusedRead: _fused_read,
     MapStages: _map,
     InputBlocks: _input,
     Limit: _limit,

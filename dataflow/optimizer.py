@@ -2,25 +2,44 @@
 
 * push a projection (``select_columns``) or an expression filter into a read that supports it;
 * fuse adjacent map nodes that share resources into one node (one task runs them all);
+* fuse a read into the map node after it when that node runs as plain default tasks (a
+  ``FusedRead``: its tasks read and transform in one go);
 * answer ``count()`` from metadata when every node after the read keeps the row count.
+
+``can_fuse`` is the only place that decides whether two nodes fuse; the compiler turns each
+node it is given into one operator and decides nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union
+from dataflow.plan import FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
+from engine.operators.map import Resources
+
+READ_RESOURCES = Resources()
+"""What a read task needs: the default (one CPU, no GPU, no custom resource)."""
 
 
 def optimize(node: LogicalNode) -> LogicalNode:
-    """Apply every rule bottom-up."""
+    """Push-downs and map+map fusion bottom-up, then read+map fusion on the result.
+
+    Maps are fused first so the read sees the whole chain it would join: ``read -> map(f) ->
+    map_batches(Model, num_gpus=1)`` keeps ``f`` apart from the model (other resources), so the
+    read fuses with ``f``; ``read -> map(f) -> map_batches(Model)`` puts ``f`` on the actors, so
+    the read stays apart.
+    """
+    return fuse_reads(_rewrite(node))
+
+
+def _rewrite(node: LogicalNode) -> LogicalNode:
     if isinstance(node, MapStages):
-        node = replace(node, input=optimize(node.input))
+        node = replace(node, input=_rewrite(node.input))
         return fuse_maps(push_into_read(node))
     if isinstance(node, Limit):
-        return replace(node, input=optimize(node.input))
+        return replace(node, input=_rewrite(node.input))
     if isinstance(node, Union):
-        return Union(tuple(optimize(c) for c in node.children))
+        return Union(tuple(_rewrite(c) for c in node.children))
     return node
 
 
@@ -40,16 +59,42 @@ def push_into_read(node: MapStages) -> LogicalNode:
     return node
 
 
-def _fusable(upstream: MapStages, downstream: MapStages) -> bool:
+def can_fuse(upstream: LogicalNode, downstream: MapStages) -> bool:
+    """Whether ``downstream`` may run in the same task (or actor) as ``upstream``.
+
+    Read -> map: only when the map runs as plain tasks that need what a read task needs. Not
+    into an actor pool (its few processes, GPU ones included, would do all the file reading;
+    a class without ``concurrency`` is one actor), not with other ``num_cpus``, ``num_gpus`` or
+    custom resources, not under a ``concurrency`` cap (it would cap the reads too), and not
+    when the map is fed exact ``batch_size`` slices (those need blocks whose row counts are
+    known, not read tasks). Ray Data likewise fuses a read only into a map with the same
+    resources and the same task concurrency; it would also fuse one into a CPU actor pool with
+    default resources, which is stricter here on purpose.
+
+    Map -> map: the same resources, at most one of the two on an actor pool (a task step
+    joins the pool), no exact ``batch_size`` slicing downstream, and no ``concurrency`` cap
+    loosened: two task maps fuse only with the same cap, and a capped task map joins an actor
+    pool only when the pool is no bigger than the cap.
+    """
     if downstream.exact_batch_rows is not None:
+        return False
+    if isinstance(upstream, Read):
+        return (
+            downstream.actor_pool is None
+            and downstream.resources == READ_RESOURCES
+            and downstream.max_concurrency is None
+        )
+    if not isinstance(upstream, MapStages):
         return False
     if upstream.resources != downstream.resources:
         return False
-    if upstream.actor_pool is not None and downstream.actor_pool is not None:
+    pools = [m.actor_pool for m in (upstream, downstream) if m.actor_pool is not None]
+    if not pools:
+        return upstream.max_concurrency == downstream.max_concurrency
+    if len(pools) > 1:
         return False
-    return upstream.max_concurrency == downstream.max_concurrency or (
-        downstream.actor_pool is not None or upstream.actor_pool is not None
-    )
+    cap = upstream.max_concurrency if upstream.actor_pool is None else downstream.max_concurrency
+    return cap is None or pools[0].max_size <= cap
 
 
 def fuse_maps(node: LogicalNode) -> LogicalNode:
@@ -57,7 +102,7 @@ def fuse_maps(node: LogicalNode) -> LogicalNode:
     if not isinstance(node, MapStages) or not isinstance(node.input, MapStages):
         return node
     up = node.input
-    if not _fusable(up, node):
+    if not can_fuse(up, node):
         return node
     return MapStages(
         input=up.input,
@@ -69,6 +114,19 @@ def fuse_maps(node: LogicalNode) -> LogicalNode:
     )
 
 
+def fuse_reads(node: LogicalNode) -> LogicalNode:
+    """``MapStages(Read)`` -> ``FusedRead`` wherever ``can_fuse`` allows it."""
+    if isinstance(node, MapStages):
+        if isinstance(node.input, Read):
+            return FusedRead(node) if can_fuse(node.input, node) else node
+        return replace(node, input=fuse_reads(node.input))
+    if isinstance(node, Limit):
+        return replace(node, input=fuse_reads(node.input))
+    if isinstance(node, Union):
+        return Union(tuple(fuse_reads(c) for c in node.children))
+    return node
+
+
 def count_from_metadata(node: LogicalNode) -> int | None:
     """The row count without running anything, when the plan allows it."""
     if isinstance(node, Read):
@@ -78,6 +136,8 @@ def count_from_metadata(node: LogicalNode) -> int | None:
         return sum(r.num_rows for r in node.refs)
     if isinstance(node, MapStages) and node.preserves_rows:
         return count_from_metadata(node.input)
+    if isinstance(node, FusedRead):
+        return count_from_metadata(node.maps)
     if isinstance(node, Limit):
         inner = count_from_metadata(node.input)
         return min(inner, node.limit) if inner is not None else None

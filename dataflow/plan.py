@@ -1,7 +1,8 @@
 """The logical plan: immutable nodes a Dataset appends to, and how ``explain()`` prints them.
 
-Nodes say *what* to compute. ``optimizer`` rewrites them (fusing maps, pushing columns and
-filters into reads), ``compile`` turns them into engine operators.
+Nodes say *what* to compute. ``optimizer`` rewrites them (fusing maps, fusing a read into the
+maps after it, pushing columns and filters into reads), ``compile`` turns them into engine
+operators, one per node.
 """
 
 from __future__ import annotations
@@ -84,6 +85,31 @@ class MapStages(LogicalNode):
 
 
 @dataclass(frozen=True, eq=False)
+class FusedRead(LogicalNode):
+    """A read whose tasks also run ``maps`` (``maps.input`` is the read): one operator.
+
+    Only the optimizer makes these, when ``optimizer.can_fuse(read, maps)`` says so; the
+    compiler translates them as they are. It is a leaf: nothing runs before its tasks.
+    """
+
+    maps: MapStages
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.maps.input, Read):
+            msg = f"FusedRead needs maps over a Read, got maps over {type(self.maps.input).__name__}"
+            raise TypeError(msg)
+
+    @property
+    def read(self) -> Read:
+        assert isinstance(self.maps.input, Read)
+        return self.maps.input
+
+    @property
+    def name(self) -> str:
+        return f"{self.read.name}->{self.maps.name}"
+
+
+@dataclass(frozen=True, eq=False)
 class Limit(LogicalNode):
     input: LogicalNode
     limit: int
@@ -107,17 +133,22 @@ class Union(LogicalNode):
 
 
 def explain(node: LogicalNode, indent: int = 0) -> str:
-    """The plan as an indented tree, output at the top."""
+    """The plan as an indented tree, output at the top. Each node compiles to one operator, so
+    a read fused with its maps is one line (``ReadX->Map(f)``) and a read apart is its own."""
     pad = "  " * indent
     extra = ""
-    if isinstance(node, MapStages):
+    maps = node.maps if isinstance(node, FusedRead) else node
+    if isinstance(maps, MapStages):
         parts = []
-        if node.actor_pool is not None:
-            parts.append(f"actors={node.actor_pool.min_size}..{node.actor_pool.max_size}")
-        if node.resources.num_gpus:
-            parts.append(f"num_gpus={node.resources.num_gpus}")
-        if node.max_concurrency is not None:
-            parts.append(f"concurrency={node.max_concurrency}")
+        if maps.actor_pool is not None:
+            parts.append(f"actors={maps.actor_pool.min_size}..{maps.actor_pool.max_size}")
+        if maps.resources.num_cpus != Resources().num_cpus:
+            parts.append(f"num_cpus={maps.resources.num_cpus}")
+        if maps.resources.num_gpus:
+            parts.append(f"num_gpus={maps.resources.num_gpus}")
+        parts.extend(f"{name}={amount}" for name, amount in maps.resources.custom)
+        if maps.max_concurrency is not None:
+            parts.append(f"concurrency={maps.max_concurrency}")
         extra = f" [{', '.join(parts)}]" if parts else ""
     lines = [f"{pad}{'+- ' if indent else ''}{node.name}{extra}"]
     for child in node.inputs:

@@ -8,20 +8,20 @@ import pyarrow as pa
 import dataflow
 from dataflow.iterator import local_shuffle, rebatch
 from dataflow.optimizer import count_from_metadata, optimize
-from dataflow.plan import MapStages, Read
+from dataflow.plan import FusedRead, MapStages, Read
 
 
 def test_adjacent_maps_fuse_into_the_read_task():
     ds = dataflow.range(10).map(lambda r: r).filter(lambda r: True).map_batches(lambda b: b)
     plan = optimize(ds._plan)
-    assert isinstance(plan, MapStages) and isinstance(plan.input, Read)
-    assert len(plan.stages) == 3
+    assert isinstance(plan, FusedRead) and isinstance(plan.read, Read)
+    assert len(plan.maps.stages) == 3
 
 
 def test_different_resources_do_not_fuse():
     ds = dataflow.range(10).map(lambda r: r).map_batches(lambda b: b, num_cpus=2)
     plan = optimize(ds._plan)
-    assert isinstance(plan.input, MapStages)
+    assert isinstance(plan, MapStages) and isinstance(plan.input, FusedRead)
 
 
 def test_count_from_metadata_only_when_rows_are_preserved():

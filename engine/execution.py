@@ -177,6 +177,8 @@ class Execution:
                 ref = op.outputs.popleft()
                 if target is None:
                     self.buffer.put(ref)
+                elif target.cancelled:  # past a reached limit: nobody will read it
+                    self.release_input(ref, target)
                 else:
                     target.add_input(ref, target.upstream.index(op))
             if target is not None and op.completed() and not op.outputs:
@@ -190,9 +192,18 @@ class Execution:
     def _cancel_upstream(self, op: PhysicalOperator) -> None:
         for up in op.upstream:
             if not up.cancelled:
-                for value in up.cancel():
-                    self.release_input(value, up)
+                self._cancel_op(up)
                 self._cancel_upstream(up)
+
+    def _cancel_op(self, op: PhysicalOperator) -> None:
+        """Stop ``op``: free its queued inputs, its undelivered outputs and any it parked."""
+        for value in op.cancel():
+            self.release_input(value, op)
+        while op.outputs:
+            self.release(op.outputs.popleft())
+        if isinstance(op, MapOperator):
+            for ref in op.held_out_of_order():
+                self.release(ref)
 
     def release_input(self, value: Any, consumer: PhysicalOperator) -> None:
         """``consumer`` is done with an input item (a consumed or dropped block, or slice of one)."""
@@ -247,6 +258,8 @@ class Execution:
             op.stats.tasks_failed += 1
             for ref in result.refs:
                 self.release(ref)
+            for value in pending.bundle:
+                self.release_input(value, op)
             self.fail(_user_error(op, result))
             return
         for value in pending.bundle:
@@ -258,15 +271,30 @@ class Execution:
             op.results.append(result.value)
             op.stats.rows_out += result.num_rows
             op.stats.bytes_out += result.size_bytes
-        refs = op.in_order(pending.spec.task_index, result.refs) if self.options.preserve_order else result.refs
-        for ref in refs:
-            if op.cancelled:
+        if op.cancelled:
+            for ref in result.refs:
                 self.release(ref)
-            else:
+        else:
+            ordered = self.options.preserve_order
+            for ref in op.in_order(pending.spec.task_index, result.refs) if ordered else result.refs:
                 op.emit(ref)
         self.route()
 
+    def task_discarded(self, op: MapOperator, task_id: int, refs: list[BlockRef]) -> None:
+        """A task of a cancelled execution came back, or its worker died: free its outputs and
+        the inputs it was holding (nobody will retry it)."""
+        pending = op.pending.pop(task_id, None)
+        for ref in refs:
+            self.own(ref, op)
+            self.release(ref)
+        if pending is not None:
+            for value in pending.bundle:
+                self.release_input(value, op)
+
     def task_lost(self, op: MapOperator, task_id: int, why: str) -> None:
+        if op.cancelled:  # past a reached limit: not worth a retry
+            self.task_discarded(op, task_id, [])
+            return
         pending = op.task_lost(task_id)
         if pending.spec.attempt + 1 >= self.options.max_task_attempts:
             msg = (
@@ -300,13 +328,7 @@ class Execution:
             return
         self.cancelled = True
         for op in self.ops:
-            for value in op.cancel():
-                self.release_input(value, op)
-            while op.outputs:
-                self.release(op.outputs.popleft())
-            if isinstance(op, MapOperator):
-                for ref in op.held_out_of_order():
-                    self.release(ref)
+            self._cancel_op(op)
         if self.finished_at is None:
             self.finished_at = time.perf_counter()
 

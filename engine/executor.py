@@ -386,9 +386,8 @@ class StreamingExecutor:
         for ref in result.refs:
             self.stored(ref)
         if execution.cancelled:
-            op.pending.pop(result.task_id, None)
-            for ref in result.refs:
-                self.free(ref)
+            execution.task_discarded(op, result.task_id, result.refs)
+            self._reap(execution)
             return
         execution.task_finished(op, result)
         self._reap(execution)
@@ -427,7 +426,7 @@ class StreamingExecutor:
             if not execution.cancelled:
                 execution.task_lost(op, pending.spec.task_id, f"worker pid {handle.pid} exited")
             else:
-                op.pending.pop(pending.spec.task_id, None)
+                execution.task_discarded(op, pending.spec.task_id, [])
             self._reap(execution)
         self._replace(handle)
 

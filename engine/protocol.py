@@ -1,8 +1,8 @@
 """The wire protocol between the driver and workers: typed messages, one version, one module.
 
 Every message is a list of frames: a 4-byte header (magic ``DF``, protocol version, kind) and
-one pickled body. A task is the exception: its id and the driver's ``sys.path`` travel as plain
-frames before the pickled spec, so a worker can set the path and then unpickle the spec itself
+one pickled body. A task is the exception: its id and the driver's ``sys.path`` travel as JSON
+after the header's 4 bytes, before the pickled spec, so a worker can set the path and then unpickle the spec itself
 (a spec that does not unpickle is then that task's error, not the worker's death); the first
 time a worker sees an operator the task also carries its transform (afterwards the worker has
 it cached by digest). The header is checked before anything is unpickled. Frames are the only
@@ -16,13 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import serialization
+from engine.object_store import BlockRef, BlockSlice
 
-VERSION = 3
+VERSION = 4
 MAGIC = b"DF"
 
 
 class ProtocolError(Exception):
     """A peer spoke another protocol or version."""
+
+
+class BadBody(ProtocolError):
+    """The header is ours but the body does not unpickle (``__cause__`` says why) or is not
+    the message its header names."""
 
 
 @dataclass
@@ -130,23 +136,28 @@ _KINDS: dict[type, int] = {
     SplitWaiting: 10,
 }
 _TYPES = {v: k for k, v in _KINDS.items()}
+_BLOCK_TYPES = (BlockRef, BlockSlice)
 
 
 def encode(msg: Any) -> list[bytes]:
     """Frames for ``msg``."""
     header = MAGIC + bytes((VERSION, _KINDS[type(msg)]))
     if isinstance(msg, RunTask):
-        path = json.dumps(msg.sys_path).encode() if msg.sys_path is not None else b""
-        frames = [header, str(msg.spec.task_id).encode(), path, serialization.dumps(msg.spec)]
+        meta = json.dumps({"task_id": msg.spec.task_id, "sys_path": msg.sys_path}).encode()
+        spec = msg.spec
+        only_blocks = spec.sink is None and all(type(item) in _BLOCK_TYPES for item in spec.inputs)
+        frames = [header + meta, serialization.dumps_data(spec) if only_blocks else serialization.dumps(spec)]
         if msg.transform is not None:
             frames.append(msg.transform)
         return frames
+    if isinstance(msg, TaskDone):  # worker -> driver: plain data, the fast pickler
+        return [header, serialization.dumps_data(msg)]
     return [header, serialization.dumps(msg)]
 
 
 def decode(frames: list[bytes] | list[Any]) -> Any:
     """The message in ``frames``; raises ProtocolError before unpickling anything unexpected."""
-    if not frames or len(frames[0]) != 4 or bytes(frames[0][:2]) != MAGIC:
+    if not frames or len(frames[0]) < 4 or bytes(frames[0][:2]) != MAGIC:
         msg = "not a dataflow message (bad header frame)"
         raise ProtocolError(msg)
     version, kind = frames[0][2], frames[0][3]
@@ -157,12 +168,30 @@ def decode(frames: list[bytes] | list[Any]) -> Any:
     if cls is None:
         msg = f"unknown message kind {kind}"
         raise ProtocolError(msg)
-    if cls is RunTask:
-        if len(frames) not in (4, 5):
-            msg = f"a task has 4 or 5 frames, got {len(frames)}"
+    if cls is RunTask:  # the header frame carries the task's id and sys.path after its 4 bytes
+        if len(frames) not in (2, 3):
+            msg = f"a task has 2 or 3 frames, got {len(frames)}"
             raise ProtocolError(msg)
-        task_id = int(bytes(frames[1]))
-        sys_path = json.loads(bytes(frames[2])) if bytes(frames[2]) else None
-        transform = bytes(frames[4]) if len(frames) > 4 else None
-        return RunTask(bytes(frames[3]), transform, sys_path, task_id)
-    return serialization.loads(frames[1])
+        try:
+            meta = json.loads(bytes(frames[0][4:]))
+            task_id, sys_path = int(meta["task_id"]), meta["sys_path"]
+        except (ValueError, KeyError, TypeError) as err:
+            msg = f"a task's metadata is not valid: {err}"
+            raise ProtocolError(msg) from err
+        transform = bytes(frames[2]) if len(frames) > 2 else None
+        return RunTask(bytes(frames[1]), transform, sys_path, task_id)
+    if len(frames[0]) != 4:
+        msg = "not a dataflow message (bad header frame)"
+        raise ProtocolError(msg)
+    if len(frames) != 2:
+        msg = f"a {cls.__name__} has 2 frames, got {len(frames)}"
+        raise ProtocolError(msg)
+    try:
+        body = serialization.loads(frames[1])
+    except Exception as err:
+        msg = f"a {cls.__name__} body that does not unpickle: {err!r}"
+        raise BadBody(msg) from err
+    if not isinstance(body, cls):
+        msg = f"header says {cls.__name__}, body is {type(body).__name__}"
+        raise BadBody(msg)
+    return body

@@ -19,6 +19,20 @@ def dumps(obj: Any) -> bytes:
     return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def dumps_data(obj: Any) -> bytes:
+    """Serialize plain data (specs over blocks, results): the C pickler, ~5x faster than
+    cloudpickle per task; cloudpickle when something in it needs pickling by value.
+
+    Only for objects whose classes the receiver imports by name (engine types, or, from a
+    worker to the driver, anything: the driver has every module its workers have). A spec
+    carrying user objects (read tasks, a sink, possibly defined in ``__main__``) uses ``dumps``.
+    """
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return dumps(obj)
+
+
 def loads(data: bytes | memoryview) -> Any:
     """Deserialize what ``dumps`` produced."""
     return pickle.loads(data)

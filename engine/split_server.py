@@ -181,6 +181,10 @@ class SplitServer:
         ident, frames = parts[0], parts[1:]
         try:
             msg = protocol.decode(frames)
+        except protocol.BadBody as err:
+            kind = "undecodable body" if err.__cause__ is not None else "body does not match its header"
+            self._drop(kind, str(err))
+            return
         except protocol.ProtocolError as err:
             self._drop("bad header", str(err))
             return

@@ -68,7 +68,7 @@ class DriverSocket:
         self._allowed.allowed.add(public_key)
 
     def send(self, worker_id: str, frames: list[bytes]) -> None:
-        self.sock.send_multipart([worker_id.encode(), *frames], copy=False)
+        self.sock.send_multipart([worker_id.encode(), *frames], copy=_copy(frames))
 
     def recv(self) -> tuple[str, list[bytes]]:
         """One message, without blocking (call when the poller says the socket is readable)."""
@@ -79,6 +79,14 @@ class DriverSocket:
         self.sock.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
+
+
+ZERO_COPY_BYTES = 64 << 10
+"""Frames at least this big go zero-copy; smaller ones are copied (cheaper for libzmq)."""
+
+
+def _copy(frames: list[bytes]) -> bool:
+    return all(len(f) < ZERO_COPY_BYTES for f in frames)
 
 
 class _KeyAllowList:
@@ -115,7 +123,7 @@ class WorkerSocket:
         self.sock.connect(address)
 
     def send(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames, copy=False)
+        self.sock.send_multipart(frames, copy=_copy(frames))
 
     def recv(self, timeout_ms: int | None = None) -> list[bytes] | None:
         if timeout_ms is not None and not self.sock.poll(timeout_ms):

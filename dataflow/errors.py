@@ -8,6 +8,8 @@ from engine.errors import (
     EngineError,
     ObjectStoreFullError,
     ResourceError,
+    SplitCoordinatorLostError,
+    TaskTimeoutError,
     UserCodeError,
     WorkerDiedError,
 )
@@ -17,6 +19,8 @@ __all__ = [
     "EngineError",
     "ObjectStoreFullError",
     "ResourceError",
+    "SplitCoordinatorLostError",
+    "TaskTimeoutError",
     "UserCodeError",
     "WorkerDiedError",
 ]

@@ -29,6 +29,10 @@ class WorkerDiedError(DataflowError):
     """A worker process died while running a task, more times than allowed."""
 
 
+class TaskTimeoutError(DataflowError, TimeoutError):
+    """A task ran longer than ``task_timeout_s``; its worker was killed (a hung UDF)."""
+
+
 class ObjectStoreFullError(DataflowError):
     """The object store and the spill folder are both out of space."""
 

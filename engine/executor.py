@@ -28,7 +28,7 @@ import zmq
 
 from engine import protocol
 from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_RESOURCES, WAIT_WORKER
-from engine.errors import EngineError, unpicklable_error
+from engine.errors import EngineError, TaskTimeoutError, unpicklable_error
 from engine.execution import Execution, check_resources
 from engine.object_store import BlockRef, SharedMemoryStore
 from engine.operators.map import MapOperator, Pending
@@ -233,6 +233,11 @@ class StreamingExecutor:
         if starting:
             deadline = min(starting) + self.options.worker_start_timeout_s - time.monotonic()
             timeouts.append(max(0.01, deadline + 0.01))
+        for handle in self.pool.live():
+            limit = self._task_timeout(handle)
+            if limit is not None and handle.task is not None:
+                deadline = handle.task[2].started_at + limit - time.monotonic()
+                timeouts.append(max(0.01, deadline + 0.01))
         return int(min(timeouts) * 1000) if timeouts else None
 
     def _handle_events(self, events: dict[Any, int]) -> None:
@@ -328,11 +333,33 @@ class StreamingExecutor:
         self._watch_zygote()
         return handle
 
+    @staticmethod
+    def _task_timeout(handle: WorkerHandle) -> float | None:
+        if handle.task is None or handle.timed_out:
+            return None
+        return handle.task[0].options.task_timeout_s  # type: ignore[no-any-return]
+
     def _check_start_deadlines(self) -> None:
         """A worker that has not said Ready within ``worker_start_timeout_s`` is killed (its death
-        is then handled as a failed start)."""
+        is then handled as a failed start); one whose task has run past ``task_timeout_s`` too
+        (its death then fails the job with ``TaskTimeoutError``)."""
         now = time.monotonic()
         for handle in self.pool.live():
+            limit = self._task_timeout(handle)
+            if limit is not None and handle.task is not None and handle.pid is not None:
+                if now - handle.task[2].started_at > limit:
+                    handle.timed_out = True
+                    log.warning(
+                        "task of %s on worker %s (pid %s) ran past task_timeout_s=%s; killing it",
+                        handle.task[1].name,
+                        handle.worker_id,
+                        handle.pid,
+                        limit,
+                    )
+                    try:
+                        os.kill(handle.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             if handle.state == STARTING and handle.pid is not None and now - handle.spawned_at > self.options.worker_start_timeout_s:
                 log.warning("worker %s (pid %s) did not start within %.0f s; killing it", handle.worker_id, handle.pid, self.options.worker_start_timeout_s)
                 try:
@@ -420,7 +447,19 @@ class StreamingExecutor:
                 for execution in list(self._executions):
                     execution.fail(EngineError(why))
                     self._reap(execution)
-        if task is not None:
+        if task is not None and handle.timed_out:
+            execution, op, pending = task
+            self._ledger.give(op.resources.num_cpus, op.resources.custom)
+            execution.task_discarded(op, pending.spec.task_id, [])
+            limit = execution.options.task_timeout_s
+            execution.fail(
+                TaskTimeoutError(
+                    f"task {pending.spec.task_index} of {op.name} ran longer than task_timeout_s={limit} s "
+                    f"(a hung UDF?); its worker (pid {handle.pid}) was killed"
+                )
+            )
+            self._reap(execution)
+        elif task is not None:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)
             if not execution.cancelled:

@@ -44,6 +44,9 @@ class ExecutionOptions:
     """Bytes produced ahead of a consumer (iter_batches) before the engine waits for it."""
     max_task_attempts: int = 3
     """Attempts per task when a worker dies (user exceptions are not retried)."""
+    task_timeout_s: float | None = None
+    """A task running longer than this fails its job with ``TaskTimeoutError`` and its worker
+    is killed (a hung UDF); None: no limit. Tasks running long show in ``stats()`` either way."""
     worker_start_timeout_s: float = 60.0
     actor_idle_timeout_s: float = 5.0
     """An actor pool above its minimum size shrinks after this long with nothing queued."""
@@ -59,6 +62,7 @@ class ExecutionOptions:
         "op_output_budget",
         "consumer_buffer_bytes",
         "max_task_attempts",
+        "task_timeout_s",
         "preserve_order",
     )
     """Fields that may differ between executions of one session (the rest shape the session)."""

@@ -27,15 +27,32 @@ def _fmt_io(name: str, amount: int) -> str:
     return f"{name.replace('_', ' ')} {value}"
 
 
+LONG_TASK_S = 10.0
+"""A task running this long (and five times its operator's mean) is named in ``stats()``."""
+
+
 @dataclass
 class ExecutionStats:
     wall_s: float
     operators: list[OpStats] = field(default_factory=list)
+    long_running: list[str] = field(default_factory=list)
+    """Tasks running unusually long right now: which operator, which task, for how long."""
 
     @staticmethod
     def of(execution: Any) -> ExecutionStats:
         end = execution.finished_at or time.perf_counter()
-        return ExecutionStats(end - execution.started, [op.stats for op in execution.ops])
+        now = time.monotonic()
+        long_running = []
+        for op in execution.ops:
+            mean = op.stats.task_wall_s / op.stats.tasks if op.stats.tasks else 0.0
+            for pending in list(getattr(op, "pending", {}).values()):
+                age = now - pending.started_at
+                if age >= max(LONG_TASK_S, 5 * mean):
+                    long_running.append(
+                        f"task {pending.spec.task_index} of {op.name} running for {age:.0f} s "
+                        f"(attempt {pending.spec.attempt + 1}; finished tasks took {mean:.2f} s on average)"
+                    )
+        return ExecutionStats(end - execution.started, [op.stats for op in execution.ops], long_running)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +72,7 @@ class ExecutionStats:
                 }
                 for s in self.operators
             ],
+            "long_running": list(self.long_running),
         }
 
     def __str__(self) -> str:
@@ -71,4 +89,6 @@ class ExecutionStats:
             for reason, seconds in sorted(s.waits.items(), key=lambda kv: -kv[1]):
                 if seconds >= 0.0005:
                     lines.append(f"    held back {seconds:.3f} s: {reason}")
+        for line in self.long_running:
+            lines.append(f"  Long-running: {line}")
         return "\n".join(lines)

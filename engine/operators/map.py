@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ class Pending:
     bundle: list[Any]
     """The input items it consumed (read tasks, block refs or slices)."""
     input_bytes: int
+    started_at: float = 0.0
+    """``time.monotonic()`` when it was handed out (for timeouts and long-running reports)."""
 
 
 @dataclass
@@ -188,6 +191,7 @@ class MapOperator(PhysicalOperator):
             retry = self.retry_queue.popleft()
             retry.spec.task_id = next(_task_ids)
             retry.spec.attempt += 1
+            retry.started_at = time.monotonic()
             self.pending[retry.spec.task_id] = retry
             return retry
         bundle: list[Any] = []
@@ -216,7 +220,7 @@ class MapOperator(PhysicalOperator):
             sink=self.sink,
             task_index=next(self._task_index),
         )
-        pending = Pending(spec, bundle, size)
+        pending = Pending(spec, bundle, size, time.monotonic())
         self.pending[spec.task_id] = pending
         return pending
 

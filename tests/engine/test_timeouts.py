@@ -1,0 +1,59 @@
+"""A hung UDF does not hang its job forever, and a long-running task is named in stats()."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import dataflow
+from dataflow.errors import TaskTimeoutError
+from engine import session as engine_session
+from engine import stats as engine_stats
+
+
+@pytest.fixture
+def ready(streaming):
+    assert engine_session.current_session().executor.wait_for_workers()
+
+
+def _hangs_on(value: int):
+    def udf(batch):
+        if value in batch["id"]:
+            time.sleep(600)
+        return batch
+
+    return udf
+
+
+def test_a_hung_udf_fails_its_job_after_the_task_timeout(ready):
+    ds = dataflow.range(1000, override_num_blocks=10).map_batches(_hangs_on(555))
+    start = time.perf_counter()
+    with dataflow.options(task_timeout_s=1.0), pytest.raises(TaskTimeoutError, match="task_timeout_s=1.0"):
+        ds.take_all()
+    assert time.perf_counter() - start < 15
+    assert dataflow.range(1000).map_batches(lambda b: b).count() == 1000  # the session goes on
+
+
+def test_a_long_running_task_is_named_in_stats(ready, monkeypatch):
+    monkeypatch.setattr(engine_stats, "LONG_TASK_S", 0.3)
+
+    def slow_once(batch):
+        if 500 in batch["id"]:
+            time.sleep(2.0)
+        return batch
+
+    ds = dataflow.range(1000, override_num_blocks=10).map_batches(slow_once)
+    rows: list[int] = []
+    thread = threading.Thread(target=lambda: rows.extend(r["id"] for r in ds.take_all()))
+    thread.start()
+    seen = ""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "Long-running" not in seen:
+        time.sleep(0.1)
+        if getattr(ds, "_last_handle", None) is not None:
+            seen = ds.stats()
+    thread.join(30)
+    assert "Long-running: task" in seen and "slow_once" in seen, seen
+    assert sorted(rows) == list(range(1000))

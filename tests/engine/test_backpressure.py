@@ -44,3 +44,98 @@ def test_the_store_usage_count_returns_to_zero_after_limits_slice_blocks(streami
         assert len(rows) == n
     assert executor.sync()
     assert executor.statistics()["store_used"] == 0
+
+
+def _busy(batch):
+    x = np.random.default_rng(0).random(100_000)
+    for _ in range(3):
+        x = np.sqrt(x + 1.0)
+    return batch
+
+
+def test_an_abandoned_but_referenced_iterator_stops_at_its_budget(streaming):
+    """A job nobody reads from stops at its budget: it does not keep the workers busy."""
+    executor = engine_session.current_session().executor
+    assert executor.wait_for_workers()
+    ds = dataflow.range(10**8).map_batches(_busy)
+    it = iter(ds.iter_batches())
+    next(it)  # then nobody reads: ``it`` stays referenced
+    time.sleep(1.0)
+    tasks = ds._last_handle.stats().operators[-1].tasks
+    time.sleep(1.0)
+    assert ds._last_handle.stats().operators[-1].tasks == tasks, "the abandoned job kept running"
+    start = time.perf_counter()
+    assert dataflow.range(1000).map_batches(lambda b: b).count() == 1000
+    assert time.perf_counter() - start < 1.0
+    cpu = time.process_time()
+    time.sleep(0.5)
+    assert time.process_time() - cpu < 0.1, "the driver spins while nothing can run"
+    del it
+
+
+def _sleepy(batch):
+    time.sleep(0.05)
+    return batch
+
+
+def test_two_executions_share_the_workers(streaming):
+    """A train and an eval iterator running together both progress (free workers are dealt in turn)."""
+    executor = engine_session.current_session().executor
+    assert executor.wait_for_workers()
+    done: dict[str, float] = {}
+    with dataflow.options(min_task_input_bytes=1):
+        train = dataflow.range(200, override_num_blocks=100).map_batches(_sleepy)
+        evaluation = dataflow.range(12, override_num_blocks=6).map_batches(_sleepy)
+
+        def consume(name: str, ds) -> None:
+            for _ in ds.iter_batches(batch_size=None):
+                pass
+            done[name] = time.perf_counter()
+
+        import threading
+
+        start = time.perf_counter()
+        first = threading.Thread(target=consume, args=("train", train))
+        first.start()
+        time.sleep(0.3)  # train has every worker by now
+        second = threading.Thread(target=consume, args=("eval", evaluation))
+        second.start()
+        first.join(60)
+        second.join(60)
+    assert done["eval"] < done["train"], done
+    # 6 tasks of 50 ms with half of 2 workers: ~0.3 s, not the ~2.5 s train takes
+    assert done["eval"] - start < 0.3 + 1.5, (done["eval"] - start, done["train"] - start)
+
+
+def test_outputs_parked_for_order_count_against_the_budget(fresh_engine):
+    """preserve_order with a straggler: what finishes behind it is held, counted and bounded."""
+    dataflow.init(num_cpus=2, object_store_memory=64 * MiB, consumer_buffer_bytes=4 * MiB, min_task_input_bytes=1)
+    executor = engine_session.current_session().executor
+    assert executor.wait_for_workers()
+
+    def straggler(batch):
+        if batch["id"][0] == 0:
+            time.sleep(1.5)
+        return {"id": batch["id"], "payload": np.ones((len(batch["id"]), 128), dtype=np.float64)}  # 1 KiB rows
+
+    with dataflow.options(preserve_order=True):
+        ds = dataflow.range(200_000, override_num_blocks=200).map_batches(straggler)  # 1 MiB blocks
+        it = ds.iter_batches(batch_size=None)
+        peak = 0
+        import threading
+
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                peak = max(peak, executor.statistics()["store_used"])
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        ids = [b["id"][0] for b in it]
+        stop.set()
+        sampler.join()
+    assert ids == sorted(ids) and len(ids) >= 200
+    assert peak <= 16 * MiB, f"{peak / MiB:.1f} MiB held behind one straggler"

@@ -17,6 +17,10 @@ Modules, in the order a dataset meets them:
 * ``iterator``    DataIterator: fetch -> rebatch -> shuffle -> format -> prefetch
 * ``context``     DataContext and options(); the environment is read there only
 * ``errors``      the exceptions users catch
+
+Everything that runs goes through ``engine.runner``, the engine's one entry point: it picks the
+backend for the execution mode (``engine.backend``: the multi-process one or the in-process
+one); nothing here touches a session, a socket or a block store (``tests/unit/test_layering.py``).
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def init(
     """
     from dataclasses import replace
 
-    from engine.session import current_session, get_session
+    from engine import runner
 
     ctx = DataContext.get_current()
     if execution_mode is not None:
@@ -82,20 +86,19 @@ def init(
         changes["object_store_memory"] = object_store_memory
     if changes:
         wanted = replace(ctx.execution_options, **changes)
-        running = current_session()
+        running = runner.current()
         if running is not None and running.options != wanted:
             msg = "dataflow is already running with other settings; call dataflow.shutdown() first"
             raise RuntimeError(msg)
         ctx.execution_options = wanted
-    if ctx.execution_mode == "streaming":
-        get_session(ctx.execution_options)
+    runner.init(ctx.execution_options, ctx.execution_mode)
 
 
 def shutdown() -> None:
-    """Stop workers and free all shared memory of this process's engine session."""
-    from engine.session import shutdown as _shutdown
+    """Stop workers and free all shared memory of this process's engine."""
+    from engine import runner
 
-    _shutdown()
+    runner.shutdown()
 
 
 def col(name: str) -> Any:

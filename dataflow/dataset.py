@@ -20,7 +20,8 @@ from dataflow.iterator import DataIterator
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
 from dataflow.udf import builtin_node, map_node
-from engine.runner import ExecutionHandle, execute
+from engine import runner
+from engine.runner import ExecutionHandle
 from engine.stats import ExecutionStats
 from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
 
@@ -35,20 +36,14 @@ class Dataset:
     # running ------------------------------------------------------------------------------
     def _execute(self, plan: LogicalNode | None = None, output: str = OUTPUT_BLOCKS, sink: Any = None) -> ExecutionHandle:
         from dataflow.compile import compile_plan
-        from engine.session import sweep_dead_sessions_once
 
         ctx = DataContext.get_current()
         options = ctx.execution_options
-        sweep_dead_sessions_once(options.spill_dir)  # a killed driver's blocks: first run only
-        if ctx.execution_mode == "streaming":
-            from engine.session import get_session
-
-            session = get_session(options)
-            options = session.options.for_execution(options)
-        else:
-            session = None
+        runner.reclaim_abandoned(options.spill_dir)  # a killed driver's blocks: first run only
+        backend = runner.backend(options, ctx.execution_mode)
+        options = backend.execution_options(options)
         ops = compile_plan(optimize(plan or self._plan), options, output, sink)
-        handle = execute(ops, options, ctx.execution_mode, session)
+        handle = backend.execute(ops, options)
         self._last_handle = handle
         return handle
 
@@ -260,19 +255,14 @@ class Dataset:
         block, so memory stays bounded.
         """
         from dataflow.split import SplitIterator
-        from engine.split import SplitCoordinator
 
         if not isinstance(n, int) or n < 1:
             msg = f"streaming_split needs n >= 1, got {n!r}"
             raise ValueError(msg)
         ctx = DataContext.get_current()
-        socket_dir = None
-        if ctx.execution_mode == "streaming":
-            from engine.session import get_session
-
-            socket_dir = get_session(ctx.execution_options).shm_dir
-        coordinator = SplitCoordinator(
-            self._execute, n, equal, socket_dir, max_pending_bytes=ctx.execution_options.consumer_buffer_bytes
+        backend = runner.backend(ctx.execution_options, ctx.execution_mode)
+        coordinator = backend.split_coordinator(
+            self._execute, n, equal, max_pending_bytes=ctx.execution_options.consumer_buffer_bytes
         )
         return [SplitIterator(coordinator, coordinator.key, coordinator.address, i, n) for i in range(n)]
 
@@ -299,9 +289,7 @@ class Dataset:
 
     def count(self) -> int:
         """Rows in the dataset; from metadata (e.g. Parquet footers) when nothing changes the count."""
-        from engine.session import sweep_dead_sessions_once
-
-        sweep_dead_sessions_once(DataContext.get_current().execution_options.spill_dir)  # metadata counts skip _execute
+        runner.reclaim_abandoned(DataContext.get_current().execution_options.spill_dir)  # metadata counts skip _execute
         known = count_from_metadata(optimize(self._plan))
         if known is not None:
             return known
@@ -540,7 +528,7 @@ def _release_all(handle: ExecutionHandle, refs: list[Any]) -> None:
     try:
         for ref in refs:
             handle.free_detached(ref)
-    except Exception:  # the session may already be gone at interpreter exit
+    except Exception:  # the backend may already be gone at interpreter exit
         pass
 
 

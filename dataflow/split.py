@@ -1,14 +1,16 @@
 """Dataset.streaming_split: n iterators over one execution per epoch, for n training ranks.
 
 Each ``SplitIterator`` is a ``DataIterator`` (iter_batches, iter_rows, iter_torch_batches...)
-whose blocks come from a shared ``engine.split.SplitCoordinator``. Every call to an ``iter_*``
-method starts the split's next epoch; an epoch's execution starts when the first split asks for
-it, once every split has finished the previous one. Iterators pickle: in another process (a
-``torch.distributed`` rank started by a launcher) they connect to the coordinator's socket and
-map blocks from shared memory directly. Such an iterator never waits unboundedly: if the process
-that called ``streaming_split`` (it hosts the coordinator) dies or stops answering, it raises
-``SplitCoordinatorLostError`` within seconds (``engine.split_server.LIVENESS_S``), while a slow
-pipeline keeps it waiting as long as needed (the coordinator sends keepalives meanwhile).
+whose blocks come from a shared ``engine.split.SplitCoordinator`` that the backend made
+(``engine.runner``). Every call to an ``iter_*`` method starts the split's next epoch; an
+epoch's execution starts when the first split asks for it, once every split has finished the
+previous one. Iterators pickle: in another process (a ``torch.distributed`` rank started by a
+launcher) they reach the coordinator through the backend's transport (``runner.split_client``;
+for the multi-process backend, its socket, with blocks mapped from shared memory directly).
+Such an iterator never waits unboundedly: if the process that called ``streaming_split`` (it
+hosts the coordinator) dies or stops answering, it raises ``SplitCoordinatorLostError`` within
+seconds (``engine.split_server.LIVENESS_S``), while a slow pipeline keeps it waiting as long as
+needed (the coordinator sends keepalives meanwhile).
 
 ``equal=True``: every split gets exactly ``floor(total / n)`` rows; the last ``total % n`` rows
 are dropped and reported (``SplitIterator.stats()["dropped_rows"]``, and a warning in the log).
@@ -18,32 +20,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from dataflow.iterator import DataIterator
-from engine.object_store import read_block
-from engine.split import Piece, SplitCoordinator
+from engine import runner
 
-
-class _SharedViews:
-    private_views = True  # blocks come from copy-on-write mappings of shared memory
-
-
-_SHARED_VIEWS = _SharedViews()
+if TYPE_CHECKING:
+    from engine.runner import SplitSource
+    from engine.split import Piece, SplitCoordinator
 
 
 class _SplitHandle:
-    """What DataIterator needs from an execution, served by the coordinator (or its socket)."""
+    """What DataIterator needs from an execution, served by the coordinator (or a client of its
+    transport, in another process): pieces to iterate, and the blocks they are cut from."""
 
-    def __init__(self, source: Any, split: int, epoch: int, local_store: Any) -> None:
+    def __init__(self, source: SplitSource, split: int, epoch: int) -> None:
         self._source = source
         self._split = split
         self._epoch = epoch
-        self._local_store = local_store
-        in_process = getattr(source, "address", "remote") is None
-        self.store = local_store if in_process else _SHARED_VIEWS  # what ``get`` returns, for consumers
+        self.private_views = bool(source.private_views)  # may consumers write into the arrays
 
     def iter_refs(self) -> Iterator[Piece]:
         finished = False
@@ -60,7 +57,7 @@ class _SplitHandle:
 
     def get(self, piece: Piece) -> pa.Table:
         ref = piece.ref
-        table = self._local_store.get(ref) if ref.path is None else read_block(ref)
+        table = self._source.get(ref)
         if piece.offset == 0 and piece.length == ref.num_rows:
             return table
         return table.slice(piece.offset, piece.length)
@@ -86,9 +83,9 @@ class SplitIterator(DataIterator):
         self._epoch = -1
         self._client: Any = None
 
-    def _source(self) -> Any:
+    def _source(self) -> SplitSource:
         if self._coordinator is None:
-            self._coordinator = SplitCoordinator._registry.get(self._key)
+            self._coordinator = runner.find_split(self._key)
         if self._coordinator is not None:
             return self._coordinator
         if self._address is None:
@@ -98,20 +95,16 @@ class SplitIterator(DataIterator):
             )
             raise RuntimeError(msg)
         if self._client is None:
-            from engine.split_server import SplitClient
-
-            self._client = SplitClient(self._address)
+            self._client = runner.split_client(self._address)
         return self._client
 
     def _next_epoch(self) -> _SplitHandle:
         self._epoch += 1
-        from engine.local import _STORE
-
-        return _SplitHandle(self._source(), self._split, self._epoch, _STORE)
+        return _SplitHandle(self._source(), self._split, self._epoch)
 
     def stats(self) -> dict[str, Any]:
         """Rows each split got in the last finished epoch, and rows dropped to make them equal."""
-        coordinator = self._coordinator or SplitCoordinator._registry.get(self._key)
+        coordinator = self._coordinator or runner.find_split(self._key)
         return dict(coordinator.last_stats) if coordinator is not None else {}
 
     def __reduce__(self) -> Any:

@@ -260,7 +260,7 @@ def _batches(
 
     def on_execute(handle: Any) -> None:
         # copy-on-write mappings make zero-copy tensors private; in-process blocks are not
-        private["blocks"] = handle.store.private_views
+        private["blocks"] = handle.private_views
         busy_cpus = getattr(handle, "busy_cpus", None)
         if busy_cpus is not None:  # split iterators ask the coordinator, wherever it runs
             engine["busy_cpus"] = busy_cpus

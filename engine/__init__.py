@@ -3,16 +3,24 @@
 
 The data path, in order:
 
-* ``runner``          execute(operators) -> ExecutionHandle (iterate refs, get blocks, release)
-* ``session``         this process's session: /dev/shm folder, executor, workers; cleanup
+* ``runner``          the one entry point ``dataflow`` uses: the backend for an execution mode
+                      (start, current, shutdown), execute(operators) -> ExecutionHandle, and how
+                      a streaming_split iterator reaches its coordinator
+* ``backend``         the backend interface: execute, get, free, capacity, busy_cpus, split
+                      coordinators (with their transport), shutdown; ExecutionHandle (iterate
+                      refs, get blocks, release). Implemented by ``session`` (multi-process) and
+                      ``local`` (in-process); ``dataflow`` never imports either
+* ``session``         the multi-process backend: /dev/shm folder, executor, workers; cleanup
 * ``executor``        the one event-driven scheduling loop (thread in the driver)
 * ``execution``       one running plan: operators wired together, the consumer's buffer
 * ``scheduler``       pure: which runnable operator goes next
 * ``backpressure``    pure: may an operator start a task, and if not, why
 * ``operators/``      input, map (tasks and actor pools, exact batch slicing), limit, union
                       source (a listing pulled on its own thread, never the loop's)
-* ``split``           streaming_split: the dealing policy (pure) and the per-epoch coordinator
-* ``split_server``    split iterators in other processes talk to the coordinator over ipc
+* ``split``           streaming_split: the dealing policy (pure) and the per-epoch coordinator;
+                      no transport of its own (the backend hands it one)
+* ``split_server``    the multi-process backend's split transport: iterators in other
+                      processes talk to the coordinator over ipc
 * ``resources``       GPUs: detection and the ledger behind CUDA_VISIBLE_DEVICES
 * ``transform``       the fused chain of row/batch functions a task runs
 * ``block_format``    blocks <-> numpy / pandas / pyarrow / polars batches and rows
@@ -24,7 +32,7 @@ The data path, in order:
                       driver or an actor has imported it
 * ``worker``          a worker process's loop
 * ``object_store``    Arrow IPC files in /dev/shm, zero-copy reads, spill to disk
-* ``local``           the synchronous in-process mode
+* ``local``           the synchronous in-process mode (the in-process backend)
 * ``stats``           per-operator statistics and why each operator waited
 * ``options``, ``errors``
 

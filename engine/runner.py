@@ -1,167 +1,121 @@
-"""The engine's entry point for callers: run a list of operators, get refs and blocks back.
+"""The engine's one entry point for callers: pick a backend, start and stop it, run operators.
 
-``ExecutionHandle`` is what ``dataflow`` sees of a running plan, whichever executor runs it:
-iterate refs, read a block, release it when done, cancel, read statistics.
+``dataflow`` reaches the engine's running parts only through this module: a ``Backend``
+(``engine.backend``: execute, get, free, capacity, busy_cpus, split coordinators, shutdown) for
+an execution mode, and the ``ExecutionHandle`` of each execution (iterate refs, read a block,
+release it when done, cancel, read statistics). Which backend runs a mode, and how a split
+iterator in another process reaches its coordinator, is decided here and nowhere in
+``dataflow``:
+
+* ``"streaming"``: the multi-process backend of this machine (``engine.session``), started on
+  first use, one per process, stopped by ``shutdown`` (and at exit);
+* ``"local"``: the synchronous in-process backend (``engine.local``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import threading
 
-import pyarrow as pa
-
-from engine.execution import Execution, check_resources
-from engine.local import LocalExecutor
-from engine.object_store import BlockRef, BlockStore
+from engine.backend import Backend, Capacity, ExecutionHandle, SplitSource
+from engine.local import InProcessBackend
 from engine.operators.base import PhysicalOperator
 from engine.options import ExecutionOptions
-from engine.stats import ExecutionStats
+from engine.split import SplitCoordinator
+
+MODES = ("streaming", "local")
+
+_in_process: InProcessBackend | None = None
+_in_process_lock = threading.Lock()
 
 
-class ExecutionHandle:
-    """A running (or finished) plan."""
-
-    def __init__(self, execution: Execution, store: BlockStore) -> None:
-        self.execution = execution
-        self.store = store
-        self._closed = False
-
-    def iter_refs(self) -> Iterator[BlockRef]:
-        raise NotImplementedError
-
-    def get(self, ref: BlockRef) -> pa.Table:
-        return self.store.get(ref)
-
-    def release(self, ref: BlockRef) -> None:
-        raise NotImplementedError
-
-    def cancel(self) -> None:
-        raise NotImplementedError
-
-    def detach(self, ref: BlockRef) -> bool:
-        """Keep ``ref`` after the execution (it no longer counts against its budget). False when
-        the block was borrowed (a materialized input's): it is not the caller's to free."""
-        raise NotImplementedError
-
-    def free_detached(self, ref: BlockRef) -> None:
-        """Free a block kept with ``detach``."""
-        raise NotImplementedError
-
-    def wait_stopped(self, timeout: float | None = None) -> bool:
-        """Block until no task of this execution is running anymore."""
-        return self.execution.stopped.wait(timeout)
-
-    def stats(self) -> ExecutionStats:
-        return ExecutionStats.of(self.execution)
-
-    def results(self) -> list[Any]:
-        """Write results (for write plans) once finished."""
-        return list(getattr(self.execution.output_op, "results", []))
-
-    def row_count(self) -> int:
-        return int(getattr(self.execution.output_op, "rows_counted", 0))
-
-    def busy_cpus(self) -> float:
-        """CPUs the engine's worker processes are using right now on this machine."""
-        return 0.0
+def _local() -> InProcessBackend:
+    global _in_process
+    with _in_process_lock:
+        if _in_process is None:
+            _in_process = InProcessBackend()
+        return _in_process
 
 
-class StreamingHandle(ExecutionHandle):
-    def __init__(self, execution: Execution, session: Any) -> None:
-        super().__init__(execution, session.store)
-        self.executor = session.executor
+def backend(options: ExecutionOptions | None = None, mode: str = "streaming") -> Backend:
+    """The backend that runs ``mode``, started with ``options`` if it is not running yet (the
+    settings of a running one stay: ``shutdown`` first to change them)."""
+    if mode == "local":
+        return _local()
+    if mode == "streaming":
+        from engine.session import get_session
 
-    def busy_cpus(self) -> float:
-        return self.executor.busy_cpus()
-
-    def iter_refs(self) -> Iterator[BlockRef]:
-        try:
-            while True:
-                ref = self.execution.buffer.get()
-                if ref is None:
-                    return
-                self.execution_handed(ref)
-                yield ref
-        finally:
-            if not self.execution.buffer.done or self.execution.buffer.error is None:
-                self.cancel()
-
-    def execution_handed(self, ref: BlockRef) -> None:
-        self.executor.call_soon(lambda: self.execution.handed_to_consumer(ref))
-
-    def release(self, ref: BlockRef) -> None:
-        self.executor.release(self.execution, ref)
-
-    def detach(self, ref: BlockRef) -> bool:
-        self.executor.call_soon(lambda: self.execution.detach(ref))
-        return ref.block_id not in self.execution.borrowed
-
-    def free_detached(self, ref: BlockRef) -> None:
-        if not self.executor.stopped:
-            self.executor.call_soon(lambda: self.executor.free(ref))
-
-    def cancel(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.executor.cancel(self.execution)  # also frees outputs nobody will read
+        return get_session(options)
+    msg = f"execution mode must be one of {MODES}, got {mode!r}"
+    raise ValueError(msg)
 
 
-class LocalHandle(ExecutionHandle):
-    def __init__(self, execution: Execution, local: LocalExecutor) -> None:
-        super().__init__(execution, local.store)
-        self.local = local
+def init(options: ExecutionOptions, mode: str = "streaming") -> Backend:
+    """Start ``mode``'s backend now (otherwise the first execution starts it)."""
+    return backend(options, mode)
 
-    def iter_refs(self) -> Iterator[BlockRef]:
-        try:
-            for ref in self.local.run(self.execution):
-                self.execution.handed_to_consumer(ref)
-                yield ref
-        finally:
-            self.cancel()
 
-    def release(self, ref: BlockRef) -> None:
-        self.execution.release_consumed(ref)
+def current() -> Backend | None:
+    """The running backend that holds settings and processes (the multi-process one), if any;
+    the in-process backend has neither and is never reported."""
+    from engine.session import current_session
 
-    def detach(self, ref: BlockRef) -> bool:
-        self.execution.detach(ref)
-        return ref.block_id not in self.execution.borrowed
+    return current_session()
 
-    def free_detached(self, ref: BlockRef) -> None:
-        self.local.free(ref)
 
-    def cancel(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.execution.cancel()
-            self.execution.release_undelivered()
-        self.execution.stopped.set()  # in-process: nothing runs once the caller stops asking
+def shutdown() -> None:
+    """Stop the running backend's workers and free its shared memory (idempotent)."""
+    from engine.session import shutdown as stop_session
+
+    stop_session()
+
+
+def reclaim_abandoned(spill_dir: str | None = None) -> None:
+    """Free what engines of dead processes on this machine left behind (shared-memory and spill
+    folders), the first time only in this process: cheap, and called before anything executes
+    so a killed driver's blocks do not wait for the next process that starts workers."""
+    from engine.session import sweep_dead_sessions_once
+
+    sweep_dead_sessions_once(spill_dir)
 
 
 def execute(
     ops: list[PhysicalOperator],
     options: ExecutionOptions,
     mode: str = "streaming",
-    session: Any = None,
+    target: Backend | None = None,
 ) -> ExecutionHandle:
-    """Start running ``ops`` (topologically ordered; the last one is the output)."""
-    if mode == "local":
-        local = LocalExecutor(options)
-        execution = Execution(ops, options, local.free, local.store)
-        check_resources(execution, options)
-        return LocalHandle(execution, local)
-    if session is None:
-        from engine.session import get_session
+    """Start running ``ops`` (topologically ordered; the last one is the output) on ``target``,
+    or on ``mode``'s backend."""
+    if target is None:
+        target = backend(options, mode)
+    return target.execute(ops, options)
 
-        session = get_session(options)
-    executor = session.executor
-    execution = Execution(
-        ops,
-        session.options.for_execution(options),
-        executor.free,
-        session.store,
-        executor.stored,
-        store_capacity=executor.store_capacity,
-    )
-    session.executor.submit(execution)
-    return StreamingHandle(execution, session)
+
+def find_split(key: str) -> SplitCoordinator | None:
+    """The open ``streaming_split`` coordinator ``key``, when it lives in this process."""
+    return SplitCoordinator.find(key)
+
+
+def split_client(address: str) -> SplitSource:
+    """Reach the ``streaming_split`` coordinator at ``address`` from another process. Only the
+    multi-process backend gives its coordinators an address."""
+    from engine.session import Session
+
+    return Session.split_client(address)
+
+
+__all__ = [
+    "MODES",
+    "Backend",
+    "Capacity",
+    "ExecutionHandle",
+    "SplitSource",
+    "backend",
+    "current",
+    "execute",
+    "find_split",
+    "init",
+    "reclaim_abandoned",
+    "shutdown",
+    "split_client",
+]

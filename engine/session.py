@@ -14,6 +14,10 @@ default action):
   that executes anything (``sweep_dead_sessions_once``: even a ``count()`` from metadata or a
   local-mode job), or that starts a session.
 
+The session is the multi-process backend (``engine.backend.Backend``): ``execute`` submits to its
+executor, blocks are files in its folder, and a ``streaming_split`` coordinator serves iterators
+in other processes over a socket in that folder (``engine.split_server``).
+
 The SIGTERM handler can only be installed from the main thread (``signal.signal``). A process
 whose first engine call runs in another thread keeps SIGTERM's default action: it dies without
 ``shutdown``, and the zygote cleans up as above.
@@ -30,12 +34,20 @@ import signal
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pyarrow as pa
+
+from engine.backend import Backend, Capacity, ExecutionHandle
+from engine.execution import Execution
 from engine.executor import StreamingExecutor
 from engine.forkserver import remove_abandoned
-from engine.object_store import SharedMemoryStore
+from engine.object_store import BlockRef, SharedMemoryStore, read_block
+from engine.operators.base import PhysicalOperator
 from engine.options import ExecutionOptions
+from engine.split import SplitCoordinator, SplitTransport
+from engine.split_server import SplitClient, SplitServer
 
 SHM_ROOT = "/dev/shm"
 PREFIX = "dataflow-"
@@ -77,8 +89,9 @@ def _make_locked_dir(root: str, name: str) -> tuple[str, int]:
     return path, fd
 
 
-class Session:
-    """Everything this process started for the engine, and how to stop it."""
+class Session(Backend):
+    """Everything this process started for the engine, and how to stop it: the multi-process
+    backend."""
 
     def __init__(self, options: ExecutionOptions, transport: str = "ipc") -> None:
         self.options = options
@@ -104,8 +117,6 @@ class Session:
                 return
             self._closed = True
         try:
-            from engine.split import SplitCoordinator
-
             SplitCoordinator.close_all()
             self.executor.stop()
         finally:
@@ -116,6 +127,110 @@ class Session:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # the backend interface -------------------------------------------------------------------
+    @property
+    def private_views(self) -> bool:
+        return self.store.private_views
+
+    def execute(self, ops: list[PhysicalOperator], options: ExecutionOptions) -> ExecutionHandle:
+        executor = self.executor
+        execution = Execution(
+            ops,
+            self.options.for_execution(options),
+            executor.free,
+            self.store,
+            executor.stored,
+            store_capacity=executor.store_capacity,
+        )
+        executor.submit(execution)
+        return StreamingHandle(execution, self)
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        return self.store.get(ref)
+
+    def free(self, ref: BlockRef) -> None:
+        executor = self.executor
+        if not executor.stopped:
+            executor.call_soon(lambda: executor.free(ref))
+
+    def capacity(self) -> Capacity:
+        return Capacity(
+            float(self.options.resolved_num_cpus()),
+            self.options.resolved_num_gpus(),
+            self.executor.store_capacity,
+            tuple(self.options.resources),
+        )
+
+    def busy_cpus(self) -> float:
+        return self.executor.busy_cpus()
+
+    def split_transport(self) -> Callable[[SplitCoordinator], SplitTransport]:
+        """A ROUTER socket in the session's 0700 folder, one per coordinator."""
+        shm_dir = self.shm_dir
+
+        def serve(coordinator: SplitCoordinator) -> SplitTransport:
+            return SplitServer(coordinator, f"ipc://{shm_dir}/split-{coordinator.key}.sock")
+
+        return serve
+
+    @classmethod
+    def split_client(cls, address: str) -> SharedMemorySplitClient:
+        return SharedMemorySplitClient(address)
+
+
+class StreamingHandle(ExecutionHandle):
+    """An execution submitted to the session's executor; calls that change its state are
+    handed to the executor's loop thread."""
+
+    def __init__(self, execution: Execution, session: Session) -> None:
+        super().__init__(execution, session.store)
+        self.executor = session.executor
+
+    def busy_cpus(self) -> float:
+        return self.executor.busy_cpus()
+
+    def iter_refs(self) -> Iterator[BlockRef]:
+        try:
+            while True:
+                ref = self.execution.buffer.get()
+                if ref is None:
+                    return
+                self.execution_handed(ref)
+                yield ref
+        finally:
+            if not self.execution.buffer.done or self.execution.buffer.error is None:
+                self.cancel()
+
+    def execution_handed(self, ref: BlockRef) -> None:
+        self.executor.call_soon(lambda: self.execution.handed_to_consumer(ref))
+
+    def release(self, ref: BlockRef) -> None:
+        self.executor.release(self.execution, ref)
+
+    def detach(self, ref: BlockRef) -> bool:
+        self.executor.call_soon(lambda: self.execution.detach(ref))
+        return ref.block_id not in self.execution.borrowed
+
+    def free_detached(self, ref: BlockRef) -> None:
+        if not self.executor.stopped:
+            self.executor.call_soon(lambda: self.executor.free(ref))
+
+    def cancel(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.executor.cancel(self.execution)  # also frees outputs nobody will read
+
+
+class SharedMemorySplitClient(SplitClient):
+    """A split iterator's link to a coordinator in another process of this machine: pieces come
+    over the coordinator's socket, blocks are mapped from the session's shared memory directly
+    (copy-on-write, so a consumer's in-place writes stay its own)."""
+
+    private_views = True
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        return read_block(ref)
 
 
 _current: Session | None = None

@@ -7,7 +7,9 @@ cut so every split gets exactly ``floor(total / n)`` rows. The remainder (fewer 
 rows) is dropped and reported (``dropped_rows``), never silently.
 
 ``SplitCoordinator`` runs one execution per epoch and serves pieces to local iterators (direct
-calls) and to iterators in other processes (a ROUTER socket in the session's 0700 folder).
+calls) and, through the transport its backend hands it (``serve``: for the multi-process backend,
+``engine.split_server``'s ROUTER socket in the session's 0700 folder), to iterators in other
+processes. This module knows no transport and no store: the backend injects both.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import pyarrow as pa
 
 from engine.object_store import BlockRef
 
@@ -155,8 +159,23 @@ class SplitDealer:
         return leftovers
 
 
+class SplitTransport(Protocol):
+    """A coordinator's server for iterators in other processes (``engine.split_server``)."""
+
+    address: str
+
+    def wake(self) -> None:
+        """The coordinator's state changed: answer the requests that wait."""
+
+    def close(self) -> None: ...
+
+
 class SplitCoordinator:
-    """Serves an execution's blocks to ``n`` split iterators, one execution per epoch."""
+    """Serves an execution's blocks to ``n`` split iterators, one execution per epoch.
+
+    ``read`` reads a block of the backend that runs the executions (``private_views``: its
+    tables are copy-on-write mappings); ``serve``, when given, builds the server through which
+    iterators in other processes reach this coordinator (at ``address``)."""
 
     _registry: dict[str, SplitCoordinator] = {}
     _ids = itertools.count()
@@ -166,11 +185,16 @@ class SplitCoordinator:
         start: Callable[[], Any],
         n: int,
         equal: bool,
-        socket_dir: str | None,
+        *,
+        read: Callable[[BlockRef], pa.Table],
+        private_views: bool = False,
+        serve: Callable[[SplitCoordinator], SplitTransport] | None = None,
         max_pending_bytes: int = 256 << 20,
     ) -> None:
         self.key = f"{os.getpid()}-{next(self._ids)}"
         self._start = start
+        self._read = read
+        self.private_views = private_views
         self.n = n
         self.equal = equal
         self.max_pending_bytes = max_pending_bytes
@@ -186,13 +210,16 @@ class SplitCoordinator:
         self._closed = False
         self.last_stats: dict[str, Any] = {}
         self.address: str | None = None
-        self._server: Any = None
-        if socket_dir is not None:
-            from engine.split_server import SplitServer
-
-            self._server = SplitServer(self, f"ipc://{socket_dir}/split-{self.key}.sock")
+        self._server: SplitTransport | None = None
+        if serve is not None:
+            self._server = serve(self)
             self.address = self._server.address
         SplitCoordinator._registry[self.key] = self
+
+    @classmethod
+    def find(cls, key: str) -> SplitCoordinator | None:
+        """The open coordinator ``key`` of this process, if any."""
+        return cls._registry.get(key)
 
     # the API split iterators use -------------------------------------------------------
     def try_next(self, split: int, epoch: int) -> Piece | str:
@@ -227,6 +254,10 @@ class SplitCoordinator:
                 if result == END:
                     return None
                 self._cond.wait(timeout)
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        """The block of a piece this coordinator dealt (iterators in this process read it here)."""
+        return self._read(ref)
 
     def busy_cpus(self) -> float:
         """CPUs the engine's workers are using now (what a rank's torch loop should leave them)."""

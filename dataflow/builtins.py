@@ -60,10 +60,10 @@ class AddColumn:
         self.col, self.fn, self.batch_format = col, fn, batch_format
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from engine.block_format import _column_from_values, to_batch
+        from engine.block_format import column_from_values, to_batch
 
         values = self.fn(to_batch(table, self.batch_format))
-        column = _column_from_values(self.col, values)
+        column = column_from_values(self.col, values)
         if len(column) != table.num_rows:
             msg = f"add_column({self.col!r}): the function returned {len(column)} values for {table.num_rows} rows"
             raise ValueError(msg)

@@ -12,8 +12,8 @@ them has been handed on, so a slow consumer holds at most its prefetch window.
 
 from __future__ import annotations
 
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -182,28 +182,61 @@ def _shuffled(tables: list[pa.Table], rng: np.random.Generator) -> pa.Table:
     return table.take(pa.array(rng.permutation(table.num_rows)))
 
 
+class _Window:
+    """The bounded hand-off between a prefetch thread and its consumer. Both sides wait on one
+    condition and wake each other; nothing polls on a timer."""
+
+    def __init__(self, depth: int) -> None:
+        self._items: deque[Any] = deque()
+        self._depth = depth
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def put(self, item: Any, final: bool = False) -> bool:
+        """Hand ``item`` over, waiting while ``depth`` items wait (not for the ``final`` one);
+        False once the consumer has gone."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or final or len(self._items) < self._depth)
+            if self._closed:
+                return False
+            self._items.append(item)
+            self._cond.notify_all()
+            return True
+
+    def get(self) -> Any:
+        with self._cond:
+            self._cond.wait_for(lambda: bool(self._items))
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._items.clear()
+            self._cond.notify_all()
+
+
+PREFETCH_JOIN_S = 10.0
+"""How long a consumer that stops early waits for the prefetch thread to let go of the plan
+(it is inside its current item); past that the thread finishes on its own."""
+
+
 def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
     """Run ``items`` on a background thread, ``depth`` ahead of the consumer (0: inline)."""
     if depth <= 0:
         yield from items
         return
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+    window = _Window(depth)
 
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not window.put(item):
                     break
-            q.put(_END)
+            window.put(_END, final=True)
         except BaseException as err:  # handed to the consumer, raised there
-            q.put(err)
+            window.put(err, final=True)
         finally:
             close = getattr(items, "close", None)
             if close is not None:
@@ -213,17 +246,12 @@ def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
     thread.start()
     try:
         while True:
-            item = q.get()
+            item = window.get()
             if item is _END:
                 return
             if isinstance(item, BaseException):
                 raise item
             yield item
     finally:
-        stop.set()
-        while thread.is_alive():
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(0.05)
+        window.close()
+        thread.join(PREFETCH_JOIN_S)

@@ -92,7 +92,7 @@ def tensor_array(values: np.ndarray) -> pa.Array:
     return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
 
 
-def _column_from_values(name: str, values: Any) -> pa.Array | pa.ChunkedArray:
+def column_from_values(name: str, values: Any) -> pa.Array | pa.ChunkedArray:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values
     if isinstance(values, np.ndarray):
@@ -122,7 +122,7 @@ def to_block(batch: Any) -> pa.Table:
         return pa.Table.from_batches([batch])
     if isinstance(batch, Mapping):
         names = list(batch.keys())
-        columns = [_column_from_values(str(n), batch[n]) for n in names]
+        columns = [column_from_values(str(n), batch[n]) for n in names]
         lengths = {len(c) for c in columns}
         if len(lengths) > 1:
             sizes = {str(n): len(c) for n, c in zip(names, columns, strict=True)}

@@ -93,6 +93,7 @@ class StreamingExecutor:
         self._inline_thread: threading.Thread | None = None
         self._inline_enabled = options.inline_cold_start
         self._workers_ready = 0
+        self._ready_cond = threading.Condition()
         self._stopping = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="dataflow-executor", daemon=True)
@@ -156,12 +157,8 @@ class StreamingExecutor:
 
     def wait_for_workers(self, timeout: float = 30.0) -> bool:
         """Block until every task worker has started (tests and benchmarks use this)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._workers_ready >= self.options.resolved_num_cpus():
-                return True
-            time.sleep(0.01)
-        return False
+        with self._ready_cond:
+            return self._ready_cond.wait_for(lambda: self._workers_ready >= self.options.resolved_num_cpus(), timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.call_soon(self._begin_stop)
@@ -387,7 +384,9 @@ class StreamingExecutor:
             handle.state = IDLE
             handle.idle_since = time.monotonic()
             if handle.kind == TASK_KIND:
-                self._workers_ready += 1
+                with self._ready_cond:
+                    self._workers_ready += 1
+                    self._ready_cond.notify_all()
                 self._inline_enabled = False  # the cold start is over, for good
         elif isinstance(msg, protocol.TaskDone):
             if handle.kind != TASK_KIND:  # the next execution's actors will want them too

@@ -66,13 +66,6 @@ class TaskDone:
 
 
 @dataclass
-class Heartbeat:
-    """Either way: I am alive (used on tcp links, where there is no pidfd to watch)."""
-
-    worker_id: str
-
-
-@dataclass
 class Shutdown:
     """Driver -> worker: exit now."""
 
@@ -127,7 +120,6 @@ _KINDS: dict[type, int] = {
     Ready: 1,
     RunTask: 2,
     TaskDone: 3,
-    Heartbeat: 4,
     Shutdown: 5,
     SplitNext: 6,
     SplitRelease: 7,

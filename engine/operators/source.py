@@ -51,6 +51,11 @@ class BackgroundSource:
     def close(self) -> None:
         """Stop pulling (the thread ends at its next item; a blocked listing call finishes first)."""
         self._stop.set()
+        while True:  # make room, so a thread blocked putting an item wakes and sees the stop
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
 
     def _run(self, source: Iterator[Any]) -> None:
         done = _Done()
@@ -74,13 +79,14 @@ class BackgroundSource:
                 self._put(done)
 
     def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-            except queue.Full:
-                continue
-            if self._starved or isinstance(item, _Done):
-                self._starved = False
-                self._wake()
-            return True
-        return False
+        """Queue ``item`` (blocking while the operator is ``ahead`` items behind; ``close`` makes
+        room to wake it); False once closed."""
+        if self._stop.is_set():
+            return False
+        self._queue.put(item)
+        if self._stop.is_set():
+            return False
+        if self._starved or isinstance(item, _Done):
+            self._starved = False
+            self._wake()
+        return True

@@ -52,7 +52,7 @@ def _frames(rng: random.Random) -> list[list[bytes]]:
         [task_header, b"not-an-int", b"", b""],
         [header, protocol.encode(protocol.TaskDone(result=None))[1]],  # a result that is None
         protocol.encode(protocol.Ready("w-nobody", 1)),
-        protocol.encode(protocol.Heartbeat("w-nobody")),
+        protocol.encode(protocol.Shutdown()),
     ]
 
 

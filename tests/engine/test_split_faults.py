@@ -72,7 +72,7 @@ def _junk_messages() -> list[list[bytes]]:
         [b"", header, body],  # a REQ-style envelope
         protocol.encode(protocol.SplitReply()),  # kinds the server never takes
         protocol.encode(protocol.SplitWaiting(3)),
-        protocol.encode(protocol.Heartbeat("w")),
+        protocol.encode(protocol.Shutdown()),
         protocol.encode(protocol.Shutdown()),
         protocol.encode(protocol.SplitNext(99, 0, 1)),  # unknown splits, bad fields
         protocol.encode(protocol.SplitNext(-1, 0, 2)),

@@ -30,7 +30,7 @@ def _hangs_on(value: int):
 def test_a_hung_udf_fails_its_job_after_the_task_timeout(ready):
     ds = dataflow.range(1000, override_num_blocks=10).map_batches(_hangs_on(555))
     start = time.perf_counter()
-    with dataflow.options(task_timeout_s=1.0), pytest.raises(TaskTimeoutError, match="task_timeout_s=1.0"):
+    with dataflow.options(task_timeout_s=1.0), pytest.raises(TaskTimeoutError, match=r"task_timeout_s=1\.0"):
         ds.take_all()
     assert time.perf_counter() - start < 15
     assert dataflow.range(1000).map_batches(lambda b: b).count() == 1000  # the session goes on

@@ -43,6 +43,21 @@ log = logging.getLogger("dataflow.engine")
 
 INLINE = "inline"
 MAX_START_FAILURES = 5
+RSS_SAMPLE_S = 1.0
+"""How often the resident memory of busy workers is read (while tasks run)."""
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.0f} MiB"
 
 
 class StreamingExecutor:
@@ -83,6 +98,9 @@ class StreamingExecutor:
         }
         self.pool = WorkerPool(worker_args, per_worker_args=self._worker_keys if self._curve else None)
         self._start_failures = 0
+        self._deaths: dict[int, tuple[str, MapOperator | None, int]] = {}
+        """pid -> (worker id, operator of its task, RSS) of dead workers until their exit status comes."""
+        self._last_rss_sample = 0.0
         self._fs_fd: int | None = None
         """The zygote's pipe, while the loop watches it."""
         self._gpus = GpuLedger(options.resolved_num_gpus())
@@ -235,6 +253,8 @@ class StreamingExecutor:
             if limit is not None and handle.task is not None:
                 deadline = handle.task[2].started_at + limit - time.monotonic()
                 timeouts.append(max(0.01, deadline + 0.01))
+            if handle.state == BUSY:
+                timeouts.append(RSS_SAMPLE_S)  # a deadline while tasks run: sample their memory
         return int(min(timeouts) * 1000) if timeouts else None
 
     def _handle_events(self, events: dict[Any, int]) -> None:
@@ -272,6 +292,7 @@ class StreamingExecutor:
             self._guarded(f"a task of {op.name}", partial(self._finish_task, execution, op, result), execution)
         self._guarded("retiring idle actors", self._retire_idle_actors)
         self._guarded("checking starting workers", self._check_start_deadlines)
+        self._guarded("sampling worker memory", self._sample_memory)
 
     def _drop(self, why: str) -> None:
         self.dropped_messages += 1
@@ -289,6 +310,8 @@ class StreamingExecutor:
         for handle in self.pool.on_forked():
             assert handle.pidfd is not None
             self._poller.register(handle.pidfd, zmq.POLLIN)
+        while fs.exits:
+            self._on_exit(*fs.exits.pop(0))
         if fs.eof:
             self._zygote_gone()
 
@@ -432,7 +455,7 @@ class StreamingExecutor:
             self._workers_ready -= 1
         if self._stopping or retired:
             return
-        log.warning("worker %s (pid %s) died", handle.worker_id, handle.pid)
+        self._ask_how_it_ended(handle)
         if never_started:
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:
@@ -462,11 +485,56 @@ class StreamingExecutor:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)
             if not execution.cancelled:
-                execution.task_lost(op, pending.spec.task_id, f"worker pid {handle.pid} exited")
+                rss = f"; its memory (RSS) was {_gib(handle.rss)} shortly before" if handle.rss else ""
+                execution.task_lost(op, pending.spec.task_id, f"worker pid {handle.pid} exited{rss}")
             else:
                 execution.task_discarded(op, pending.spec.task_id, [])
             self._reap(execution)
         self._replace(handle)
+
+    def _ask_how_it_ended(self, handle: WorkerHandle) -> None:
+        """Ask the zygote for the dead worker's exit status; ``_on_exit`` reports it."""
+        task = handle.task
+        self._deaths[handle.pid or 0] = (handle.worker_id, task[1] if task is not None else None, handle.rss)
+        fs = self.pool.forkserver
+        try:
+            if fs is not None and handle.pid is not None and fs.alive():
+                fs.reap(handle.pid)
+                return
+        except OSError:
+            pass
+        self._on_exit(handle.pid or 0, None)
+
+    def _on_exit(self, pid: int, code: int | None) -> None:
+        """Say how a worker died: exit code or signal, its memory, its operator (a SIGKILL nobody
+        in dataflow sent is most often the kernel's OOM killer)."""
+        worker_id, op, rss = self._deaths.pop(pid, ("?", None, 0))
+        if code is None:
+            how = "exited (how is unknown: its zygote is gone)"
+        elif code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+            how = f"was killed by {name}"
+            if -code == signal.SIGKILL:
+                how += " (the kernel's OOM killer sends SIGKILL when memory runs out)"
+        else:
+            how = f"exited with code {code}"
+        where = f" running a task of {op.name}" if op is not None else ""
+        memory = f"; RSS {_gib(rss)} when last sampled" if rss else ""
+        line = f"worker {worker_id} (pid {pid}){where} {how}{memory}"
+        log.warning("dataflow: %s", line)
+        if op is not None:
+            op.stats.worker_deaths.append(line)
+
+    def _sample_memory(self) -> None:
+        """Read the resident memory of busy workers (at most every ``RSS_SAMPLE_S``), so a death
+        can be told with the memory the worker had (and the loop sees a worker's heap grow)."""
+        now = time.monotonic()
+        if now - self._last_rss_sample < RSS_SAMPLE_S:
+            return
+        self._last_rss_sample = now
+        for handle in self.pool.live():
+            if handle.state == BUSY and handle.pid is not None:
+                handle.rss = _rss(handle.pid) or handle.rss
 
     def _replace(self, handle: WorkerHandle) -> None:
         """Start a worker in place of a dead one (a task worker, or an actor of a running pool)."""

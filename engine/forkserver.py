@@ -79,6 +79,22 @@ def remove_abandoned(path: str) -> bool:
         os.close(fd)
 
 
+def _reap(pid: int) -> int | None:
+    """How child ``pid`` ended (``os.waitstatus_to_exitcode``: -N for signal N), or None when
+    it is not our child or not dead within a second (the driver saw its pidfd fire: it is)."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.001)
+
+
 def _parent_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -176,6 +192,14 @@ class Zygote:
             if "preload" in request:
                 _import_quietly(request["preload"])
                 continue
+            if "reap" in request:
+                reply: dict[str, Any] = {"exited": int(request["reap"]), "code": _reap(int(request["reap"]))}
+                try:
+                    stdout.write(json.dumps(reply) + "\n")
+                    stdout.flush()
+                except OSError:
+                    return EOF
+                continue
             pid = self._fork(request)
             try:
                 stdout.write(json.dumps({"worker_id": request["worker_id"], "pid": pid}) + "\n")
@@ -227,11 +251,12 @@ class Zygote:
                 pass
         deadline = time.monotonic() + WORKER_EXIT_TIMEOUT_S
         while time.monotonic() < deadline:
-            try:  # with SIGCHLD ignored the kernel reaps them; ECHILD once every child is gone
-                os.waitpid(-1, os.WNOHANG)
+            try:  # ECHILD once every child is reaped
+                done, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
-            time.sleep(0.005)
+            if not done:
+                time.sleep(0.005)
 
     def _driver_exits_within(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -250,7 +275,9 @@ def serve(
     it ended."""
     zygote = zygote or Zygote(os.getppid())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    # children stay zombies until the driver, told of a death by its pidfd, asks how it ended
+    # ("reap"); ``finish`` reaps the rest
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     outcome = FAILED
     try:
         with zygote:
@@ -311,6 +338,8 @@ class ForkServer:
         )
         assert self.proc.stdout is not None
         self._buffer = ""
+        self.exits: list[tuple[int, int | None]] = []
+        """(pid, exit code or -signal) of dead workers, answers to ``reap``."""
         self.eof = False
         """Its pipe closed: the zygote is gone."""
         self.requested = 0
@@ -343,8 +372,18 @@ class ForkServer:
         self._buffer += chunk.decode()
         *lines, self._buffer = self._buffer.split("\n")
         replies = [json.loads(line) for line in lines if line]
-        self.replied += len(replies)
-        return [(r["worker_id"], int(r["pid"])) for r in replies]
+        for reply in replies:
+            if "exited" in reply:
+                self.exits.append((int(reply["exited"]), reply["code"]))
+        forked = [(r["worker_id"], int(r["pid"])) for r in replies if "worker_id" in r]
+        self.replied += len(forked)
+        return forked
+
+    def reap(self, pid: int) -> None:
+        """Ask how worker ``pid`` (dead: its pidfd fired) ended; the answer lands in ``exits``."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"reap": pid}) + "\n")
+        self.proc.stdin.flush()
 
     def alive(self) -> bool:
         return self.proc.poll() is None

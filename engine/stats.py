@@ -67,6 +67,7 @@ class ExecutionStats:
                     "task_cpu_s": s.task_cpu_s,
                     "peak_held_bytes": s.peak_held_bytes,
                     "retried": s.tasks_retried,
+                    "worker_deaths": list(s.worker_deaths),
                     "waits": dict(s.waits),
                     "io": dict(s.io),
                 }
@@ -84,6 +85,8 @@ class ExecutionStats:
             )
             if s.tasks_retried:
                 lines.append(f"    retried {s.tasks_retried} tasks after worker deaths")
+            for death in s.worker_deaths[:5]:
+                lines.append(f"    {death}")
             if s.io:
                 lines.append("    I/O: " + ", ".join(_fmt_io(name, n) for name, n in s.io.items()))
             for reason, seconds in sorted(s.waits.items(), key=lambda kv: -kv[1]):

@@ -36,6 +36,8 @@ class WorkerHandle:
     gpu_amount: float = 0.0
     spawned_at: float = 0.0
     """When the zygote reported its pid (``time.monotonic()``): the start deadline counts from it."""
+    rss: int = 0
+    """Resident bytes when last sampled while it ran a task."""
     timed_out: bool = False
     """Killed because its task ran past ``task_timeout_s``."""
     last_accepted: int = -1

@@ -34,6 +34,8 @@ class OpStats:
     task_cpu_s: float = 0.0
     peak_held_bytes: int = 0
     waits: dict[str, float] = field(default_factory=dict)
+    worker_deaths: list[str] = field(default_factory=list)
+    """How each worker that died running its tasks ended (signal or exit code, memory)."""
     io: dict[str, int] = field(default_factory=dict)
     """Summed I/O counters of its tasks (files and bytes read, row groups skipped, retries...)."""
 

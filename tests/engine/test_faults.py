@@ -81,3 +81,26 @@ def test_a_task_that_always_kills_its_worker_fails_after_three_attempts(streamin
         dataflow.range(100, override_num_blocks=4).map_batches(_always_die()).take_all()
     # the engine is still usable afterwards
     assert dataflow.range(10).map(lambda r: r).count() == 10
+
+
+def test_a_worker_killed_like_the_oom_killer_does_is_reported_as_such(streaming):
+    """SIGKILL of a big worker: the error and stats() say signal, memory and operator."""
+    driver = os.getpid()
+
+    def hog(batch):
+        if os.getpid() != driver:
+            ballast = np.ones(200 << 17, dtype=np.float64)  # 200 MiB, resident
+            time.sleep(1.5)  # long enough for the driver to sample it
+            ballast += 1
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
+
+    ds = dataflow.range(10, override_num_blocks=1).map_batches(hog)
+    with dataflow.options(max_task_attempts=2), pytest.raises(WorkerDiedError, match=r"RSS\) was"):
+        ds.take_all()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and "SIGKILL" not in ds.stats():
+        time.sleep(0.05)
+    text = ds.stats()
+    assert "was killed by SIGKILL" in text and "OOM killer" in text and "hog" in text, text
+    assert "MiB when last sampled" in text or "GiB when last sampled" in text, text

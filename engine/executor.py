@@ -43,6 +43,8 @@ log = logging.getLogger("dataflow.engine")
 
 INLINE = "inline"
 MAX_START_FAILURES = 5
+MAX_LOOP_FAILURES = 100
+"""Turns of the loop failing in a row before it gives up (and fails every execution)."""
 RSS_SAMPLE_S = 1.0
 """How often the resident memory of busy workers is read (while tasks run)."""
 
@@ -214,12 +216,20 @@ class StreamingExecutor:
     def _run(self) -> None:
         self._poller.register(self._socket.sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
+        failures = 0
         try:
             while not (self._stopping and self._stop_complete()):
-                timeout = self._poll_timeout()
-                events = dict(self._poller.poll(timeout))
-                self._handle_events(events)
-                self._schedule()
+                try:
+                    timeout = self._poll_timeout()
+                    events = dict(self._poller.poll(timeout))
+                    self._handle_events(events)
+                    self._schedule()
+                    failures = 0
+                except Exception:  # a bug in one step: log it and go on, unless it keeps failing
+                    failures += 1
+                    log.exception("dataflow executor: a turn of the loop failed (%d in a row)", failures)
+                    if failures >= MAX_LOOP_FAILURES:
+                        raise
         except BaseException as err:  # the loop must never die silently
             log.exception("executor loop failed")
             self._error = err
@@ -244,7 +254,9 @@ class StreamingExecutor:
         timeouts = []
         if any(a for a in self._actors.values()):
             timeouts.append(self.options.actor_idle_timeout_s)
-        starting = [h.spawned_at for h in self.pool.live() if h.state == STARTING and h.pid is not None]
+        starting = [
+            h.spawned_at for h in self.pool.live() if h.state == STARTING and h.pid is not None and not h.start_killed
+        ]
         if starting:
             deadline = min(starting) + self.options.worker_start_timeout_s - time.monotonic()
             timeouts.append(max(0.01, deadline + 0.01))
@@ -380,13 +392,14 @@ class StreamingExecutor:
                         os.kill(handle.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-            if handle.state == STARTING and handle.pid is not None and now - handle.spawned_at > self.options.worker_start_timeout_s:
+            late = now - handle.spawned_at > self.options.worker_start_timeout_s
+            if handle.state == STARTING and handle.pid is not None and not handle.start_killed and late:
                 log.warning("worker %s (pid %s) did not start within %.0f s; killing it", handle.worker_id, handle.pid, self.options.worker_start_timeout_s)
                 try:
                     os.kill(handle.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                handle.spawned_at = float("inf")  # killed once
+                handle.start_killed = True
 
     def _on_message(self, worker_id: str, msg: Any) -> None:
         handle = self.pool.workers.get(worker_id)

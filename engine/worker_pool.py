@@ -36,6 +36,8 @@ class WorkerHandle:
     gpu_amount: float = 0.0
     spawned_at: float = 0.0
     """When the zygote reported its pid (``time.monotonic()``): the start deadline counts from it."""
+    start_killed: bool = False
+    """Killed for not being ready within ``worker_start_timeout_s``."""
     rss: int = 0
     """Resident bytes when last sampled while it ran a task."""
     timed_out: bool = False

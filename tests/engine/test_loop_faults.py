@@ -213,3 +213,13 @@ def test_calls_after_shutdown_never_write_into_a_reused_descriptor(fresh_engine,
         for fd in fds:
             os.close(fd)
     assert path.read_bytes() == b"", f"wrote into fd {wake_fd} after shutdown"
+
+
+def test_workers_that_never_start_fail_the_job_clearly_not_forever(fresh_engine):
+    # every worker is killed before it can say Ready: the job fails within seconds, naming why
+    dataflow.init(num_cpus=1, worker_start_timeout_s=0.001, inline_cold_start=False)
+    start = time.perf_counter()
+    with pytest.raises(dataflow.DataflowError, match="exited before they were ready"):
+        dataflow.range(100).map_batches(lambda b: b).take_all()
+    assert time.perf_counter() - start < 30
+    assert _executor()._thread.is_alive()

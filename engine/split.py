@@ -318,7 +318,7 @@ class SplitCoordinator:
                         and dealer.pending_rows > dealer.reserve_rows()
                         and not self._closed
                     ):
-                        self._cond.wait(0.5)
+                        self._cond.wait()  # dealing, releases, abandons and close notify
             with self._cond:
                 for piece in dealer.finish():
                     self._release_locked(piece.ref)

@@ -27,6 +27,7 @@ from typing import Any
 import zmq
 
 from engine import protocol
+from engine.autoscale import PoolState, target_size, to_retire
 from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_RESOURCES, WAIT_WORKER
 from engine.errors import EngineError, TaskTimeoutError, unpicklable_error
 from engine.execution import Execution, check_resources
@@ -717,14 +718,14 @@ class StreamingExecutor:
             starting = [w for w in live if w.state == STARTING]
             busy = [w for w in live if w.state == BUSY]
             spec = op.actor_pool
-            if not pool:  # start at the size the resources allow, not one actor at a time
-                affordable = self._gpus.how_many(op.resources.num_gpus) if op.resources.num_gpus else self.options.resolved_num_cpus()
-                target = max(spec.min_size, min(spec.max_size, affordable))
-            else:
-                target = spec.min_size
-                ready, _ = execution.dispatchable(op)
-                if ready and not starting and len(busy) == len(live):
-                    target = min(spec.max_size, len(live) + 1)
+            affordable = (
+                self._gpus.how_many(op.resources.num_gpus)
+                if op.resources.num_gpus
+                else self.options.resolved_num_cpus()
+            )
+            waiting = bool(pool) and not starting and len(busy) == len(live) and execution.dispatchable(op)[0]
+            state = PoolState(spec.min_size, spec.max_size, len(live), len(starting), len(busy), waiting, affordable)
+            target = target_size(state, new=not pool)
             for _ in range(max(0, target - len(live))):
                 handle = self._spawn_actor(kind, op.resources.num_gpus)
                 if handle is None:
@@ -751,12 +752,10 @@ class StreamingExecutor:
         for kind, pool in self._actors.items():
             op = self._actor_op(kind)
             minimum = op.actor_pool.min_size if op is not None and op.actor_pool else 0
-            for handle in list(pool):
-                if len(pool) <= minimum:
-                    break
-                if handle.state == IDLE and now - handle.idle_since > self.options.actor_idle_timeout_s:
-                    self._shutdown_worker(handle)
-                    pool.remove(handle)
+            idle = [h.idle_since if h.state == IDLE else None for h in pool]
+            for handle in [pool[i] for i in to_retire(idle, minimum, self.options.actor_idle_timeout_s, now)]:
+                self._shutdown_worker(handle)
+                pool.remove(handle)
 
     def _actor_op(self, kind: str) -> MapOperator | None:
         for execution in self._executions:

@@ -36,3 +36,32 @@ def test_downstream_first_then_fewest_in_flight():
     cands = [Candidate("a", 1, 0, 2), Candidate("b", 1, 0, 1)]
     assert pick(cands) == 1
     assert pick([]) is None
+
+
+def test_a_new_actor_pool_starts_at_what_its_resources_allow():
+    from engine.autoscale import PoolState, target_size
+
+    assert target_size(PoolState(1, 8, 0, 0, 0, False, affordable=4), new=True) == 4
+    assert target_size(PoolState(1, 2, 0, 0, 0, False, affordable=4), new=True) == 2
+    assert target_size(PoolState(3, 8, 0, 0, 0, False, affordable=1), new=True) == 3  # the minimum first
+
+
+def test_an_actor_pool_grows_by_one_only_when_every_actor_is_busy_and_work_waits():
+    from engine.autoscale import PoolState, target_size
+
+    assert target_size(PoolState(1, 4, 2, 0, 2, True, 8), new=False) == 3
+    assert target_size(PoolState(1, 4, 2, 1, 1, True, 8), new=False) == 1  # one is still starting
+    assert target_size(PoolState(1, 4, 2, 0, 1, True, 8), new=False) == 1  # an actor is free
+    assert target_size(PoolState(1, 4, 2, 0, 2, False, 8), new=False) == 1  # nothing waits
+    assert target_size(PoolState(1, 4, 4, 0, 4, True, 8), new=False) == 4  # at its maximum
+
+
+def test_idle_actors_retire_oldest_first_down_to_the_minimum():
+    from engine.autoscale import to_retire
+
+    now = 100.0
+    idle = [90.0, None, 80.0, 99.0, 85.0]  # None: busy
+    assert to_retire(idle, min_size=1, idle_timeout_s=5.0, now=now) == [2, 4, 0]
+    assert to_retire(idle, min_size=3, idle_timeout_s=5.0, now=now) == [2, 4]
+    assert to_retire(idle, min_size=5, idle_timeout_s=5.0, now=now) == []
+    assert to_retire(idle, min_size=0, idle_timeout_s=50.0, now=now) == []

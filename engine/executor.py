@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
@@ -31,14 +30,27 @@ from engine.autoscale import PoolState, target_size, to_retire
 from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_RESOURCES, WAIT_WORKER
 from engine.errors import EngineError, TaskTimeoutError, unpicklable_error
 from engine.execution import Execution, check_resources
+from engine.inline import InlineSlot
 from engine.object_store import BlockRef, SharedMemoryStore
-from engine.operators.map import MapOperator, Pending
+from engine.operators.map import MapOperator
 from engine.options import ExecutionOptions
 from engine.resources import GpuLedger, ResourceLedger
 from engine.scheduler import Candidate, pick
-from engine.task import TaskResult, run_task
+from engine.task import TaskResult
 from engine.transport import CurveKeys, DriverSocket
-from engine.worker_pool import BUSY, DEAD, IDLE, RETIRING, STARTING, TASK_KIND, WorkerHandle, WorkerPool
+from engine.worker_pool import (
+    BUSY,
+    DEAD,
+    IDLE,
+    RETIRING,
+    STARTING,
+    TASK_KIND,
+    WorkerHandle,
+    WorkerPool,
+    describe_exit,
+    format_bytes,
+    resident_bytes,
+)
 
 log = logging.getLogger("dataflow.engine")
 
@@ -48,19 +60,6 @@ MAX_LOOP_FAILURES = 100
 """Turns of the loop failing in a row before it gives up (and fails every execution)."""
 RSS_SAMPLE_S = 1.0
 """How often the resident memory of busy workers is read (while tasks run)."""
-
-
-def _rss(pid: int) -> int:
-    """Resident bytes of process ``pid`` (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.0f} MiB"
 
 
 class StreamingExecutor:
@@ -108,11 +107,7 @@ class StreamingExecutor:
         """The zygote's pipe, while the loop watches it."""
         self._gpus = GpuLedger(options.resolved_num_gpus())
         self._ledger = ResourceLedger(options.resolved_num_cpus(), dict(options.resources))
-        self._inline_queue: queue.SimpleQueue[tuple[Execution, MapOperator, Pending] | None] = queue.SimpleQueue()
-        self._inline_results: deque[tuple[Execution, MapOperator, Pending, TaskResult]] = deque()
-        self._inline_busy = False
-        self._inline_thread: threading.Thread | None = None
-        self._inline_enabled = options.inline_cold_start
+        self._inline = InlineSlot(store, self._wake, options.inline_cold_start)
         self._workers_ready = 0
         self._ready_cond = threading.Condition()
         self._stopping = False
@@ -299,9 +294,7 @@ class StreamingExecutor:
         for fd in [fd for fd in events if isinstance(fd, int) and fd in self.pool.by_pidfd]:
             handle = self.pool.by_pidfd[fd]
             self._guarded(f"the death of worker {handle.worker_id}", partial(self._on_death, handle))
-        while self._inline_results:
-            execution, op, _pending, result = self._inline_results.popleft()
-            self._inline_busy = False
+        for execution, op, _pending, result in self._inline.finished():
             self._guarded(f"a task of {op.name}", partial(self._finish_task, execution, op, result), execution)
         self._guarded("retiring idle actors", self._retire_idle_actors)
         self._guarded("checking starting workers", self._check_start_deadlines)
@@ -424,7 +417,7 @@ class StreamingExecutor:
                 with self._ready_cond:
                     self._workers_ready += 1
                     self._ready_cond.notify_all()
-                self._inline_enabled = False  # the cold start is over, for good
+                self._inline.enabled = False  # the cold start is over, for good
         elif isinstance(msg, protocol.TaskDone):
             if handle.kind != TASK_KIND:  # the next execution's actors will want them too
                 self.pool.want_preloaded(msg.imported)
@@ -462,7 +455,7 @@ class StreamingExecutor:
         if handle.pidfd is not None:
             self._poller.unregister(handle.pidfd)
         self.pool.mark_dead(handle)
-        self._sweep_orphans(handle)
+        self.pool.sweep_orphans(handle, (self.store.shm_dir, self.store.spill_dir))
         if handle.gpus:
             self._gpus.release(handle.gpus, handle.gpu_amount)
         if handle.kind == TASK_KIND and self._workers_ready and not never_started:
@@ -499,7 +492,7 @@ class StreamingExecutor:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)
             if not execution.cancelled:
-                rss = f"; its memory (RSS) was {_gib(handle.rss)} shortly before" if handle.rss else ""
+                rss = f"; its memory (RSS) was {format_bytes(handle.rss)} shortly before" if handle.rss else ""
                 execution.task_lost(op, pending.spec.task_id, f"worker pid {handle.pid} exited{rss}")
             else:
                 execution.task_discarded(op, pending.spec.task_id, [])
@@ -520,21 +513,9 @@ class StreamingExecutor:
         self._on_exit(handle.pid or 0, None)
 
     def _on_exit(self, pid: int, code: int | None) -> None:
-        """Say how a worker died: exit code or signal, its memory, its operator (a SIGKILL nobody
-        in dataflow sent is most often the kernel's OOM killer)."""
+        """Say how a worker died (the zygote's answer to ``reap``): logged and in ``stats()``."""
         worker_id, op, rss = self._deaths.pop(pid, ("?", None, 0))
-        if code is None:
-            how = "exited (how is unknown: its zygote is gone)"
-        elif code < 0:
-            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-            how = f"was killed by {name}"
-            if -code == signal.SIGKILL:
-                how += " (the kernel's OOM killer sends SIGKILL when memory runs out)"
-        else:
-            how = f"exited with code {code}"
-        where = f" running a task of {op.name}" if op is not None else ""
-        memory = f"; RSS {_gib(rss)} when last sampled" if rss else ""
-        line = f"worker {worker_id} (pid {pid}){where} {how}{memory}"
+        line = describe_exit(worker_id, pid, op.name if op is not None else None, code, rss)
         log.warning("dataflow: %s", line)
         if op is not None:
             op.stats.worker_deaths.append(line)
@@ -548,7 +529,7 @@ class StreamingExecutor:
         self._last_rss_sample = now
         for handle in self.pool.live():
             if handle.state == BUSY and handle.pid is not None:
-                handle.rss = _rss(handle.pid) or handle.rss
+                handle.rss = resident_bytes(handle.pid) or handle.rss
 
     def _replace(self, handle: WorkerHandle) -> None:
         """Start a worker in place of a dead one (a task worker, or an actor of a running pool)."""
@@ -562,27 +543,6 @@ class StreamingExecutor:
                 replacement = self._spawn_actor(handle.kind, handle.gpu_amount)
                 if replacement is not None:
                     pool.append(replacement)
-
-    def _sweep_orphans(self, handle: WorkerHandle) -> None:
-        """Remove the block files a dead worker wrote that the driver never accepted (the output
-        of the task it died in, or of a reply that never arrived): nobody else would."""
-        if handle.pid is None:
-            return
-        prefix = f"{handle.worker_id}.{handle.pid}-"
-        for folder in (self.store.shm_dir, self.store.spill_dir):
-            try:
-                names = os.listdir(folder)
-            except FileNotFoundError:
-                continue
-            for name in names:
-                if not name.startswith(prefix):
-                    continue
-                counter = name[len(prefix) :].split(".", 1)[0]
-                if counter.isdigit() and int(counter) > handle.last_accepted:
-                    try:
-                        os.unlink(os.path.join(folder, name))
-                    except FileNotFoundError:
-                        pass
 
     # scheduling ----------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -650,7 +610,7 @@ class StreamingExecutor:
         idle = self.pool.idle(TASK_KIND)
         if idle:
             return idle[0]
-        if self._inline_enabled and not self._inline_busy:
+        if self._inline.free():
             return INLINE
         return None
 
@@ -678,9 +638,7 @@ class StreamingExecutor:
                 return False
         self._ledger.take(op.resources.num_cpus, op.resources.custom)
         if slot == INLINE:
-            self._inline_busy = True
-            self._ensure_inline_thread()
-            self._inline_queue.put((execution, op, pending))
+            self._inline.run(execution, op, pending)
             return True
         assert isinstance(slot, WorkerHandle)
         slot.digests.add(op.digest)
@@ -691,21 +649,6 @@ class StreamingExecutor:
         except zmq.ZMQError:  # the worker vanished between Ready and now: its pidfd will say so
             pass
         return True
-
-    def _ensure_inline_thread(self) -> None:
-        if self._inline_thread is None:
-            self._inline_thread = threading.Thread(target=self._inline_loop, name="dataflow-inline", daemon=True)
-            self._inline_thread.start()
-
-    def _inline_loop(self) -> None:
-        while True:
-            item = self._inline_queue.get()
-            if item is None:
-                return
-            execution, op, pending = item
-            result = run_task(pending.spec, op.transform, self.store)
-            self._inline_results.append((execution, op, pending, result))
-            self._wake()
 
     # actor pools ---------------------------------------------------------------------------
     def _grow_actor_pools(self, execution: Execution) -> None:
@@ -835,7 +778,7 @@ class StreamingExecutor:
             self._wake_closed = True
             os.close(self._wake_r)
             os.close(self._wake_w)
-        self._inline_queue.put(None)
+        self._inline.close()
         self.pool.close()
         self._socket.close()
         self._ctx.term()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +150,28 @@ class WorkerPool:
             handle.pidfd = None
         self.workers.pop(handle.worker_id, None)
 
+    @staticmethod
+    def sweep_orphans(handle: WorkerHandle, folders: Sequence[str]) -> None:
+        """Remove the block files a dead worker wrote that the driver never accepted (the output
+        of the task it died in, or of a reply that never arrived): nobody else would."""
+        if handle.pid is None:
+            return
+        prefix = f"{handle.worker_id}.{handle.pid}-"
+        for folder in folders:
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if not name.startswith(prefix):
+                    continue
+                counter = name[len(prefix) :].split(".", 1)[0]
+                if counter.isdigit() and int(counter) > handle.last_accepted:
+                    try:
+                        os.unlink(os.path.join(folder, name))
+                    except FileNotFoundError:
+                        pass
+
     def live(self, kind: str | None = None) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.state != DEAD and (kind is None or w.kind == kind)]
 
@@ -164,3 +187,37 @@ class WorkerPool:
                 os.close(handle.pidfd)
         self.workers.clear()
         self.by_pidfd.clear()
+
+
+def resident_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` in bytes (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.0f} MiB"
+
+
+def describe_exit(worker_id: str, pid: int, op_name: str | None, code: int | None, rss: int) -> str:
+    """One line on how a worker died: signal or exit code (``os.waitstatus_to_exitcode``'s
+    convention, -N for signal N; None when unknown), the operator it ran, its memory. A SIGKILL
+    nobody in dataflow sent is most often the kernel's OOM killer, and the line says so."""
+    if code is None:
+        how = "exited (how is unknown: its zygote is gone)"
+    elif code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        how = f"was killed by {name}"
+        if -code == signal.SIGKILL:
+            how += " (the kernel's OOM killer sends SIGKILL when memory runs out)"
+    else:
+        how = f"exited with code {code}"
+    where = f" running a task of {op_name}" if op_name is not None else ""
+    memory = f"; RSS {format_bytes(rss)} when last sampled" if rss else ""
+    return f"worker {worker_id} (pid {pid}){where} {how}{memory}"

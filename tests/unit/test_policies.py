@@ -65,3 +65,13 @@ def test_idle_actors_retire_oldest_first_down_to_the_minimum():
     assert to_retire(idle, min_size=3, idle_timeout_s=5.0, now=now) == [2, 4]
     assert to_retire(idle, min_size=5, idle_timeout_s=5.0, now=now) == []
     assert to_retire(idle, min_size=0, idle_timeout_s=50.0, now=now) == []
+
+
+def test_a_dead_worker_is_described_by_how_it_ended():
+    from engine.worker_pool import describe_exit
+
+    oom = describe_exit("w3", 42, "MapBatches(f)", -9, 3 << 30)
+    assert "was killed by SIGKILL" in oom and "OOM killer" in oom and "3.00 GiB" in oom and "MapBatches(f)" in oom
+    assert "exited with code 1" in describe_exit("w3", 42, None, 1, 0)
+    assert "SIGSEGV" in describe_exit("w3", 42, None, -11, 0)
+    assert "unknown" in describe_exit("w3", 42, None, None, 0)

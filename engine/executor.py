@@ -32,7 +32,7 @@ from engine.errors import EngineError, TaskTimeoutError, unpicklable_error
 from engine.execution import Execution, check_resources
 from engine.inline import InlineSlot
 from engine.object_store import BlockRef, SharedMemoryStore
-from engine.operators.map import MapOperator
+from engine.operators.map import MapOperator, Resources
 from engine.options import ExecutionOptions
 from engine.resources import GpuLedger, ResourceLedger
 from engine.scheduler import Candidate, pick
@@ -56,6 +56,21 @@ log = logging.getLogger("dataflow.engine")
 
 INLINE = "inline"
 MAX_START_FAILURES = 5
+PIPELINE_TASK_S = 0.02
+"""Operators whose tasks take less than this (on average) have their next task queued on a busy
+worker, so it starts the moment the running one ends."""
+
+
+def _pipelinable(op: MapOperator) -> bool:
+    return (
+        op.actor_pool is None
+        and op.resources == Resources()
+        and op.stats.tasks >= 2
+        and op.stats.task_wall_s / op.stats.tasks < PIPELINE_TASK_S
+        and not op.cancelled
+    )
+
+
 MAX_LOOP_FAILURES = 100
 """Turns of the loop failing in a row before it gives up (and fails every execution)."""
 RSS_SAMPLE_S = 1.0
@@ -295,6 +310,7 @@ class StreamingExecutor:
             handle = self.pool.by_pidfd[fd]
             self._guarded(f"the death of worker {handle.worker_id}", partial(self._on_death, handle))
         for execution, op, _pending, result in self._inline.finished():
+            self._ledger.give(op.resources.num_cpus, op.resources.custom)
             self._guarded(f"a task of {op.name}", partial(self._finish_task, execution, op, result), execution)
         self._guarded("retiring idle actors", self._retire_idle_actors)
         self._guarded("checking starting workers", self._check_start_deadlines)
@@ -421,24 +437,27 @@ class StreamingExecutor:
         elif isinstance(msg, protocol.TaskDone):
             if handle.kind != TASK_KIND:  # the next execution's actors will want them too
                 self.pool.want_preloaded(msg.imported)
-            task = handle.task
-            handle.task = None
-            handle.state = IDLE
-            handle.idle_since = time.monotonic()
+            execution, op, _ = handle.tasks.popleft()
             for ref in msg.result.refs:
                 counter = ref.block_id.rsplit("-", 1)[-1]
                 if counter.isdigit():
                     handle.last_accepted = max(handle.last_accepted, int(counter))
-            if task is not None:
-                execution, op, _ = task
-                self._finish_task(execution, op, msg.result)
+            self._ledger.give(op.resources.num_cpus, op.resources.custom)
+            if handle.tasks:  # a pipelined task starts now: it takes the CPU this one gave back
+                _, next_op, next_pending = handle.tasks[0]
+                next_pending.started_at = time.monotonic()
+                self._ledger.take(next_op.resources.num_cpus, next_op.resources.custom)
+            else:
+                handle.state = IDLE
+                handle.idle_since = time.monotonic()
+            self._finish_task(execution, op, msg.result)
 
     def busy_cpus(self) -> float:
         """CPUs taken by running tasks (any thread may ask; a float read is atomic)."""
         return self._ledger.used_cpus
 
     def _finish_task(self, execution: Execution, op: MapOperator, result: TaskResult) -> None:
-        self._ledger.give(op.resources.num_cpus, op.resources.custom)
+        """A task's result is in (its CPUs are already given back)."""
         for ref in result.refs:
             self.stored(ref)
         if execution.cancelled:
@@ -476,6 +495,13 @@ class StreamingExecutor:
                 for execution in list(self._executions):
                     execution.fail(EngineError(why))
                     self._reap(execution)
+        queued = list(handle.tasks)[1:]  # pipelined behind the one that ran: never started
+        handle.tasks.clear()
+        for execution, op, pending in queued:
+            if execution.cancelled or op.cancelled:
+                execution.task_discarded(op, pending.spec.task_id, [])
+            else:
+                op.requeue(pending.spec.task_id)
         if task is not None and handle.timed_out:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)
@@ -581,12 +607,15 @@ class StreamingExecutor:
             if reason is not None:
                 waits[id(op)] = reason
                 continue
-            if not self._ledger.fits(op.resources.num_cpus, op.resources.custom):
-                waits[id(op)] = WAIT_RESOURCES
-                continue
-            slot = self._free_slot(op)
+            fits = self._ledger.fits(op.resources.num_cpus, op.resources.custom)
+            slot = self._free_slot(op) if fits else None
             if slot is None:
-                waits[id(op)] = self._actor_wait(op) if op.actor_pool else WAIT_WORKER
+                slot = self._pipeline_slot(op)
+            if slot is None:
+                if not fits:
+                    waits[id(op)] = WAIT_RESOURCES
+                else:
+                    waits[id(op)] = self._actor_wait(op) if op.actor_pool else WAIT_WORKER
                 continue
             waits.pop(id(op), None)
             candidates.append(Candidate(op.key, execution.depth[id(op)], op.held_bytes, op.in_flight()))
@@ -614,6 +643,20 @@ class StreamingExecutor:
             return INLINE
         return None
 
+    def _pipeline_slot(self, op: MapOperator) -> WorkerHandle | None:
+        """A busy task worker that may take ``op``'s next task now, to start it the moment its
+        current one ends (no round trip through the driver in between), or None.
+
+        Only for short tasks (a task's cost is then mostly that round trip) of plain one-CPU
+        operators behind another such task: the queued task takes over the CPU the running one
+        gives back, so the resource ledger never counts more than runs."""
+        if not _pipelinable(op):
+            return None
+        for handle in self.pool.live(TASK_KIND):
+            if handle.state == BUSY and len(handle.tasks) == 1 and _pipelinable(handle.tasks[0][1]):
+                return handle
+        return None
+
     def _dispatch(self, execution: Execution, op: MapOperator, slot: WorkerHandle | str) -> bool:
         """Send ``op``'s next task to ``slot``; False (and the execution failed) when the task
         cannot be sent: a UDF or a read task that does not pickle is that job's error."""
@@ -636,14 +679,16 @@ class StreamingExecutor:
                 op.pending.pop(spec.task_id, None)
                 execution.fail(unpicklable_error(op.name, "a task's inputs (its read task or arguments)", err))
                 return False
-        self._ledger.take(op.resources.num_cpus, op.resources.custom)
         if slot == INLINE:
+            self._ledger.take(op.resources.num_cpus, op.resources.custom)
             self._inline.run(execution, op, pending)
             return True
         assert isinstance(slot, WorkerHandle)
+        if not slot.tasks:  # a pipelined task takes its CPU when it starts (see _on_message)
+            self._ledger.take(op.resources.num_cpus, op.resources.custom)
         slot.digests.add(op.digest)
         slot.state = BUSY
-        slot.task = (execution, op, pending)
+        slot.tasks.append((execution, op, pending))
         try:
             self._socket.send(slot.worker_id, frames)
         except zmq.ZMQError:  # the worker vanished between Ready and now: its pidfd will say so

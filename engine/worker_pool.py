@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +30,9 @@ class WorkerHandle:
     state: str = STARTING
     pid: int | None = None
     pidfd: int | None = None
-    task: tuple[Any, Any, Any] | None = None
-    """(execution, operator, pending task) while busy."""
+    tasks: deque[tuple[Any, Any, Any]] = field(default_factory=deque)
+    """(execution, operator, pending task) sent to it, the running one first; a second one
+    waits in its socket when short tasks are pipelined (``StreamingExecutor._pipeline_slot``)."""
     digests: set[str] = field(default_factory=set)
     idle_since: float = 0.0
     gpus: tuple[int, ...] = ()
@@ -39,6 +41,11 @@ class WorkerHandle:
     """When the zygote reported its pid (``time.monotonic()``): the start deadline counts from it."""
     start_killed: bool = False
     """Killed for not being ready within ``worker_start_timeout_s``."""
+    @property
+    def task(self) -> tuple[Any, Any, Any] | None:
+        """The task it is running, if any."""
+        return self.tasks[0] if self.tasks else None
+
     rss: int = 0
     """Resident bytes when last sampled while it ran a task."""
     timed_out: bool = False

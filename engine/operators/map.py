@@ -332,6 +332,13 @@ class MapOperator(PhysicalOperator):
         self._out_bytes_per_task = out if self._out_bytes_per_task is None else 0.8 * self._out_bytes_per_task + 0.2 * out
         return pending
 
+    def requeue(self, task_id: int) -> None:
+        """A task that never started (queued behind one on a worker that died): run it again,
+        as the same attempt."""
+        pending = self.pending.pop(task_id)
+        pending.spec.attempt -= 1  # next_task counts a retry as a new attempt
+        self.retry_queue.append(pending)
+
     def task_lost(self, task_id: int) -> Pending:
         """The task's worker died: queue it again (same inputs) and return it."""
         pending = self.pending.pop(task_id)

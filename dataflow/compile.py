@@ -68,6 +68,7 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
             resources=maps.resources if maps is not None else None,
             actor_pool=maps.actor_pool if maps is not None else None,
             max_concurrency=maps.max_concurrency if maps is not None else None,
+            task_timeout_s=maps.task_timeout_s if maps is not None else None,
             # override_num_blocks: one task per read task, as asked; else small ones are bundled
             min_bundle_bytes=1
             if node.parallelism > 0 or getattr(node.datasource, "sizes_own_tasks", False)
@@ -86,6 +87,7 @@ def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
             resources=node.resources,
             actor_pool=node.actor_pool,
             max_concurrency=node.max_concurrency,
+            task_timeout_s=node.task_timeout_s,
             min_bundle_bytes=c.options.min_task_input_bytes,
             exact_batch_rows=node.exact_batch_rows,
         )

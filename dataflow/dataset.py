@@ -64,12 +64,13 @@ class Dataset:
         num_gpus: float | None = None,
         concurrency: int | tuple[int, int] | None = None,
         resources: dict[str, float] | None = None,
+        task_timeout_s: float | None = None,
     ) -> Dataset:
         """Apply ``fn`` to each row (a dict) and keep the row it returns."""
         return self._derive(
             map_node(self._plan, "map", fn, compute=compute, kind="rows", row_mode="map", fn_args=fn_args, fn_kwargs=fn_kwargs,
                      fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
-                     num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources,
+                     num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s,
                      preserves_rows=True)
         )
 
@@ -89,6 +90,7 @@ class Dataset:
         num_gpus: float | None = None,
         concurrency: int | tuple[int, int] | None = None,
         resources: dict[str, float] | None = None,
+        task_timeout_s: float | None = None,
         udf_modifying_row_count: bool = True,
     ) -> Dataset:
         """Apply ``fn`` to batches of ``batch_size`` rows (None: whole blocks).
@@ -100,7 +102,7 @@ class Dataset:
             map_node(self._plan, "map_batches", fn, compute=compute, kind="batches", batch_size=batch_size,
                      batch_format=batch_format, fn_args=fn_args, fn_kwargs=fn_kwargs,
                      fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
-                     num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources,
+                     num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s,
                      preserves_rows=not udf_modifying_row_count)
         )
 
@@ -117,13 +119,14 @@ class Dataset:
         num_gpus: float | None = None,
         concurrency: int | tuple[int, int] | None = None,
         resources: dict[str, float] | None = None,
+        task_timeout_s: float | None = None,
     ) -> Dataset:
         """Apply ``fn`` to each row; it returns a list (or iterable) of rows."""
         return self._derive(
             map_node(self._plan, "flat_map", fn, compute=compute, kind="rows", row_mode="flat_map", fn_args=fn_args,
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                      fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
-                     concurrency=concurrency, resources=resources)
+                     concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s)
         )
 
     def filter(
@@ -140,6 +143,7 @@ class Dataset:
         num_gpus: float | None = None,
         concurrency: int | tuple[int, int] | None = None,
         resources: dict[str, float] | None = None,
+        task_timeout_s: float | None = None,
     ) -> Dataset:
         """Keep rows for which ``fn(row)`` is true, or which match ``expr``.
 
@@ -159,7 +163,7 @@ class Dataset:
             map_node(self._plan, "filter", fn, compute=compute, kind="rows", row_mode="filter", fn_args=fn_args,
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                      fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
-                     concurrency=concurrency, resources=resources)
+                     concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s)
         )
 
     def add_column(self, col: str, fn: Callable[[Any], Any], *, batch_format: str = "pandas") -> Dataset:

@@ -71,7 +71,9 @@ def can_fuse(upstream: LogicalNode, downstream: MapStages) -> bool:
     resources and the same task concurrency; it would also fuse one into a CPU actor pool with
     default resources, which is stricter here on purpose.
 
-    Map -> map: the same resources, at most one of the two on an actor pool (a task step
+    A read fused into a map with ``task_timeout_s`` counts its reading within that limit.
+
+    Map -> map: the same resources and ``task_timeout_s``, at most one of the two on an actor pool (a task step
     joins the pool), no exact ``batch_size`` slicing downstream, and no ``concurrency`` cap
     loosened: two task maps fuse only with the same cap, and a capped task map joins an actor
     pool only when the pool is no bigger than the cap.
@@ -86,7 +88,7 @@ def can_fuse(upstream: LogicalNode, downstream: MapStages) -> bool:
         )
     if not isinstance(upstream, MapStages):
         return False
-    if upstream.resources != downstream.resources:
+    if upstream.resources != downstream.resources or upstream.task_timeout_s != downstream.task_timeout_s:
         return False
     pools = [m.actor_pool for m in (upstream, downstream) if m.actor_pool is not None]
     if not pools:
@@ -111,6 +113,7 @@ def fuse_maps(node: LogicalNode) -> LogicalNode:
         actor_pool=node.actor_pool or up.actor_pool,
         max_concurrency=node.max_concurrency if node.actor_pool is None and up.actor_pool is None else None,
         preserves_rows=up.preserves_rows and node.preserves_rows,
+        task_timeout_s=node.task_timeout_s,
     )
 
 

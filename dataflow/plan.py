@@ -61,6 +61,8 @@ class MapStages(LogicalNode):
     """A pyarrow compute expression this node applies (filter(expr=...)); pushable into reads."""
     projection: tuple[str, ...] | None = None
     """Columns this node selects (select_columns); pushable into reads."""
+    task_timeout_s: float | None = None
+    """A task of this node running longer fails the job (``TaskTimeoutError``)."""
 
     @property
     def inputs(self) -> tuple[LogicalNode, ...]:  # type: ignore[override]

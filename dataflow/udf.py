@@ -123,6 +123,7 @@ def map_node(
     resources: dict[str, float] | None = None,
     preserves_rows: bool = False,
     compute: Any = None,
+    task_timeout_s: float | None = None,
 ) -> MapStages:
     check_callable(fn, method)
     concurrency = concurrency_from_compute(compute, concurrency)
@@ -136,6 +137,9 @@ def map_node(
         raise ValueError(msg)
     if not isinstance(fn, type) and (fn_constructor_args or fn_constructor_kwargs):
         msg = "fn_constructor_args/fn_constructor_kwargs are only for callable classes"
+        raise ValueError(msg)
+    if task_timeout_s is not None and not task_timeout_s > 0:
+        msg = f"task_timeout_s must be a positive number of seconds or None, got {task_timeout_s!r}"
         raise ValueError(msg)
     resources_needed = resources_of(num_cpus, num_gpus, resources)
     actor_pool, max_concurrency = compute_of(fn, concurrency, resources_needed.num_gpus)
@@ -158,6 +162,7 @@ def map_node(
         actor_pool=actor_pool,
         max_concurrency=max_concurrency,
         preserves_rows=preserves_rows,
+        task_timeout_s=task_timeout_s,
     )
 
 

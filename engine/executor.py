@@ -379,7 +379,9 @@ class StreamingExecutor:
     def _task_timeout(handle: WorkerHandle) -> float | None:
         if handle.task is None or handle.timed_out:
             return None
-        return handle.task[0].options.task_timeout_s  # type: ignore[no-any-return]
+        execution, op, _ = handle.task
+        own: float | None = op.task_timeout_s
+        return own if own is not None else execution.options.task_timeout_s  # type: ignore[no-any-return]
 
     def _check_start_deadlines(self) -> None:
         """A worker that has not said Ready within ``worker_start_timeout_s`` is killed (its death
@@ -506,7 +508,7 @@ class StreamingExecutor:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)
             execution.task_discarded(op, pending.spec.task_id, [])
-            limit = execution.options.task_timeout_s
+            limit = op.task_timeout_s if op.task_timeout_s is not None else execution.options.task_timeout_s
             execution.fail(
                 TaskTimeoutError(
                     f"task {pending.spec.task_index} of {op.name} ran longer than task_timeout_s={limit} s "

@@ -80,6 +80,7 @@ class MapOperator(PhysicalOperator):
         resources: Resources | None = None,
         actor_pool: ActorPoolSpec | None = None,
         max_concurrency: int | None = None,
+        task_timeout_s: float | None = None,
         min_bundle_bytes: int = 4 << 20,
         output: str = OUTPUT_BLOCKS,
         sink: Any = None,
@@ -95,6 +96,8 @@ class MapOperator(PhysicalOperator):
         self.resources = resources or Resources()
         self.actor_pool = actor_pool
         self.max_concurrency = max_concurrency
+        self.task_timeout_s = task_timeout_s
+        """Its own task time limit; None: the execution's ``task_timeout_s``."""
         self.min_bundle_bytes = min_bundle_bytes
         self.min_rows_per_task = min_rows_per_task
         self.exact_batch_rows = exact_batch_rows

@@ -57,3 +57,20 @@ def test_a_long_running_task_is_named_in_stats(ready, monkeypatch):
     thread.join(30)
     assert "Long-running: task" in seen and "slow_once" in seen, seen
     assert sorted(rows) == list(range(1000))
+
+
+def test_a_per_operator_timeout_applies_to_that_operator_only(ready):
+    def slowish(batch):
+        time.sleep(1.5)
+        return batch
+
+    # the first step may take its time; the second one hangs past its own limit
+    ds = (
+        dataflow.range(100, override_num_blocks=2)
+        .map_batches(slowish)
+        .map_batches(_hangs_on(55), task_timeout_s=1.0)
+    )
+    with pytest.raises(TaskTimeoutError, match=r"_hangs_on"):
+        ds.take_all()
+    with pytest.raises(ValueError, match="task_timeout_s"):
+        dataflow.range(10).map_batches(lambda b: b, task_timeout_s=0)

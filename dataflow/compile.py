@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dataflow import plan
 from dataflow.plan import FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
 from engine.operators.base import PhysicalOperator
 from engine.operators.input import InputOperator
 from engine.operators.limit import LimitOperator
-from engine.operators.map import MapOperator
+from engine.operators.map import ActorPoolSpec, MapOperator, Resources
 from engine.operators.union import UnionOperator
 from engine.options import ExecutionOptions
 from engine.task import OUTPUT_BLOCKS
@@ -65,8 +66,8 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
             name,
             c.transform(stages),
             source=node.datasource.get_read_tasks(parallelism),
-            resources=maps.resources if maps is not None else None,
-            actor_pool=maps.actor_pool if maps is not None else None,
+            resources=_resources(maps.resources) if maps is not None else None,
+            actor_pool=_actor_pool(maps.actor_pool) if maps is not None else None,
             max_concurrency=maps.max_concurrency if maps is not None else None,
             task_timeout_s=maps.task_timeout_s if maps is not None else None,
             # override_num_blocks: one task per read task, as asked; else small ones are bundled
@@ -84,14 +85,22 @@ def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
             node.name,
             c.transform(node.stages),
             upstream=upstream,
-            resources=node.resources,
-            actor_pool=node.actor_pool,
+            resources=_resources(node.resources),
+            actor_pool=_actor_pool(node.actor_pool),
             max_concurrency=node.max_concurrency,
             task_timeout_s=node.task_timeout_s,
             min_bundle_bytes=c.options.min_task_input_bytes,
             exact_batch_rows=node.exact_batch_rows,
         )
     )
+
+
+def _resources(wanted: plan.Resources) -> Resources:
+    return Resources(wanted.num_cpus, wanted.num_gpus, wanted.custom)
+
+
+def _actor_pool(pool: plan.ActorPool | None) -> ActorPoolSpec | None:
+    return ActorPoolSpec(pool.min_size, pool.max_size) if pool is not None else None
 
 
 def _input(c: _Compiler, node: InputBlocks) -> PhysicalOperator:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dataflow.plan import FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
-from engine.operators.map import Resources
+from dataflow.plan import FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Resources, Union
 
 READ_RESOURCES = Resources()
 """What a read task needs: the default (one CPU, no GPU, no custom resource)."""

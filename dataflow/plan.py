@@ -11,8 +11,26 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.operators.map import ActorPoolSpec, Resources
 from engine.transform import Stage
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one task (or actor) of a map node asks for. The compiler turns it into the engine's
+    own type; the plan carries no engine operator types (a ``Stage`` is the description of a
+    user step, shared with the engine that runs it)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    custom: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class ActorPool:
+    """A map node that runs on a pool of ``min_size`` to ``max_size`` actors."""
+
+    min_size: int = 1
+    max_size: int = 1
 
 
 class LogicalNode:
@@ -54,7 +72,7 @@ class MapStages(LogicalNode):
     input: LogicalNode
     stages: tuple[Stage, ...]
     resources: Resources = field(default_factory=Resources)
-    actor_pool: ActorPoolSpec | None = None
+    actor_pool: ActorPool | None = None
     max_concurrency: int | None = None
     preserves_rows: bool = False
     filter_expr: Any = None

@@ -10,9 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from dataflow.plan import LogicalNode, MapStages
+from dataflow.plan import ActorPool, LogicalNode, MapStages, Resources
 from engine.block_format import BATCH_FORMATS
-from engine.operators.map import ActorPoolSpec, Resources
 from engine.transform import Stage, udf_name
 
 
@@ -64,7 +63,7 @@ def resources_of(num_cpus: float | None, num_gpus: float | None, resources: dict
 
 def compute_of(
     fn: Any, concurrency: int | tuple[int, int] | None, num_gpus: float = 0.0
-) -> tuple[ActorPoolSpec | None, int | None]:
+) -> tuple[ActorPool | None, int | None]:
     """(actor pool, task concurrency cap) for a UDF and its ``concurrency`` argument.
 
     A function that needs GPUs also runs on a pool of dedicated workers (each with its
@@ -81,18 +80,18 @@ def compute_of(
             raise ValueError(msg)
     if not is_class and num_gpus > 0:
         if isinstance(concurrency, tuple):
-            return ActorPoolSpec(concurrency[0], concurrency[1]), None
-        return ActorPoolSpec(1, concurrency or 1 << 16), None
+            return ActorPool(concurrency[0], concurrency[1]), None
+        return ActorPool(1, concurrency or 1 << 16), None
     if not is_class:
         if isinstance(concurrency, tuple):
             msg = "concurrency=(min, max) is for callable classes (actor pools); pass an int for functions"
             raise ValueError(msg)
         return None, concurrency
     if concurrency is None:
-        return ActorPoolSpec(1, 1), None
+        return ActorPool(1, 1), None
     if isinstance(concurrency, tuple):
-        return ActorPoolSpec(concurrency[0], concurrency[1]), None
-    return ActorPoolSpec(concurrency, concurrency), None
+        return ActorPool(concurrency[0], concurrency[1]), None
+    return ActorPool(concurrency, concurrency), None
 
 
 def check_callable(fn: Any, method: str) -> None:

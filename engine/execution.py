@@ -18,11 +18,8 @@ from typing import Any
 from engine.backpressure import OpLoad, blocked_reason, op_budget
 from engine.errors import DataflowError, EngineError, WorkerDiedError, make_user_error
 from engine.object_store import BlockRef, BlockSlice, BlockStore
-from engine.operators.base import PhysicalOperator
-from engine.operators.input import InputOperator
-from engine.operators.limit import LimitOperator
+from engine.operators.base import OperatorContext, PhysicalOperator
 from engine.operators.map import MapOperator
-from engine.operators.union import UnionOperator
 from engine.options import ExecutionOptions
 from engine.task import TaskResult
 
@@ -105,7 +102,7 @@ class Execution:
         the task-running operator whose budget it counts against. Blocks not in it (a
         materialized dataset's, one detached by the consumer) are never freed here."""
         self.borrowed: frozenset[str] = frozenset(
-            ref.block_id for op in ops if isinstance(op, InputOperator) for ref in op.refs
+            ref.block_id for op in ops for ref in op.borrowed_refs()
         )
         """Blocks of materialized datasets this plan reads (never freed by it; read by any thread)."""
         self.buffer = OutputBuffer()
@@ -114,11 +111,10 @@ class Execution:
             self.depth[id(op)] = 1 + max((self.depth[id(u)] for u in op.upstream), default=-1)
             for u in op.upstream:
                 u.downstream = op
-            if isinstance(op, LimitOperator):
-                op.bind(self._slice_head, self.release)
-            if isinstance(op, UnionOperator):
-                op.ordered = options.preserve_order
-        self._task_ops = [op for op in ops if isinstance(op, MapOperator)]
+        ctx = OperatorContext(self.release, self._slice_head, options.preserve_order)
+        for op in ops:
+            op.start(ctx)
+        self._task_ops: list[MapOperator] = [op for op in ops if op.runs_tasks]  # type: ignore[misc]
         self._feeds_consumer = {id(op) for op in self._task_ops if self._task_downstream(op) is None}
         self.consumer_held = 0
         """Bytes handed to the consumer and not yet released by it."""
@@ -150,7 +146,8 @@ class Execution:
         return True
 
     def release(self, ref: BlockRef) -> None:
-        """Free ``ref`` if this execution owns it; a borrowed or already freed block is left alone."""
+        """Free ``ref`` if this execution owns it; a borrowed or already freed block is left alone.
+        The only place a block of an execution is ever freed."""
         if self._disown(ref):
             self._free_block(ref)
 
@@ -164,7 +161,7 @@ class Execution:
     def _task_downstream(self, op: PhysicalOperator) -> MapOperator | None:
         """The next operator after ``op`` that runs tasks (through limits and unions), if any."""
         down = op.downstream
-        while down is not None and not isinstance(down, MapOperator):
+        while down is not None and not down.runs_tasks:
             down = down.downstream
         return down
 
@@ -183,7 +180,7 @@ class Execution:
                     target.add_input(ref, target.upstream.index(op))
             if target is not None and op.completed() and not op.outputs:
                 target.upstream_finished(target.upstream.index(op))
-            if isinstance(op, LimitOperator) and op.reached():
+            if op.upstream_unneeded():
                 self._cancel_upstream(op)
         if self.output_op.completed() and not self.output_op.outputs and not self.buffer.done:
             self.finished_at = time.perf_counter()
@@ -201,14 +198,11 @@ class Execution:
             self.release_input(value, op)
         while op.outputs:
             self.release(op.outputs.popleft())
-        if isinstance(op, MapOperator):
-            for ref in op.held_out_of_order():
-                self.release(ref)
 
     def release_input(self, value: Any, consumer: PhysicalOperator) -> None:
         """``consumer`` is done with an input item (a consumed or dropped block, or slice of one)."""
         if isinstance(value, BlockSlice):
-            if not isinstance(consumer, MapOperator) or not consumer.release_slice(value):
+            if not consumer.release_slice(value):
                 return  # another slice of the block is still queued or running
             value = value.ref
         if isinstance(value, BlockRef):

@@ -14,6 +14,7 @@ one table in ``engine.execution`` (``Execution.release``); a block an execution 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,17 @@ class OpStats:
         self.waits[reason] = self.waits.get(reason, 0.0) + seconds
 
 
+@dataclass(frozen=True)
+class OperatorContext:
+    """What the execution offers its operators when it starts them (``PhysicalOperator.start``)."""
+
+    release: Callable[[BlockRef], None]
+    """Give up a block: freed if this execution produced it, left alone if it is borrowed."""
+    slice_head: Callable[[BlockRef, int], BlockRef]
+    """A new block holding the first n rows of a block (counted like the block's producer's)."""
+    preserve_order: bool
+
+
 class PhysicalOperator:
     """Base class. Subclasses override ``add_input`` and, if they run tasks, the task hooks."""
 
@@ -62,8 +74,25 @@ class PhysicalOperator:
         footprint). Written only by the execution's ownership table, never by operators."""
 
     # data flow ---------------------------------------------------------------------------
+    def start(self, ctx: OperatorContext) -> None:
+        """Called once by the execution before any input arrives."""
+
     def add_input(self, item: Any, index: int) -> None:
         raise NotImplementedError
+
+    def borrowed_refs(self) -> tuple[BlockRef, ...]:
+        """Blocks it hands on that belong to someone else (a materialized dataset's)."""
+        return ()
+
+    def upstream_unneeded(self) -> bool:
+        """True once nothing more from upstream can change the output (a limit reached): the
+        execution then cancels everything upstream."""
+        return False
+
+    def release_slice(self, piece: Any) -> bool:
+        """This operator is done with ``piece`` (a slice of a block); True when no other slice
+        of the block remains queued or running here (the block may then be released)."""
+        return True
 
     def upstream_finished(self, index: int) -> None:
         self._upstream_done.add(index)
@@ -83,7 +112,8 @@ class PhysicalOperator:
         return False
 
     def cancel(self) -> list[Any]:
-        """Stop: return queued input items so the executor can free them."""
+        """Stop: return the items it holds (queued inputs, outputs parked for ordering) so the
+        execution can release them."""
         self.cancelled = True
         return []
 

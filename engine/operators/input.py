@@ -20,6 +20,9 @@ class InputOperator(PhysicalOperator):
             self.emit(ref)
         self.inputs_done = True
 
+    def borrowed_refs(self) -> tuple[BlockRef, ...]:
+        return self.refs
+
     def add_input(self, item: Any, index: int) -> None:
         msg = "InputOperator has no upstream"
         raise TypeError(msg)

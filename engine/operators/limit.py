@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.object_store import BlockRef
-from engine.operators.base import PhysicalOperator
+from engine.operators.base import OperatorContext, PhysicalOperator
 
 
 class LimitOperator(PhysicalOperator):
@@ -24,9 +24,8 @@ class LimitOperator(PhysicalOperator):
         if limit <= 0:
             self.inputs_done = True
 
-    def bind(self, slicer: Callable[[BlockRef, int], BlockRef], release: Callable[[BlockRef], None]) -> None:
-        """Give the operator the execution's slicing and owner-aware release (done by the execution)."""
-        self._slice, self._release = slicer, release
+    def start(self, ctx: OperatorContext) -> None:
+        self._slice, self._release = ctx.slice_head, ctx.release
 
     def add_input(self, item: Any, index: int) -> None:
         ref: BlockRef = item
@@ -47,3 +46,6 @@ class LimitOperator(PhysicalOperator):
 
     def reached(self) -> bool:
         return self.remaining <= 0
+
+    def upstream_unneeded(self) -> bool:
+        return self.reached()

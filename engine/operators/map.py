@@ -351,7 +351,8 @@ class MapOperator(PhysicalOperator):
 
     def cancel(self) -> list[Any]:
         self.cancelled = True
-        items = [i.value for i in self._queue]
+        items: list[Any] = [i.value for i in self._queue]
+        items.extend(self.held_out_of_order())
         for retry in self.retry_queue:
             items.extend(retry.bundle)
         self._queue.clear()

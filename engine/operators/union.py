@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.operators.base import PhysicalOperator
+from engine.operators.base import OperatorContext, PhysicalOperator
 
 
 class UnionOperator(PhysicalOperator):
@@ -18,6 +18,9 @@ class UnionOperator(PhysicalOperator):
         """With preserve_order: all of input 0, then all of input 1, ..."""
         self._waiting: dict[int, list[Any]] = {}
         self._current = 0
+
+    def start(self, ctx: OperatorContext) -> None:
+        self.ordered = ctx.preserve_order
 
     def add_input(self, item: Any, index: int) -> None:
         if not self.ordered or index == self._current:

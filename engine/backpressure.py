@@ -7,9 +7,12 @@ fills, and the reads stop.
 
 Budgets are not fixed byte counts. ``op_budget`` derives one from the object store's capacity
 and the CPU count: enough for two waves of the operator's parallel tasks at the block size it
-actually produces (so the pool stays busy at any block size, 1 MiB or 256 MiB), never less than
-a floor, never more than its share of half the store (the other half is headroom shared by all,
-as Ray Data's resource manager reserves half the store per operator and shares the rest).
+actually produces (one wave and a block for the operator feeding the consumer), so the pool
+stays busy at any block size, 1 MiB or 256 MiB; never less than a floor, never more than its
+share of half the store (the other half is headroom shared by all, as Ray Data's resource
+manager reserves half the store per operator and shares the rest). The size is learned from
+finished tasks, and the operator whose downstream is backlogged (input queued, every slot busy)
+gets the floor only: more parallel tasks upstream would only hold more memory.
 
 Two rules keep every plan moving whatever the shapes:
 
@@ -47,13 +50,28 @@ class OpLoad:
     max_concurrency: int | None = None
     downstream_starved: bool = False
     """Its downstream holds input it cannot run yet and waits for more rows."""
+    backlogged: bool = False
+    """What it feeds is behind (its downstream has input queued and every slot busy, or the
+    consumer has a block unread besides the one it is reading): one task at a time is enough."""
 
 
-def op_budget(store_capacity: int, task_operators: int, slots: int, expected_output_bytes: float, floor: int) -> int:
-    """Bytes one operator may hold: ``WAVES`` waves of ``slots`` tasks of its expected output,
-    at least ``floor`` (capped by the share), at most its share of the store."""
+def op_budget(
+    store_capacity: int,
+    task_operators: int,
+    slots: int,
+    expected_output_bytes: float,
+    floor: int,
+    feeds_consumer: bool = False,
+) -> int:
+    """Bytes one operator may hold: ``WAVES`` waves of ``slots`` tasks of its expected output, at
+    least ``floor`` (capped by the share), at most its share of the store.
+
+    The operator feeding the consumer gets one wave plus one block: every slot busy while the
+    consumer reads the block it holds, but no more (what the consumer has not read counts, and a
+    slow consumer should not hold two waves of blocks)."""
     share = int(store_capacity * STORE_SHARE / max(1, task_operators))
-    want = int(WAVES * max(1, slots) * expected_output_bytes)
+    tasks = max(1, slots) + 1 if feeds_consumer else WAVES * max(1, slots)
+    want = int(tasks * expected_output_bytes)
     return max(min(floor, share), min(want, share))
 
 
@@ -65,6 +83,8 @@ def blocked_reason(load: OpLoad) -> str | None:
         return None
     if load.downstream_starved:
         return None
+    if load.backlogged and load.in_flight >= 1:
+        return WAIT_BUDGET
     if load.held_bytes + (load.in_flight + 1) * load.expected_output_bytes > load.budget:
         return WAIT_BUDGET
     return None

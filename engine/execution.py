@@ -40,6 +40,10 @@ class OutputBuffer:
             self._items.append(ref)
             self._cond.notify()
 
+    def __len__(self) -> int:
+        """Refs produced and not yet taken by the consumer (a read of a deque's length: any thread)."""
+        return len(self._items)
+
     def finish(self, error: BaseException | None = None) -> None:
         with self._cond:
             if not self.done:
@@ -216,14 +220,24 @@ class Execution:
         cpus = self.options.resolved_num_cpus()
         slots = op.slots(cpus)
         expected = op.expected_output_bytes(prior=float(self.options.target_max_block_size))
-        if id(op) in self._feeds_consumer:
-            floor = self.options.consumer_buffer_bytes
-        else:
-            floor = self.options.op_output_budget
-        budget = op_budget(self.store_capacity, len(self._task_ops), slots, expected, floor)
+        consumer = id(op) in self._feeds_consumer
+        floor = self.options.consumer_buffer_bytes if consumer else self.options.op_output_budget
         down = self._task_downstream(op)
+        # the budget grows with what tasks are seen to produce, not with the first guess (until a
+        # task has finished: the floor, and the whole-block guess lets one task run at a time);
+        # while what it feeds is behind, one task at a time (more would only hold more memory)
+        learned = op.learned_output_bytes()
+        backlogged = self._backlogged(op, down, cpus)
+        budget = op_budget(self.store_capacity, len(self._task_ops), slots, learned or 0.0, floor, consumer)
         starved = down is not None and down.needs_more_input()
-        return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved)
+        return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved, backlogged)
+
+    def _backlogged(self, op: MapOperator, down: MapOperator | None, cpus: int) -> bool:
+        """What ``op`` feeds is behind: its downstream has input queued while every one of its
+        slots is busy, or the consumer has a block waiting besides the one it is reading."""
+        if down is None:
+            return id(op) in self._feeds_consumer and len(self.buffer) > 0 and self.consumer_held > 0
+        return down.queued_bytes() > 0 and down.in_flight() >= down.slots(cpus)
 
     def dispatchable(self, op: MapOperator) -> tuple[bool, str | None]:
         """(has a task ready, reason it may not start) for ``op``."""

@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
+
 from engine.object_store import BlockStore
 from engine.task import TaskResult, run_task
 
@@ -57,5 +59,8 @@ class InlineSlot:
                 return
             execution, op, pending = item
             result = run_task(pending.spec, op.transform, self._store)
+            # what the task decoded is in the store now: give the allocator's cached pages back,
+            # or the driver keeps a Parquet decode's worth of memory for the rest of its life
+            pa.default_memory_pool().release_unused()
             self._results.append((execution, op, pending, result))
             self._wake()

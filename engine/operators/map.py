@@ -315,6 +315,12 @@ class MapOperator(PhysicalOperator):
             return self._out_bytes_per_task
         return float(max(min(self._queued_bytes, self.min_bundle_bytes), prior))
 
+    def learned_output_bytes(self) -> float | None:
+        """Bytes a task left in the store, on average, once one has finished (else None)."""
+        if self.output != OUTPUT_BLOCKS:
+            return 0.0
+        return self._out_bytes_per_task
+
     def slots(self, cpus: int) -> int:
         """How many of its tasks can run at once on ``cpus`` CPUs (its pool, its cap, its CPUs each)."""
         n = cpus if self.resources.num_cpus <= 0 else max(1, int(cpus / self.resources.num_cpus))

@@ -75,3 +75,30 @@ def test_a_dead_worker_is_described_by_how_it_ended():
     assert "exited with code 1" in describe_exit("w3", 42, None, 1, 0)
     assert "SIGSEGV" in describe_exit("w3", 42, None, -11, 0)
     assert "unknown" in describe_exit("w3", 42, None, None, 0)
+
+
+def test_budgets_scale_with_block_size_and_stay_within_the_store_share():
+    from engine.backpressure import op_budget
+
+    MiB_ = 1 << 20
+    store = 8 << 30
+    # two waves of two tasks of 256 MiB blocks, far above the 192 MiB floor
+    assert op_budget(store, 2, 2, 256 * MiB_, 192 * MiB_) == 4 * 256 * MiB_
+    # the operator feeding the consumer: one wave and the block the consumer reads
+    assert op_budget(store, 2, 2, 256 * MiB_, 128 * MiB_, feeds_consumer=True) == 3 * 256 * MiB_
+    # small blocks: the floor
+    assert op_budget(store, 2, 2, 1 * MiB_, 192 * MiB_) == 192 * MiB_
+    # never more than the operator's share of half the store, even for huge blocks
+    assert op_budget(store, 2, 64, 256 * MiB_, 192 * MiB_) == store // 4
+    # a tiny store: the floor itself is capped by the share
+    assert op_budget(64 * MiB_, 2, 2, 1 * MiB_, 192 * MiB_) == 16 * MiB_
+
+
+def test_a_starved_downstream_admits_over_budget_and_a_backlogged_one_admits_one_task():
+    from engine.backpressure import WAIT_BUDGET, OpLoad, blocked_reason
+
+    over = OpLoad(held_bytes=300, in_flight=1, expected_output_bytes=100, budget=200)
+    assert blocked_reason(over) == WAIT_BUDGET
+    assert blocked_reason(OpLoad(300, 1, 100, 200, downstream_starved=True)) is None
+    assert blocked_reason(OpLoad(0, 1, 1, 10**9, backlogged=True)) == WAIT_BUDGET
+    assert blocked_reason(OpLoad(0, 0, 1, 10**9, backlogged=True)) is None

@@ -235,29 +235,7 @@ def report(workload: str, results: dict[str, dict], metric: str = "median_s", ba
     ``metric`` is the key in each side's result compared across sides (lower is better);
     ratios are side/baseline and side/dataflow from this one invocation.
     """
-    base = results.get(baseline, {}).get(metric)
-    dfv = results.get("dataflow", {}).get(metric)
-    columns = columns or []
-    headers = ["side", metric, f"x {baseline}", "x dataflow", *[c[0] for c in columns], "status"]
-    rows = []
-    for side, res in results.items():
-        v = res.get(metric)
-        r_base = v / base if (v is not None and base) else None
-        r_df = v / dfv if (v is not None and dfv) else None
-        res["ratio_vs_" + baseline] = r_base
-        res["ratio_vs_dataflow"] = r_df
-        rows.append([side, fmt_num(v, unit),
-                     f"{r_base:.2f}x" if r_base is not None else "-",
-                     f"{r_df:.2f}x" if r_df is not None else "-",
-                     *[fmt_num(res.get(key), u) for _, key, u in columns],
-                     status_text(res)])
-    print()
-    print(f"== {workload} ==")
-    print_table(headers, rows)
-    verdict = None
-    if target:
-        verdict = evaluate_target(results, target)
-        print(f"target: {target['text']} -> {verdict}")
+    verdict = print_side_table(workload, results, metric, baseline, unit, columns, target, fmt=fmt_num)
     for note in notes or []:
         print(note)
     obj = {"workload": workload, "metric": metric, "baseline": baseline, "target": target,
@@ -486,8 +464,10 @@ def fmt_plain(x, unit: str = "n") -> str:
 
 def print_side_table(title: str, results: dict[str, dict], metric: str = "median_s", baseline: str = "raw",
                      unit: str = "s", columns: list[tuple[str, str, str]] | None = None,
-                     target: dict | None = None) -> str | None:
-    """One case's table (sides as rows, ratios to ``baseline`` and dataflow); returns the verdict."""
+                     target: dict | None = None, fmt: Callable[[Any, str], str] | None = None) -> str | None:
+    """One case's table (sides as rows, ratios to ``baseline`` and dataflow); returns the verdict.
+    ``fmt`` formats a value with its unit (default ``fmt_plain``)."""
+    fmt = fmt or fmt_plain
     base = results.get(baseline, {}).get(metric)
     dfv = results.get("dataflow", {}).get(metric)
     columns = columns or []
@@ -499,10 +479,10 @@ def print_side_table(title: str, results: dict[str, dict], metric: str = "median
         r_df = v / dfv if (v is not None and dfv) else None
         res["ratio_vs_" + baseline] = r_base
         res["ratio_vs_dataflow"] = r_df
-        rows.append([side, fmt_plain(v, unit),
+        rows.append([side, fmt(v, unit),
                      f"{r_base:.2f}x" if r_base is not None else "-",
                      f"{r_df:.2f}x" if r_df is not None else "-",
-                     *[fmt_plain(res.get(key), u) for _, key, u in columns],
+                     *[fmt(res.get(key), u) for _, key, u in columns],
                      status_text(res)])
     print()
     print(f"== {title} ==")

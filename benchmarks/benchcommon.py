@@ -239,15 +239,8 @@ def report(workload: str, results: dict[str, dict], metric: str = "median_s", ba
     for note in notes or []:
         print(note)
     obj = {"workload": workload, "metric": metric, "baseline": baseline, "target": target,
-           "target_met": verdict, "machine": machine_info(), "results": results,
-           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    if extra:
-        obj.update(extra)
-    line = json.dumps(obj, default=str)
-    if json_out:
-        Path(json_out).write_text(line + "\n")
-    print(line)
-    return obj
+           "target_met": verdict, "results": results}
+    return _emit_json(obj, extra, json_out)
 
 
 def evaluate_target(results: dict[str, dict], target: dict):
@@ -506,8 +499,15 @@ def report_cases(workload: str, cases: dict[str, dict[str, dict]], metric: str =
     for note in notes or []:
         print(note)
     obj = {"workload": workload, "metric": metric, "baseline": baseline, "targets": targets,
-           "target_met": verdicts, "machine": machine_info(), "cases": cases,
-           "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+           "target_met": verdicts, "cases": cases}
+    return _emit_json(obj, extra, json_out)
+
+
+def _emit_json(obj: dict, extra: dict | None, json_out: Path | None) -> dict:
+    """Add the machine and the time (and ``extra``) to ``obj``; print it as the last line of
+    stdout and write it to ``json_out``; return it."""
+    obj["machine"] = machine_info()
+    obj["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     if extra:
         obj.update(extra)
     line = json.dumps(obj, default=str)

@@ -28,6 +28,7 @@ The data path, in order:
 * ``block_format``    blocks <-> numpy / pandas / pyarrow / polars batches and rows
 * ``task``            TaskSpec / TaskResult, and run_task (same code in workers and inline)
 * ``protocol``        typed, versioned messages; ``transport``: pyzmq sockets only
+* ``wakeup``          the pipe other threads use to rouse the executor's and split server's loops
 * ``serialization``   the only module that pickles
 * ``worker_pool``     the driver's handles on worker processes (pidfds)
 * ``forkserver``      the zygote that forks workers with pyarrow already imported; torch once the

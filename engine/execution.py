@@ -138,9 +138,6 @@ class Execution:
             producer.held_bytes += ref.size_bytes
             producer.stats.peak_held_bytes = max(producer.stats.peak_held_bytes, producer.held_bytes)
 
-    def owns(self, ref: BlockRef) -> bool:
-        return ref.block_id in self._owner
-
     def _disown(self, ref: BlockRef) -> bool:
         if ref.block_id not in self._owner:
             return False

@@ -38,6 +38,7 @@ from engine.resources import GpuLedger, ResourceLedger
 from engine.scheduler import Candidate, pick
 from engine.task import TaskResult
 from engine.transport import CurveKeys, DriverSocket
+from engine.wakeup import WakeupPipe
 from engine.worker_pool import (
     BUSY,
     DEAD,
@@ -95,13 +96,7 @@ class StreamingExecutor:
         self._curve = CurveKeys.generate(0) if transport == "tcp" else None
         address = "tcp://127.0.0.1:0" if transport == "tcp" else f"ipc://{socket_dir}/driver.sock"
         self._socket = DriverSocket(self._ctx, address, self._curve)
-        self._wake_r, self._wake_w = os.pipe()
-        self._wake_closed = False
-        self._wake_lock = threading.Lock()
-        """Held while writing to or closing the wake-up pipe: a thread that wakes the loop during
-        teardown must never write into a descriptor number the process has since reused."""
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wakeup = WakeupPipe()
         self.dropped_messages = 0
         """Frames from workers or peers that could not be decoded or handled (dropped, counted)."""
         self._submitted: list[Execution] = []
@@ -150,13 +145,7 @@ class StreamingExecutor:
 
     def _wake(self) -> None:
         """Any thread: make the loop look again (a command, a listing thread's read tasks)."""
-        with self._wake_lock:
-            if self._wake_closed:
-                return
-            try:
-                os.write(self._wake_w, b"x")
-            except (BlockingIOError, OSError):
-                pass  # full: the loop has wake-ups pending anyway
+        self._wakeup.wake()
 
     def submit(self, execution: Execution) -> None:
         """Start running ``execution``; its outputs appear in ``execution.buffer``."""
@@ -226,7 +215,7 @@ class StreamingExecutor:
     # the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
         self._poller.register(self._socket.sock, zmq.POLLIN)
-        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._poller.register(self._wakeup.fileno, zmq.POLLIN)
         failures = 0
         try:
             while not (self._stopping and self._stop_complete()):
@@ -281,12 +270,8 @@ class StreamingExecutor:
         return int(min(timeouts) * 1000) if timeouts else None
 
     def _handle_events(self, events: dict[Any, int]) -> None:
-        if self._wake_r in events:
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
+        if self._wakeup.fileno in events:
+            self._wakeup.drain()
         while self._commands:
             self._guarded("a command", self._commands.popleft())
         if self._socket.sock in events:
@@ -821,10 +806,7 @@ class StreamingExecutor:
                 op.close_source()
             execution.fail(EngineError(why))
             execution.stopped.set()
-        with self._wake_lock:  # a thread waking the loop now must not write into a reused fd
-            self._wake_closed = True
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        self._wakeup.close()  # a thread waking the loop from now on writes nothing
         self._inline.close()
         self.pool.close()
         self._socket.close()

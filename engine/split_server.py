@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import os
 import threading
 import time
 import traceback
@@ -33,6 +32,7 @@ from engine import protocol, serialization
 from engine.errors import DataflowError, SplitCoordinatorLostError
 from engine.object_store import BlockRef
 from engine.split import WAIT, Piece
+from engine.wakeup import WakeupPipe
 
 log = logging.getLogger("dataflow.split")
 
@@ -80,10 +80,7 @@ class SplitServer:
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
         self._sock.bind(address)
         self.address = address
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self._wake_lock = threading.Lock()
-        self._wake_closed = False
+        self._wakeup = WakeupPipe()
         self._parked: list[tuple[bytes, protocol.SplitNext]] = []
         self._outstanding: Counter[Piece] = Counter()
         """Pieces dealt to clients and not released yet: a release of anything else is dropped."""
@@ -98,13 +95,7 @@ class SplitServer:
         self._thread.start()
 
     def wake(self) -> None:
-        with self._wake_lock:
-            if self._wake_closed:
-                return
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass
+        self._wakeup.wake()
 
     def statistics(self) -> dict[str, Any]:
         """What the server has done: requests served, frames dropped (by kind), keepalives sent."""
@@ -123,7 +114,7 @@ class SplitServer:
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self._wakeup.fileno, zmq.POLLIN)
         reason = f"the streaming_split coordinator at {self.address} was closed (the driver shut down)"
         failures = 0
         try:
@@ -148,20 +139,13 @@ class SplitServer:
             self._fail_parked(reason)
             self._sock.close(linger=200)  # long enough for those last replies to go out
             self._ctx.term()
-            with self._wake_lock:
-                self._wake_closed = True
-                os.close(self._wake_r)
-                os.close(self._wake_w)
+            self._wakeup.close()
 
     def _turn(self, poller: zmq.Poller) -> None:
         timeout = max(0.0, self._next_keepalive - time.monotonic()) if self._parked else KEEPALIVE_S
         events = dict(poller.poll(math.ceil(timeout * 1000)))
-        if self._wake_r in events:
-            try:
-                while os.read(self._wake_r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
+        if self._wakeup.fileno in events:
+            self._wakeup.drain()
         if self._sock in events:
             for _ in range(_MAX_BATCH):
                 try:

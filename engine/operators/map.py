@@ -76,7 +76,6 @@ class MapOperator(PhysicalOperator):
         *,
         upstream: PhysicalOperator | None = None,
         source: Iterable[Any] | None = None,
-        source_owned: bool = True,
         resources: Resources | None = None,
         actor_pool: ActorPoolSpec | None = None,
         max_concurrency: int | None = None,
@@ -108,7 +107,6 @@ class MapOperator(PhysicalOperator):
         self._next_in_order = 0
         self.output = output
         self.sink = sink
-        self.source_owned = source_owned
         self._source: Iterator[Any] | BackgroundSource | None = iter(source) if source is not None else None
         self._lazy_source = source is not None and not isinstance(source, (list, tuple))
         self.inputs_done = source is None and upstream is None

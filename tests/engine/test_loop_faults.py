@@ -203,7 +203,7 @@ def test_a_worker_killed_while_writing_leaves_no_file(ready, tmp_path):
 def test_calls_after_shutdown_never_write_into_a_reused_descriptor(fresh_engine, tmp_path):
     dataflow.init(num_cpus=1)
     executor = _executor()
-    wake_fd = executor._wake_w
+    wake_fd = executor._wakeup.fileno
     dataflow.shutdown()
     path = tmp_path / "user-file"
     with open(path, "wb") as f:  # likely to reuse the closed pipe's descriptor numbers

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 from dataflow import plan
-from dataflow.plan import FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
+from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
+from engine.exchange import PartitionTransform, ReduceTransform
 from engine.operators.base import PhysicalOperator
+from engine.operators.exchange import PartitionOperator, ReduceOperator
 from engine.operators.input import InputOperator
 from engine.operators.limit import LimitOperator
 from engine.operators.map import ActorPoolSpec, MapOperator, Resources
@@ -28,6 +30,8 @@ class _Compiler:
     def __init__(self, options: ExecutionOptions) -> None:
         self.options = options
         self.ops: list[PhysicalOperator] = []
+        self.ordering: set[int] = set()
+        """Operators whose output order is the result (a sort's reduce)."""
 
     def add(self, op: PhysicalOperator) -> PhysicalOperator:
         self.ops.append(op)
@@ -111,6 +115,41 @@ def _limit(c: _Compiler, node: Limit) -> PhysicalOperator:
     return c.add(LimitOperator(node.limit, c.build(node.input)))
 
 
+def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
+    children = [c.build(child) for child in node.children]
+    if node.ordered_input:
+        for child in children:
+            _emit_in_order(child)
+    fed: list[PhysicalOperator] = []
+    partitioners = node.partitioners or (None,) * len(children)
+    for i, (child, partitioner) in enumerate(zip(children, partitioners, strict=True)):
+        if partitioner is None:
+            fed.append(child)
+            continue
+        bound = partitioner.for_execution()
+        sampler = bound.sample if node.sampler and i == 0 else None
+        fed.append(c.add(PartitionOperator(
+            f"{node.label}Map", PartitionTransform(f"{node.label}Map", bound), child,
+            sampler=sampler, min_bundle_bytes=c.options.min_task_input_bytes,
+        )))
+    reducer = node.reducer.for_execution() if node.reducer is not None else None
+    transform = ReduceTransform(node.label, reducer, c.options.target_max_block_size) if reducer is not None else None
+    reduce = ReduceOperator(node.label, transform, fed, grouping=node.grouping, num_tasks=node.num_tasks,
+                            rows_per_task=node.rows_per_task, seed=node.seed)
+    if node.orders_output:
+        c.ordering.add(id(reduce))
+    return c.add(reduce)
+
+
+def _emit_in_order(op: PhysicalOperator) -> None:
+    """``op`` and what feeds it emit in input order (an exchange's output is ordered already)."""
+    if op.ordered_output:
+        return
+    op.ordered_output = True
+    for up in op.upstream:
+        _emit_in_order(up)
+
+
 def _union(c: _Compiler, node: Union) -> PhysicalOperator:
     children = [c.build(child) for child in node.children]
     return c.add(UnionOperator(children))
@@ -123,6 +162,7 @@ BUILDERS: dict[type, Callable[[_Compiler, Any], PhysicalOperator]] = {
     InputBlocks: _input,
     Limit: _limit,
     Union: _union,
+    Exchange: _exchange,
 }
 
 
@@ -135,12 +175,16 @@ def compile_plan(
     """Engine operators for ``node``, in topological order (the last is the output)."""
     c = _Compiler(options)
     last = c.build(node)
+    for op in c.ops:  # what follows a sort keeps its order
+        if any(id(up) in c.ordering for up in op.upstream):
+            op.ordered_output = True
+            c.ordering.add(id(op))
     if output != OUTPUT_BLOCKS:
         min_rows = getattr(sink, "min_rows_per_write", None) if sink is not None else None
         # a sink that wants a minimum of rows per write bundles blocks, whose row counts are
         # known; fused into a read it would be handed read tasks of unknown size
         reads_directly = isinstance(last, MapOperator) and not last.upstream
-        if not isinstance(last, MapOperator) or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly):
+        if type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly):
             last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,
                                      min_bundle_bytes=options.min_task_input_bytes))
         assert isinstance(last, MapOperator)

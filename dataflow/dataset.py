@@ -7,18 +7,23 @@ consuming call runs the plan again, except on a MaterializedDataset.
 
 from __future__ import annotations
 
-import math
+import functools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
+from dataflow import all_to_all
 from dataflow import builtins as bi
+from dataflow.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, Sum
 from dataflow.context import DataContext
+from dataflow.grouped import GroupedData, aggregate_node
 from dataflow.iterator import DataIterator
+from dataflow.join import join_node, zip_node
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
+from dataflow.shuffle import random_sample_batch
 from dataflow.udf import builtin_node, map_node
 from engine import runner
 from engine.runner import ExecutionHandle
@@ -191,6 +196,69 @@ class Dataset:
     def union(self, *other: Dataset) -> Dataset:
         """The rows of this dataset and the others."""
         return self._derive(Union((self._plan, *(o._plan for o in other))))
+
+    # all-to-all ------------------------------------------------------------------------------
+    def random_shuffle(self, *, seed: int | None = None, num_blocks: int | None = None, **ray_remote_args: Any) -> Dataset:
+        """The rows in a uniformly random order: with ``seed``, the same order on every run
+        (any number of workers, any block sizes); without, a different one each time."""
+        return self._derive(all_to_all.random_shuffle(self._plan, seed, num_blocks))
+
+    def randomize_block_order(self, *, seed: int | None = None) -> Dataset:
+        """The blocks in a random order; rows inside a block keep theirs (no data moves)."""
+        return self._derive(all_to_all.randomize_block_order(self._plan, seed))
+
+    def random_sample(self, fraction: float, *, seed: int | None = None) -> Dataset:
+        """Each row kept with probability ``fraction`` (about ``fraction`` of the rows)."""
+        if not 0 <= fraction <= 1:
+            msg = f"fraction must be between 0 and 1, got {fraction}"
+            raise ValueError(msg)
+        sample = functools.partial(random_sample_batch, fraction=fraction, seed=seed)
+        return self._derive(builtin_node(self._plan, "RandomSample", sample, preserves_rows=False))
+
+    def sort(self, key: str | list[str], descending: bool | list[bool] = False, boundaries: list[Any] | None = None) -> Dataset:
+        """Rows sorted by ``key`` (one column or several, ``descending`` per key); nulls and
+        NaNs last. Stable: rows with equal keys keep their order."""
+        return self._derive(all_to_all.sort(self._plan, key, descending, boundaries))
+
+    def repartition(
+        self,
+        num_blocks: int | None = None,
+        target_num_rows_per_block: int | None = None,
+        *,
+        shuffle: bool = False,
+        keys: str | list[str] | None = None,
+        sort: bool = False,
+    ) -> Dataset:
+        """``num_blocks`` blocks of about equal rows (in order; ``shuffle=True``: random rows;
+        ``keys``: rows with equal keys together), or blocks of ``target_num_rows_per_block``.
+        A ``write_*`` after it writes one file per block."""
+        return self._derive(all_to_all.repartition(self._plan, num_blocks, target_num_rows_per_block, shuffle, keys, sort))
+
+    def join(
+        self,
+        ds: Dataset,
+        join_type: str = "inner",
+        num_partitions: int | None = None,
+        on: tuple[str, ...] | list[str] | str = ("id",),
+        right_on: tuple[str, ...] | list[str] | str | None = None,
+        left_suffix: str | None = None,
+        right_suffix: str | None = None,
+        partition_size_hint: int | None = None,
+        aggregator_ray_remote_args: dict[str, Any] | None = None,
+        validate_schemas: bool = False,
+    ) -> Dataset:
+        """Rows of this dataset and ``ds`` whose ``on`` keys match (hash-partitioned;
+        ``join_type`` inner, left_outer, right_outer, full_outer, or a semi or anti join)."""
+        return self._derive(join_node(self._plan, ds._plan, join_type, num_partitions, on, right_on,
+                                      left_suffix, right_suffix))
+
+    def zip(self, *other: Dataset) -> Dataset:
+        """The columns of this dataset and the others, row by row (equal row counts, or
+        ``ValueError``); a duplicate column name gets a suffix (``id_1``)."""
+        if not other:
+            msg = "zip() needs at least one other dataset"
+            raise ValueError(msg)
+        return self._derive(zip_node([self._plan, *(o._plan for o in other)]))
 
     # consuming ------------------------------------------------------------------------------
     def iterator(self) -> DataIterator:
@@ -442,57 +510,50 @@ class Dataset:
         ))
 
     # aggregates -----------------------------------------------------------------------------
-    def _partials(self, on: str, ignore_nulls: bool) -> dict[str, Any]:
-        node = builtin_node(self._plan, f"Aggregate({on})", bi.PartialAggregate(on, ignore_nulls), preserves_rows=False)
-        rows = Dataset(node).take_all()
-        count = nulls = 0
-        total: Any = 0
-        mean = m2 = 0.0
-        lo: Any = None
-        hi: Any = None
-        for r in rows:
-            nulls += r["nulls"]
-            n = r["count"]
-            if not n:
-                continue
-            total += r["sum"]
-            lo = r["min"] if lo is None else min(lo, r["min"])
-            hi = r["max"] if hi is None else max(hi, r["max"])
-            delta = r["mean"] - mean
-            new = count + n
-            m2 += r["m2"] + delta * delta * count * n / new
-            mean += delta * n / new
-            count = new
-        return {"count": count, "nulls": nulls, "sum": total, "min": lo, "max": hi, "mean": mean, "m2": m2}
+    def groupby(self, key: str | list[str] | None) -> GroupedData:
+        """Rows grouped by ``key`` (a column or several; None: one group of all rows)."""
+        return GroupedData(self, key)
 
-    def _agg(self, on: str, ignore_nulls: bool) -> dict[str, Any] | None:
-        p = self._partials(on, ignore_nulls)
-        if p["count"] == 0 or (p["nulls"] and not ignore_nulls):
-            return None
-        return p
+    def aggregate(self, *aggs: AggregateFnV2) -> dict[str, Any] | None:
+        """Each aggregation over the whole dataset, as ``{name: value}`` (Ray's ``aggregate``)."""
+        rows = self._derive(aggregate_node(self._plan, (), aggs)).take_all()
+        if not rows:  # an empty dataset: what each aggregation gives for no rows
+            return {agg.name: (0 if isinstance(agg, Count) else None) for agg in aggs}
+        return rows[0]
 
-    def sum(self, on: str, ignore_nulls: bool = True) -> Any:
-        p = self._agg(on, ignore_nulls)
-        return p["sum"] if p else None
+    def _column_aggs(self, make: Callable[[str], AggregateFnV2], on: str | list[str] | None) -> Any:
+        if on is None:
+            columns = self.columns() or []
+        else:
+            columns = [on] if isinstance(on, str) else list(on)
+        result = self.aggregate(*(make(c) for c in columns))
+        if isinstance(on, str):
+            assert result is not None
+            return next(iter(result.values()))
+        return result
 
-    def min(self, on: str, ignore_nulls: bool = True) -> Any:
-        p = self._agg(on, ignore_nulls)
-        return p["min"] if p else None
+    def sum(self, on: str | list[str] | None = None, ignore_nulls: bool = True) -> Any:
+        """The sum of a column (a value), or of several (a dict ``{"sum(c)": ...}``)."""
+        return self._column_aggs(lambda c: Sum(c, ignore_nulls=ignore_nulls), on)
 
-    def max(self, on: str, ignore_nulls: bool = True) -> Any:
-        p = self._agg(on, ignore_nulls)
-        return p["max"] if p else None
+    def min(self, on: str | list[str] | None = None, ignore_nulls: bool = True) -> Any:
+        return self._column_aggs(lambda c: Min(c, ignore_nulls=ignore_nulls), on)
 
-    def mean(self, on: str, ignore_nulls: bool = True) -> Any:
-        p = self._agg(on, ignore_nulls)
-        return p["mean"] if p else None
+    def max(self, on: str | list[str] | None = None, ignore_nulls: bool = True) -> Any:
+        return self._column_aggs(lambda c: Max(c, ignore_nulls=ignore_nulls), on)
 
-    def std(self, on: str, ddof: int = 1, ignore_nulls: bool = True) -> Any:
+    def mean(self, on: str | list[str] | None = None, ignore_nulls: bool = True) -> Any:
+        return self._column_aggs(lambda c: Mean(c, ignore_nulls=ignore_nulls), on)
+
+    def std(self, on: str | list[str] | None = None, ddof: int = 1, ignore_nulls: bool = True) -> Any:
         """Standard deviation (sample, ``ddof=1``, as Ray Data)."""
-        p = self._agg(on, ignore_nulls)
-        if not p or p["count"] - ddof <= 0:
-            return None
-        return math.sqrt(p["m2"] / (p["count"] - ddof))
+        return self._column_aggs(lambda c: Std(c, ddof=ddof, ignore_nulls=ignore_nulls), on)
+
+    def unique(self, column: str, ignore_nulls: bool = True) -> list[Any]:
+        """The distinct values of ``column`` (nulls dropped unless ``ignore_nulls=False``)."""
+        rows = self.select_columns([column]).groupby(column).count().take_all()
+        values = [r[column] for r in rows]
+        return [v for v in values if v is not None] if ignore_nulls else values
 
     # introspection --------------------------------------------------------------------------
     def stats(self) -> str:

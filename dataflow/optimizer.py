@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dataflow.plan import FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Resources, Union
+from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Resources, Union
 
 READ_RESOURCES = Resources()
 """What a read task needs: the default (one CPU, no GPU, no custom resource)."""
@@ -39,6 +39,8 @@ def _rewrite(node: LogicalNode) -> LogicalNode:
         return replace(node, input=_rewrite(node.input))
     if isinstance(node, Union):
         return Union(tuple(_rewrite(c) for c in node.children))
+    if isinstance(node, Exchange):
+        return replace(node, children=tuple(_rewrite(c) for c in node.children))
     return node
 
 
@@ -126,6 +128,8 @@ def fuse_reads(node: LogicalNode) -> LogicalNode:
         return replace(node, input=fuse_reads(node.input))
     if isinstance(node, Union):
         return Union(tuple(fuse_reads(c) for c in node.children))
+    if isinstance(node, Exchange):
+        return replace(node, children=tuple(fuse_reads(c) for c in node.children))
     return node
 
 
@@ -146,4 +150,6 @@ def count_from_metadata(node: LogicalNode) -> int | None:
     if isinstance(node, Union):
         counts = [count_from_metadata(c) for c in node.children]
         return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+    if isinstance(node, Exchange) and node.preserves_rows:
+        return count_from_metadata(node.children[0])
     return None

@@ -152,6 +152,41 @@ class Union(LogicalNode):
         return self.children
 
 
+@dataclass(frozen=True, eq=False)
+class Exchange(LogicalNode):
+    """An all-to-all step: each input is partitioned (or, without a partitioner, fed as it is),
+    then reduced together after the last row is in (``engine.operators.exchange``)."""
+
+    children: tuple[LogicalNode, ...]
+    label: str
+    partitioners: tuple[Any, ...] = ()
+    """One per input (None: its blocks go straight to the reducer); empty: none at all."""
+    reducer: Any = None
+    grouping: str = "partitions"
+    """"partitions" (by the partitioners), "rows" (by global row ranges), "blocks" (no task:
+    the blocks in a random order)."""
+    num_tasks: int | None = None
+    rows_per_task: int | None = None
+    """With "rows": tasks of this many rows each (the last one shorter)."""
+    sampler: bool = False
+    """The first input's partitioner samples keys and partitions after the last block (sort)."""
+    ordered_input: bool = False
+    """What feeds it must emit in input order (a seeded shuffle, a stable sort, zip, repartition)."""
+    orders_output: bool = False
+    """Its output order is the result (sort): what follows keeps it."""
+    seed: int | None = None
+    preserves_rows: bool = False
+    """Its output has exactly its first input's rows (shuffle, sort, repartition)."""
+
+    @property
+    def inputs(self) -> tuple[LogicalNode, ...]:  # type: ignore[override]
+        return self.children
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+
 def explain(node: LogicalNode, indent: int = 0) -> str:
     """The plan as an indented tree, output at the top. Each node compiles to one operator, so
     a read fused with its maps is one line (``ReadX->Map(f)``) and a read apart is its own."""

@@ -115,7 +115,10 @@ class Execution:
             self.depth[id(op)] = 1 + max((self.depth[id(u)] for u in op.upstream), default=-1)
             for u in op.upstream:
                 u.downstream = op
-        ctx = OperatorContext(self.release, self._slice_head, options.preserve_order)
+        ctx = OperatorContext(
+            self.release, self._slice_head, options.preserve_order, store.get,
+            self.store_capacity, options.resolved_num_cpus(), self.fail,
+        )
         for op in ops:
             op.start(ctx)
         self._task_ops: list[MapOperator] = [op for op in ops if op.runs_tasks]  # type: ignore[misc]
@@ -280,7 +283,7 @@ class Execution:
             for ref in result.refs:
                 self.release(ref)
         else:
-            ordered = self.options.preserve_order
+            ordered = self.options.preserve_order or op.ordered_output
             for ref in op.in_order(pending.spec.task_index, result.refs) if ordered else result.refs:
                 op.emit(ref)
         self.route()

@@ -34,6 +34,9 @@ class BlockRef:
     size_bytes: int
     """Bytes of Arrow data (what budgets count)."""
     spilled: bool = False
+    partitions: bytes | None = None
+    """For an exchange's map output: the rows of each partition, as little-endian uint32
+    counts (the block's rows are grouped by partition, in partition order)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ inline slot, which is what keeps the two execution modes semantically identical.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -19,11 +20,13 @@ from typing import Any
 import pyarrow as pa
 
 from engine.object_store import BlockRef, BlockSlice, BlockStore
-from engine.transform import BlockTransform, UDFFailure
+from engine.transform import TaskTransform, UDFFailure
 
 OUTPUT_BLOCKS = "blocks"
 OUTPUT_COUNT = "count"
 OUTPUT_WRITE = "write"
+OUTPUT_PARTITIONS = "partitions"
+"""An exchange's map side: each block is stored grouped by partition, with its counts."""
 
 
 @dataclass
@@ -40,6 +43,9 @@ class TaskSpec:
     task_index: int = 0
     attempt: int = 0
     spill: bool = False
+    params: Any = None
+    """Plain data the transform needs for this task only (an exchange's row offset, the
+    number of inputs from each side of a reduce)."""
 
 
 @dataclass
@@ -95,7 +101,7 @@ def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
                 raise UDFFailure("Read", err, where) from err
 
 
-def run_task(spec: TaskSpec, transform: BlockTransform, store: BlockStore) -> TaskResult:
+def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:
     """Run ``spec`` to completion; failures come back as ``TaskResult.error``, never raised."""
     start, cpu_start = time.perf_counter(), time.process_time()
     io_start = _io_counters()
@@ -109,8 +115,15 @@ def run_task(spec: TaskSpec, transform: BlockTransform, store: BlockStore) -> Ta
 
             counted = _counting(transform(_input_blocks(spec, store)), result)
             result.value = spec.sink.write(counted, TaskContext(spec.task_index, spec.attempt))
+        elif spec.output == OUTPUT_PARTITIONS:
+            for block, counts in transform.partition(_input_blocks(spec, store), spec.params):  # type: ignore[attr-defined]
+                ref = dataclasses.replace(store.put(block, spill=spec.spill), partitions=counts)
+                written.append(ref)
+                result.num_rows += ref.num_rows
+                result.size_bytes += ref.size_bytes
+            result.refs = written
         else:
-            for block in transform(_input_blocks(spec, store)):
+            for block in transform(_input_blocks(spec, store), spec.params):
                 ref = store.put(block, spill=spec.spill)
                 written.append(ref)
                 result.num_rows += ref.num_rows

@@ -80,7 +80,19 @@ class Stage:
         return self._callable  # type: ignore[no-any-return]
 
 
-class BlockTransform:
+class TaskTransform:
+    """What a task runs over its input blocks; pickled once per operator, cached by workers."""
+
+    name: str = "Transform"
+
+    def prepare(self) -> None:
+        """Construct what is costly once per worker (an actor's callable class)."""
+
+    def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
+        raise NotImplementedError
+
+
+class BlockTransform(TaskTransform):
     """Run a list of stages over a stream of blocks."""
 
     def __init__(self, stages: list[Stage], target_block_bytes: int = 128 << 20) -> None:
@@ -96,7 +108,7 @@ class BlockTransform:
         for stage in self.stages:
             stage.prepare()
 
-    def __call__(self, blocks: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
         return _shape_output(self._run(iter(blocks), len(self.stages)), self.target_block_bytes)
 
     def count_rows(self, blocks: Iterable[pa.Table]) -> int:
@@ -126,7 +138,8 @@ class BlockTransform:
         return stream
 
 
-def _call(stage: Stage, fn: Callable[..., Any], value: Any) -> Any:
+def call_stage(stage: Stage, fn: Callable[..., Any], value: Any) -> Any:
+    """``fn(value)`` with the stage's arguments; what it raises is reported as the stage's."""
     try:
         return fn(value, *stage.fn_args, **stage.fn_kwargs)
     except UDFFailure:
@@ -219,7 +232,7 @@ def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Ta
     fn = stage.prepare()
     for batch in _rebatch(blocks, stage.batch_size):
         formatted = to_batch(batch, stage.batch_format)
-        result = _call(stage, fn, formatted)
+        result = call_stage(stage, fn, formatted)
         outputs = result if inspect.isgenerator(result) else (result,)
         try:
             for out in outputs:

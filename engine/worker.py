@@ -16,7 +16,7 @@ from engine import protocol, serialization
 from engine.forkserver import frameworks_imported
 from engine.object_store import SharedMemoryStore
 from engine.task import TaskResult, TaskSpec, describe_error, run_task
-from engine.transform import BlockTransform, UDFFailure
+from engine.transform import TaskTransform, UDFFailure
 
 
 def main(
@@ -39,7 +39,7 @@ def main(
     pa.set_cpu_count(1)
     pa.set_io_thread_count(max(4, pa.io_thread_count()))
     store = SharedMemoryStore(shm_dir, spill_dir, owner=f"{worker_id}.{os.getpid()}")
-    transforms: dict[str, BlockTransform] = {}
+    transforms: dict[str, TaskTransform] = {}
     reported = set(frameworks_imported())  # what the zygote already has
     ctx = zmq.Context()
     sock = WorkerSocket(
@@ -67,7 +67,7 @@ def main(
         ctx.term()
 
 
-def _serve_task(msg: protocol.RunTask, transforms: dict[str, BlockTransform], store: SharedMemoryStore) -> TaskResult:
+def _serve_task(msg: protocol.RunTask, transforms: dict[str, TaskTransform], store: SharedMemoryStore) -> TaskResult:
     for entry in msg.sys_path or ():
         if entry not in sys.path:
             sys.path.append(entry)
@@ -88,9 +88,9 @@ def _serve_task(msg: protocol.RunTask, transforms: dict[str, BlockTransform], st
     return run_task(spec, transform, store)
 
 
-def load_transform(data: bytes) -> BlockTransform:
+def load_transform(data: bytes) -> TaskTransform:
     transform: Any = serialization.loads(data)
-    if not isinstance(transform, BlockTransform):
-        msg = f"expected a BlockTransform, got {type(transform).__name__}"
+    if not isinstance(transform, TaskTransform):
+        msg = f"expected a TaskTransform, got {type(transform).__name__}"
         raise TypeError(msg)
     return transform

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from engine.object_store import BlockRef
 
 
@@ -53,6 +55,12 @@ class OperatorContext:
     slice_head: Callable[[BlockRef, int], BlockRef]
     """A new block holding the first n rows of a block (counted like the block's producer's)."""
     preserve_order: bool
+    read: Callable[[BlockRef], pa.Table]
+    """A block's table, read in the driver (an exchange samples sort keys with it)."""
+    store_capacity: int
+    num_cpus: int
+    fail: Callable[[BaseException], None]
+    """End the execution with this error (a user mistake found by an operator on the driver)."""
 
 
 class PhysicalOperator:
@@ -69,6 +77,9 @@ class PhysicalOperator:
         self.inputs_done = not upstream
         self._upstream_done: set[int] = set()
         self.cancelled = False
+        self.ordered_output = False
+        """Emit outputs in input order whatever the execution's ``preserve_order`` (set on
+        what feeds an exchange that needs its input in order, and on what follows a sort)."""
         self.held_bytes = 0
         """Bytes of the live blocks this operator produced, wherever they wait (its memory
         footprint). Written only by the execution's ownership table, never by operators."""

@@ -21,7 +21,7 @@ from engine import serialization
 from engine.object_store import BlockRef, BlockSlice
 from engine.operators.base import PhysicalOperator
 from engine.operators.source import WAITING, BackgroundSource
-from engine.task import OUTPUT_BLOCKS, TaskResult, TaskSpec
+from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, TaskResult, TaskSpec
 from engine.transform import BlockTransform
 
 EXACT_TASK_BYTES = 32 << 20
@@ -307,7 +307,7 @@ class MapOperator(PhysicalOperator):
         block), so a first wave of tasks cannot overshoot a budget by the CPU count. Counting and
         writing tasks leave no blocks behind: 0.
         """
-        if self.output != OUTPUT_BLOCKS:
+        if self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
             return 0.0
         if self._out_bytes_per_task is not None:
             return self._out_bytes_per_task
@@ -315,7 +315,7 @@ class MapOperator(PhysicalOperator):
 
     def learned_output_bytes(self) -> float | None:
         """Bytes a task left in the store, on average, once one has finished (else None)."""
-        if self.output != OUTPUT_BLOCKS:
+        if self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
             return 0.0
         return self._out_bytes_per_task
 

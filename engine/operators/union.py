@@ -20,7 +20,7 @@ class UnionOperator(PhysicalOperator):
         self._current = 0
 
     def start(self, ctx: OperatorContext) -> None:
-        self.ordered = ctx.preserve_order
+        self.ordered = ctx.preserve_order or self.ordered_output
 
     def add_input(self, item: Any, index: int) -> None:
         if not self.ordered or index == self._current:

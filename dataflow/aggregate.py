@@ -1,0 +1,436 @@
+"""Aggregations with Ray Data's names and semantics (``ray.data.aggregate``).
+
+Built-ins (``Count``, ``Sum``, ``Min``, ``Max``, ``Mean``, ``Std``, ``AbsMax``) are
+decomposable: each map task reduces its rows to partial states per group with Arrow's hash
+aggregation, so only one row per group and block crosses the exchange, and reducers combine the
+states and finish them. The rest (``Quantile``, ``Unique``, ``AsList``, ``CountDistinct``, a
+user's ``AggregateFnV2`` or ``AggregateFn``) see whole groups: rows are partitioned by key and
+each group is aggregated where it lands. Output columns are named as Ray names them
+(``count()``, ``sum(v)``, ``mean(v)``...), or ``alias_name``. Nulls are skipped unless
+``ignore_nulls=False``, which makes a group with a null aggregate to null, as in Ray.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.exchange import concat
+from engine.transform import USER_ERRORS, UDFFailure, udf_name
+
+ROW_INDEX = "__dataflow_row"
+
+
+class AggregateFnV2:
+    """A user-defined aggregation, as Ray's: ``aggregate_block`` turns one group's rows (a
+    pyarrow Table) into an accumulator, ``combine`` merges two, ``finalize`` gives the value."""
+
+    def __init__(self, name: str, zero_factory: Callable[[], Any], *, on: str | None, ignore_nulls: bool) -> None:
+        self.name = name
+        self.zero_factory = zero_factory
+        self.on = on
+        self.ignore_nulls = ignore_nulls
+
+    def get_target_column(self) -> str | None:
+        return self.on
+
+    def aggregate_block(self, block: pa.Table) -> Any:
+        raise NotImplementedError
+
+    def combine(self, current_accumulator: Any, new: Any) -> Any:
+        raise NotImplementedError
+
+    def finalize(self, accumulator: Any) -> Any:
+        return accumulator
+
+    # how dataflow runs it ---------------------------------------------------------------------
+    partial_kind: str | None = None
+    """For built-ins: the Arrow aggregation whose states combine (see ``_PARTIALS``)."""
+
+    def columns(self) -> list[str] | None:
+        """Columns it reads (None: all of them)."""
+        return [self.on] if self.on is not None else []
+
+    def of_group(self, group: pa.Table) -> Any:
+        """The finished value for one whole group."""
+        return self.finalize(self.combine(self.zero_factory(), self.aggregate_block(group)))
+
+
+class AggregateFn(AggregateFnV2):
+    """Ray's first aggregation interface: ``init(key)``, ``accumulate_row(acc, row)`` or
+    ``accumulate_block(acc, block)``, ``merge(a, b)``, ``finalize(acc)``."""
+
+    def __init__(
+        self,
+        init: Callable[[Any], Any],
+        merge: Callable[[Any, Any], Any],
+        accumulate_row: Callable[[Any, dict[str, Any]], Any] | None = None,
+        accumulate_block: Callable[[Any, pa.Table], Any] | None = None,
+        finalize: Callable[[Any], Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if (accumulate_row is None) == (accumulate_block is None):
+            msg = "AggregateFn needs exactly one of accumulate_row and accumulate_block"
+            raise ValueError(msg)
+        super().__init__(name or udf_name(accumulate_row or accumulate_block), lambda: None, on=None, ignore_nulls=False)
+        self.init, self.merge = init, merge
+        self.accumulate_row, self.accumulate_block = accumulate_row, accumulate_block
+        self._finalize = finalize
+
+    def columns(self) -> list[str] | None:
+        return None
+
+    def of_group_keyed(self, group: pa.Table, key: Any) -> Any:
+        acc = self.init(key)
+        if self.accumulate_block is not None:
+            acc = self.accumulate_block(acc, group)
+        else:
+            assert self.accumulate_row is not None
+            for row in group.to_pylist():
+                acc = self.accumulate_row(acc, row)
+        return self._finalize(acc) if self._finalize is not None else acc
+
+
+def _default_name(kind: str, on: str | None, alias_name: str | None) -> str:
+    return alias_name or f"{kind}({on or ''})"
+
+
+class _BuiltIn(AggregateFnV2):
+    kind = ""
+
+    def __init__(self, on: str | None = None, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
+        super().__init__(_default_name(self.kind, on, alias_name), lambda: None, on=on, ignore_nulls=ignore_nulls)
+
+    def _values(self, block: pa.Table) -> pa.ChunkedArray:
+        assert self.on is not None
+        return block.column(self.on)
+
+    def of_group(self, group: pa.Table) -> Any:
+        values = self._values(group)
+        if not self.ignore_nulls and values.null_count:
+            return None
+        return self._value(values.drop_null())
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        raise NotImplementedError
+
+    def aggregate_block(self, block: pa.Table) -> Any:
+        return self.of_group(block)
+
+
+class Count(_BuiltIn):
+    kind = "count"
+    partial_kind = "count"
+
+    def __init__(self, on: str | None = None, ignore_nulls: bool = False, alias_name: str | None = None) -> None:
+        super().__init__(on, ignore_nulls, alias_name)
+
+    def of_group(self, group: pa.Table) -> Any:
+        if self.on is None or not self.ignore_nulls:
+            return group.num_rows
+        return len(group.column(self.on)) - group.column(self.on).null_count
+
+
+class Sum(_BuiltIn):
+    kind = "sum"
+    partial_kind = "sum"
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return pc.sum(values).as_py() if len(values) else None
+
+
+class Min(_BuiltIn):
+    kind = "min"
+    partial_kind = "min"
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return pc.min(values).as_py() if len(values) else None
+
+
+class Max(_BuiltIn):
+    kind = "max"
+    partial_kind = "max"
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return pc.max(values).as_py() if len(values) else None
+
+
+class AbsMax(_BuiltIn):
+    kind = "abs_max"
+    partial_kind = "abs_max"
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return pc.max(pc.abs(values)).as_py() if len(values) else None
+
+
+class Mean(_BuiltIn):
+    kind = "mean"
+    partial_kind = "mean"
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return pc.mean(values).as_py() if len(values) else None
+
+
+class Std(_BuiltIn):
+    kind = "std"
+    partial_kind = "std"
+
+    def __init__(self, on: str | None = None, ddof: int = 1, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
+        super().__init__(on, ignore_nulls, alias_name)
+        self.ddof = ddof
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        if len(values) - self.ddof <= 0:
+            return None if len(values) == 0 else 0.0
+        return pc.stddev(values, ddof=self.ddof).as_py()
+
+
+class Quantile(_BuiltIn):
+    kind = "quantile"
+
+    def __init__(self, on: str | None = None, q: float = 0.5, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
+        super().__init__(on, ignore_nulls, alias_name)
+        self.q = q
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        if not len(values):
+            return None
+        ordered = sorted(values.to_pylist())
+        index = (len(ordered) - 1) * self.q  # Ray: linear interpolation between the neighbours
+        lo, hi = math.floor(index), math.ceil(index)
+        if lo == hi:
+            return ordered[int(index)]
+        return ordered[lo] * (hi - index) + ordered[hi] * (index - lo)
+
+
+class Unique(_BuiltIn):
+    kind = "unique"
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return pc.unique(values).to_pylist()
+
+
+class AsList(_BuiltIn):
+    kind = "list"
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return values.to_pylist()
+
+
+class CountDistinct(_BuiltIn):
+    kind = "count_distinct"
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return len(pc.unique(values))
+
+
+# partial aggregation of the built-ins ------------------------------------------------------
+def _skip(agg: AggregateFnV2) -> pc.ScalarAggregateOptions:
+    return pc.ScalarAggregateOptions(skip_nulls=agg.ignore_nulls, min_count=1)
+
+
+def _partial_specs(i: int, agg: AggregateFnV2) -> list[tuple[Any, str, Any, str]]:
+    """(column, arrow aggregation, options, state name) computing ``agg``'s states from rows."""
+    on, kind = agg.on, agg.partial_kind
+    if kind == "count":
+        if on is None or not agg.ignore_nulls:
+            return [([], "count_all", None, f"s{i}")]
+        return [(on, "count", pc.CountOptions(mode="only_valid"), f"s{i}")]
+    if kind in ("sum", "min", "max"):
+        return [(on, kind, _skip(agg), f"s{i}")]
+    if kind == "abs_max":
+        return [(f"__abs{i}", "max", _skip(agg), f"s{i}")]
+    if kind in ("mean", "std"):
+        specs = [
+            (on, "sum", _skip(agg), f"s{i}_sum"),
+            (on, "count", pc.CountOptions(mode="only_valid"), f"s{i}_n"),
+        ]
+        if kind == "std":
+            specs.append((on, "variance", pc.VarianceOptions(ddof=0, skip_nulls=agg.ignore_nulls, min_count=1), f"s{i}_var"))
+        return specs
+    msg = f"{agg.name} has no partial aggregation"
+    raise TypeError(msg)
+
+
+def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
+    """One row per group of ``table`` with every aggregation's states (the map side)."""
+    _check_columns(table, keys, aggs)
+    for i, agg in enumerate(aggs):
+        if agg.partial_kind == "abs_max":
+            table = table.append_column(f"__abs{i}", pc.abs(table.column(agg.on)))
+    specs = [spec for i, agg in enumerate(aggs) for spec in _partial_specs(i, agg)]
+    grouped = table.group_by(list(keys), use_threads=False).aggregate(
+        [(column, func, opts) if opts is not None else (column, func) for column, func, opts, _ in specs]
+    )
+    # the keys first, then the aggregations in order (by position: names may repeat, "v_sum")
+    columns = {k: grouped.column(k) for k in keys}
+    for j, (*_, state) in enumerate(specs):
+        columns[state] = grouped.column(len(keys) + j)
+    return pa.table(columns)
+
+
+def combine_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
+    """The finished aggregations from partial states (the reduce side)."""
+    specs: list[tuple[str, str, Any]] = []
+    for i, agg in enumerate(aggs):
+        kind = agg.partial_kind
+        skip = pc.ScalarAggregateOptions(skip_nulls=agg.ignore_nulls or kind == "count", min_count=1)
+        if kind == "count":
+            specs.append((f"s{i}", "sum", skip))
+        elif kind in ("sum", "min", "max", "abs_max"):
+            specs.append((f"s{i}", {"abs_max": "max"}.get(kind or "", kind or ""), skip))
+        else:
+            specs.append((f"s{i}_sum", "sum", skip))
+            specs.append((f"s{i}_n", "sum", skip))
+            if kind == "std":
+                mean = pc.divide(pc.cast(table.column(f"s{i}_sum"), pa.float64()), table.column(f"s{i}_n"))
+                m2 = pc.multiply(table.column(f"s{i}_var"), pc.cast(table.column(f"s{i}_n"), pa.float64()))
+                table = table.append_column(f"s{i}_m2", m2)
+                table = table.append_column(f"s{i}_sq", pc.multiply(pc.multiply(mean, mean), table.column(f"s{i}_n")))
+                specs.append((f"s{i}_m2", "sum", skip))
+                specs.append((f"s{i}_sq", "sum", skip))
+    grouped = table.group_by(list(keys), use_threads=False).aggregate(specs)
+    columns = {k: grouped.column(k) for k in keys}
+    for i, agg in enumerate(aggs):
+        kind = agg.partial_kind
+        if kind in ("count", "sum", "min", "max", "abs_max"):
+            func = {"abs_max": "max", "count": "sum"}.get(kind or "", kind or "")
+            value = grouped.column(f"s{i}_{func}")
+            if kind == "count":
+                value = pc.fill_null(value, 0)
+        else:
+            total = pc.cast(grouped.column(f"s{i}_sum_sum"), pa.float64())
+            n = pc.cast(grouped.column(f"s{i}_n_sum"), pa.float64())
+            mean = pc.if_else(pc.greater(n, 0), pc.divide(total, n), pa.scalar(None, pa.float64()))
+            if kind == "mean":
+                value = mean
+            else:
+                assert isinstance(agg, Std)
+                m2 = pc.subtract(
+                    pc.add(grouped.column(f"s{i}_m2_sum"), grouped.column(f"s{i}_sq_sum")),
+                    pc.multiply(pc.multiply(mean, mean), n),
+                )
+                var = pc.divide(pc.max_element_wise(m2, 0.0), pc.subtract(n, agg.ddof))
+                value = pc.if_else(pc.greater(n, agg.ddof), pc.sqrt(var),
+                                   pc.if_else(pc.greater(n, 0), 0.0, pa.scalar(None, pa.float64())))
+        columns[agg.name] = value
+    return pa.table(columns)
+
+
+def decomposable(aggs: Sequence[AggregateFnV2]) -> bool:
+    """True when every aggregation has partial states (the built-ins but Quantile and lists)."""
+    return all(agg.partial_kind is not None for agg in aggs)
+
+
+def _check_columns(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> None:
+    for name in [*keys, *(c for a in aggs for c in (a.columns() or []))]:
+        if name not in table.column_names:
+            msg = f"column {name!r} not found; the dataset has {table.column_names}"
+            raise KeyError(msg)
+
+
+def needed_columns(keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> list[str] | None:
+    """The columns the aggregations read, keys first (None: every column)."""
+    wanted = list(keys)
+    for agg in aggs:
+        columns = agg.columns()
+        if columns is None:
+            return None
+        wanted += [c for c in columns if c not in wanted]
+    return wanted
+
+
+# whole groups ------------------------------------------------------------------------------
+def groups(table: pa.Table, keys: Sequence[str]) -> Iterator[tuple[Any, pa.Table]]:
+    """(key, rows) of each group of ``table``, in key order (nulls last), rows in input order."""
+    if not keys:
+        yield None, table
+        return
+    indexed = table.select(list(keys)).append_column(ROW_INDEX, pa.array(np.arange(table.num_rows)))
+    listed = indexed.group_by(list(keys), use_threads=False).aggregate([(ROW_INDEX, "list")])
+    listed = listed.take(pc.sort_indices(listed, sort_keys=[(k, "ascending", "at_end") for k in keys]))
+    key_rows = listed.select(list(keys)).to_pylist()
+    for key_row, rows in zip(key_rows, listed.column(f"{ROW_INDEX}_list").to_pylist(), strict=True):
+        key = key_row[keys[0]] if len(keys) == 1 else tuple(key_row[k] for k in keys)
+        yield key, table.take(pa.array(rows, type=pa.int64()))
+
+
+def aggregate_groups(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
+    """Every aggregation over every whole group of ``table`` (the path for non-built-ins)."""
+    _check_columns(table, keys, aggs)
+    out: dict[str, list[Any]] = {k: [] for k in keys}
+    for agg in aggs:
+        out[agg.name] = []
+    for key, group in groups(table, keys):
+        for k in keys:
+            out[k].append(group.column(k)[0].as_py() if group.num_rows else None)
+        for agg in aggs:
+            try:
+                if isinstance(agg, AggregateFn):
+                    value = agg.of_group_keyed(group, key)
+                else:
+                    value = agg.of_group(group)
+            except USER_ERRORS as err:
+                raise UDFFailure(agg.name, err) from err
+            out[agg.name].append(value)
+    columns = {}
+    for name, values in out.items():
+        columns[name] = pa.array(values, type=table.schema.field(name).type) if name in keys else _to_array(values)
+    return pa.table(columns)
+
+
+def _to_array(values: list[Any]) -> pa.Array:
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([repr(v) for v in values])
+
+
+def sort_by_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    if not keys or table.num_rows < 2:
+        return table
+    return table.take(pc.sort_indices(table, sort_keys=[(k, "ascending", "at_end") for k in keys]))
+
+
+class PartialAggPartitioner:
+    """Map side of a decomposable aggregation: partial states, hash-partitioned by key."""
+
+    def __init__(self, keys: Sequence[str], aggs: Sequence[AggregateFnV2], num_partitions: int) -> None:
+        self.keys, self.aggs, self.num_partitions = tuple(keys), tuple(aggs), num_partitions
+
+    def for_execution(self) -> PartialAggPartitioner:
+        return self
+
+    def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
+        from dataflow.shuffle import key_hashes, spread
+
+        states = partial_states(table, self.keys, self.aggs)
+        if not self.keys:
+            return states, np.zeros(states.num_rows, dtype=np.intp)
+        return states, spread(key_hashes(states, self.keys), self.num_partitions)
+
+
+class AggregateReducer:
+    """Reduce side of a groupby aggregation: one output row per group, sorted by key."""
+
+    exact_blocks = False
+
+    def __init__(self, keys: Sequence[str], aggs: Sequence[AggregateFnV2], partial: bool) -> None:
+        self.keys, self.aggs, self.partial = tuple(keys), tuple(aggs), partial
+
+    def for_execution(self) -> AggregateReducer:
+        return self
+
+    def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
+        if not sides[0]:
+            return
+        table = concat(sides[0])
+        if self.partial:
+            yield sort_by_keys(combine_states(table, self.keys, self.aggs), self.keys)
+        else:
+            yield aggregate_groups(table, self.keys, self.aggs)

@@ -1,0 +1,82 @@
+"""The plan nodes of the all-to-all steps of ``Dataset`` (shuffle, sort, repartition...).
+
+Each is one ``Exchange`` node: which partitioner feeds it, which reducer finishes it, whether
+its input must arrive in order. The kernels live in ``dataflow.shuffle`` and ``dataflow.sort``;
+the operators that run them in ``engine.operators.exchange``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dataflow.plan import Exchange, LogicalNode
+from dataflow.shuffle import ConcatReducer, HashPartitioner, RandomPartitioner, ShuffleReducer
+from dataflow.sort import RangePartitioner, SortKey, SortReducer
+from engine.exchange import FINE_PARTITIONS
+
+
+def random_shuffle(plan: LogicalNode, seed: int | None, num_blocks: int | None = None) -> Exchange:
+    partitions = max(FINE_PARTITIONS, num_blocks or 0)
+    return Exchange(
+        (plan,), "RandomShuffle", (RandomPartitioner(seed, partitions),), ShuffleReducer(exact_blocks=num_blocks is not None),
+        num_tasks=num_blocks, ordered_input=seed is not None, preserves_rows=True,
+    )
+
+
+def randomize_block_order(plan: LogicalNode, seed: int | None) -> Exchange:
+    return Exchange((plan,), "RandomizeBlockOrder", grouping="blocks", seed=seed,
+                    ordered_input=seed is not None, preserves_rows=True)
+
+
+def sort(plan: LogicalNode, key: str | Sequence[str], descending: bool | Sequence[bool],
+         boundaries: Sequence[Any] | None) -> Exchange:
+    sort_key = SortKey.of(key, descending)
+    partitioner = RangePartitioner(sort_key)
+    if boundaries is not None:
+        partitioner = partitioner.with_boundaries(list(boundaries))
+    return Exchange(
+        (plan,), "Sort", (partitioner,), SortReducer(sort_key), sampler=boundaries is None,
+        ordered_input=True, orders_output=True, preserves_rows=True,
+        num_tasks=len(boundaries) + 1 if boundaries is not None else None,
+    )
+
+
+def repartition(
+    plan: LogicalNode,
+    num_blocks: int | None,
+    target_num_rows_per_block: int | None,
+    shuffle: bool,
+    keys: Sequence[str] | str | None,
+    sort: bool,
+) -> Exchange:
+    if (num_blocks is None) == (target_num_rows_per_block is None):
+        msg = "repartition() needs exactly one of num_blocks and target_num_rows_per_block"
+        raise ValueError(msg)
+    if num_blocks is not None and num_blocks < 1:
+        msg = f"num_blocks must be >= 1, got {num_blocks}"
+        raise ValueError(msg)
+    if target_num_rows_per_block is not None:
+        if target_num_rows_per_block < 1:
+            msg = f"target_num_rows_per_block must be >= 1, got {target_num_rows_per_block}"
+            raise ValueError(msg)
+        if shuffle or keys:
+            msg = "target_num_rows_per_block cannot be combined with shuffle or keys"
+            raise ValueError(msg)
+        return Exchange((plan,), f"Repartition[rows={target_num_rows_per_block}]", reducer=ConcatReducer(),
+                        grouping="rows", rows_per_task=target_num_rows_per_block, ordered_input=True, preserves_rows=True)
+    assert num_blocks is not None
+    if keys:
+        columns = [keys] if isinstance(keys, str) else list(keys)
+        reducer: Any = SortReducer(SortKey.of(columns)) if sort else ConcatReducer()
+        if sort:
+            reducer.exact_blocks = True
+        return Exchange((plan,), f"Repartition[{num_blocks}, keys]",
+                        (HashPartitioner(columns, max(FINE_PARTITIONS, num_blocks)),), reducer,
+                        num_tasks=num_blocks, preserves_rows=True)
+    if shuffle:
+        return Exchange((plan,), f"Repartition[{num_blocks}, shuffle]",
+                        (RandomPartitioner(None, max(FINE_PARTITIONS, num_blocks)),), ShuffleReducer(exact_blocks=True),
+                        num_tasks=num_blocks, preserves_rows=True)
+    return Exchange((plan,), f"Repartition[{num_blocks}]", reducer=ConcatReducer(), grouping="rows",
+                    num_tasks=num_blocks, ordered_input=True, preserves_rows=True)

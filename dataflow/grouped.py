@@ -1,0 +1,186 @@
+"""``Dataset.groupby``: aggregations per group and ``map_groups``, as hash exchanges.
+
+``GroupedData`` mirrors Ray's: ``count``, ``sum``, ``min``, ``max``, ``mean``, ``std`` (one
+column, several, or all but the keys), ``aggregate(*aggs)`` and ``map_groups(fn)``. Output rows
+of an aggregation come sorted by key within each reduce task's range of groups; ``map_groups``
+calls ``fn`` once per whole group, the group's rows in input order.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from dataflow.aggregate import (
+    AggregateFnV2,
+    AggregateReducer,
+    Count,
+    Max,
+    Mean,
+    Min,
+    PartialAggPartitioner,
+    Std,
+    Sum,
+    decomposable,
+    groups,
+    needed_columns,
+)
+from dataflow.plan import Exchange, LogicalNode
+from dataflow.shuffle import HashPartitioner
+from engine.block_format import to_batch, to_block
+from engine.exchange import FINE_PARTITIONS, concat
+from engine.transform import USER_ERRORS, Stage, UDFFailure, call_stage, udf_name
+
+if TYPE_CHECKING:
+    from dataflow.dataset import Dataset
+
+
+def keys_of(key: str | Sequence[str] | None) -> tuple[str, ...]:
+    if key is None:
+        return ()
+    keys = (key,) if isinstance(key, str) else tuple(key)
+    if not all(isinstance(k, str) for k in keys):
+        msg = f"group key must be a column name or a list of them, got {key!r}"
+        raise ValueError(msg)
+    return keys
+
+
+class _Projecting(HashPartitioner):
+    """Hash partitioning of the columns an aggregation reads (the rest is dropped at once)."""
+
+    def __init__(self, keys: Sequence[str], columns: list[str] | None, num_partitions: int) -> None:
+        super().__init__(keys, num_partitions)
+        self.columns = columns
+
+    def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, Any]:
+        if self.columns is not None:
+            missing = [c for c in self.columns if c not in table.column_names]
+            if missing:
+                msg = f"column {missing[0]!r} not found; the dataset has {table.column_names}"
+                raise KeyError(msg)
+            table = table.select(self.columns)
+        if not self.keys:
+            import numpy as np
+
+            return table, np.zeros(table.num_rows, dtype=np.intp)
+        return super().assign(table, row_offset)
+
+
+def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[AggregateFnV2]) -> Exchange:
+    if not aggs:
+        msg = "aggregate() needs at least one aggregation"
+        raise ValueError(msg)
+    for agg in aggs:
+        if not isinstance(agg, AggregateFnV2):
+            msg = f"aggregations must be AggregateFn or AggregateFnV2 objects, got {type(agg).__name__}"
+            raise TypeError(msg)
+    partitions = FINE_PARTITIONS if keys else 1
+    partial = decomposable(aggs)
+    partitioner: Any = (PartialAggPartitioner(keys, aggs, partitions) if partial
+                        else _Projecting(keys, needed_columns(keys, aggs), partitions))
+    label = f"Aggregate[{', '.join(keys)}]" if keys else "Aggregate"
+    return Exchange((plan,), label, (partitioner,), AggregateReducer(keys, aggs, partial))
+
+
+class MapGroupsReducer:
+    """Calls the user's function once per whole group (a callable class once per worker)."""
+
+    exact_blocks = False
+
+    def __init__(self, keys: tuple[str, ...], stage: Stage) -> None:
+        self.keys = keys
+        self.stage = stage
+        self.name = stage.name
+
+    def for_execution(self) -> MapGroupsReducer:
+        return self
+
+    def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
+        if not sides[0]:
+            return
+        fn = self.stage.prepare()
+        table = concat(sides[0])
+        missing = [k for k in self.keys if k not in table.column_names]
+        if missing:
+            msg = f"group key column {missing[0]!r} not found; the dataset has {table.column_names}"
+            raise KeyError(msg)
+        for _, group in groups(table, self.keys):
+            result = call_stage(self.stage, fn, to_batch(group, self.stage.batch_format))
+            try:
+                for out in result if inspect.isgenerator(result) else (result,):
+                    yield to_block(out)
+            except UDFFailure:
+                raise
+            except USER_ERRORS as err:
+                raise UDFFailure(self.name, err) from err
+
+
+class GroupedData:
+    """Rows grouped by ``key`` (``Dataset.groupby``); each method returns a new Dataset."""
+
+    def __init__(self, dataset: Dataset, key: str | Sequence[str] | None) -> None:
+        self._dataset = dataset
+        self._keys = keys_of(key)
+
+    def __repr__(self) -> str:
+        return f"GroupedData(dataset={self._dataset!r}, key={list(self._keys)!r})"
+
+    def aggregate(self, *aggs: AggregateFnV2) -> Dataset:
+        return self._dataset._derive(aggregate_node(self._dataset._plan, self._keys, aggs))
+
+    def count(self) -> Dataset:
+        return self.aggregate(Count())
+
+    def _columns(self, on: str | Sequence[str] | None) -> list[str]:
+        if on is None:
+            return [c for c in self._dataset.columns() if c not in self._keys]
+        return [on] if isinstance(on, str) else list(on)
+
+    def sum(self, on: str | Sequence[str] | None = None, ignore_nulls: bool = True) -> Dataset:
+        return self.aggregate(*(Sum(c, ignore_nulls=ignore_nulls) for c in self._columns(on)))
+
+    def min(self, on: str | Sequence[str] | None = None, ignore_nulls: bool = True) -> Dataset:
+        return self.aggregate(*(Min(c, ignore_nulls=ignore_nulls) for c in self._columns(on)))
+
+    def max(self, on: str | Sequence[str] | None = None, ignore_nulls: bool = True) -> Dataset:
+        return self.aggregate(*(Max(c, ignore_nulls=ignore_nulls) for c in self._columns(on)))
+
+    def mean(self, on: str | Sequence[str] | None = None, ignore_nulls: bool = True) -> Dataset:
+        return self.aggregate(*(Mean(c, ignore_nulls=ignore_nulls) for c in self._columns(on)))
+
+    def std(self, on: str | Sequence[str] | None = None, ddof: int = 1, ignore_nulls: bool = True) -> Dataset:
+        return self.aggregate(*(Std(c, ddof=ddof, ignore_nulls=ignore_nulls) for c in self._columns(on)))
+
+    def map_groups(
+        self,
+        fn: Any,
+        *,
+        compute: Any = None,
+        batch_format: str | None = "default",
+        fn_args: Any = None,
+        fn_kwargs: Any = None,
+        fn_constructor_args: Any = None,
+        fn_constructor_kwargs: Any = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        concurrency: int | tuple[int, int] | None = None,
+        **ray_remote_args: Any,
+    ) -> Dataset:
+        """``fn`` applied to each whole group (a batch in ``batch_format``); it returns a batch,
+        or yields several."""
+        if not callable(fn):
+            msg = f"map_groups needs a function or a callable class, got {type(fn).__name__}"
+            raise TypeError(msg)
+        stage = Stage(
+            name=f"MapGroups({udf_name(fn)})", kind="batches", fn=fn, fn_args=tuple(fn_args or ()),
+            fn_kwargs=dict(fn_kwargs or {}), fn_constructor_args=tuple(fn_constructor_args or ()),
+            fn_constructor_kwargs=dict(fn_constructor_kwargs or {}), batch_format=batch_format or "default",
+        )
+        reducer = MapGroupsReducer(self._keys, stage)
+        node = Exchange((self._dataset._plan,), reducer.name,
+                        (HashPartitioner(self._keys, FINE_PARTITIONS) if self._keys else _Projecting((), None, 1),),
+                        reducer)
+        return self._dataset._derive(node)

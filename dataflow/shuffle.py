@@ -1,0 +1,136 @@
+"""Random and hash exchanges: ``random_shuffle``, ``repartition`` and what a hash join or a
+groupby partitions by.
+
+A random shuffle gives each row a 64-bit key from a counter-based hash of (seed, the row's
+global position): the key picks the row's partition, and each reducer orders its rows by key.
+The output is therefore one uniform permutation, and with a seed the same permutation on every
+run, with any number of workers or partitions, whatever the block sizes (the exchange feeds
+rows in order, so positions are stable). Without a seed a new one is drawn for each execution.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import zlib
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from engine.exchange import FINE_PARTITIONS, concat
+
+SHUFFLE_KEY = "__dataflow_shuffle_key"
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer, element-wise on uint64 (a bijection with good avalanche)."""
+    with np.errstate(over="ignore"):
+        z = x + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def spread(hashes: np.ndarray, num_partitions: int) -> np.ndarray:
+    """Partition indices from 64-bit hashes (the high bits, scaled: no modulo bias)."""
+    return ((hashes >> np.uint64(32)) * np.uint64(num_partitions) >> np.uint64(32)).astype(np.intp)
+
+
+def resolve_seed(seed: int | None) -> int:
+    return secrets.randbits(63) if seed is None else int(seed) & ((1 << 64) - 1)
+
+
+class RandomPartitioner:
+    def __init__(self, seed: int | None, num_partitions: int = FINE_PARTITIONS) -> None:
+        self.seed = seed
+        self.num_partitions = num_partitions
+
+    def for_execution(self) -> RandomPartitioner:
+        """A copy with a concrete seed: fixed for every task and retry of one execution."""
+        bound = copy.copy(self)
+        bound.seed = resolve_seed(self.seed)
+        return bound
+
+    def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
+        assert self.seed is not None
+        positions = np.arange(row_offset, row_offset + table.num_rows, dtype=np.uint64)
+        keys = splitmix64(positions ^ splitmix64(np.array([self.seed], dtype=np.uint64)))
+        return table.append_column(SHUFFLE_KEY, pa.array(keys)), spread(keys, self.num_partitions)
+
+
+def key_hashes(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """A 64-bit hash of each row's ``keys``, the same in every process for equal values
+    (int32 and int64, string and large_string alike; dictionaries are decoded first)."""
+    import polars as pl
+
+    columns = {}
+    for name in keys:
+        if name not in table.column_names:
+            msg = f"column {name!r} not found; the dataset has {table.column_names}"
+            raise KeyError(msg)
+        column = table.column(name)
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        columns[name] = column
+    frame = pl.from_arrow(pa.table(columns), rechunk=False)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.hash_rows(seed=0x5EED).to_numpy().astype(np.uint64, copy=False)
+
+
+class HashPartitioner:
+    def __init__(self, keys: Sequence[str], num_partitions: int = FINE_PARTITIONS) -> None:
+        self.keys = tuple(keys)
+        self.num_partitions = num_partitions
+
+    def for_execution(self) -> HashPartitioner:
+        return self
+
+    def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
+        return table, spread(key_hashes(table, self.keys), self.num_partitions)
+
+
+class ShuffleReducer:
+    """Rows of one range of partitions, ordered by their random key."""
+
+    def __init__(self, exact_blocks: bool = False) -> None:
+        self.exact_blocks = exact_blocks
+
+    def for_execution(self) -> ShuffleReducer:
+        return self
+
+    def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
+        if not sides[0]:
+            return
+        table = concat(sides[0])
+        keys = table.column(SHUFFLE_KEY).to_numpy()
+        table = table.drop_columns([SHUFFLE_KEY])
+        yield table.take(np.argsort(keys))
+
+
+class ConcatReducer:
+    """One output block per task, its inputs as they are (``repartition``)."""
+
+    exact_blocks = True
+
+    def for_execution(self) -> ConcatReducer:
+        return self
+
+    def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
+        if sides[0]:
+            yield concat(sides[0]).combine_chunks()
+
+
+def random_sample_batch(batch: pa.Table, fraction: float, seed: int | None) -> pa.Table:
+    """Keep each row with probability ``fraction``. With a seed the choice depends only on the
+    seed and the batch (its size and first row), so a rerun samples the same rows."""
+    if seed is None:
+        rng = np.random.default_rng()
+    else:
+        first = zlib.crc32(repr(batch.slice(0, 1).to_pylist()).encode())
+        rng = np.random.default_rng([int(seed) & ((1 << 63) - 1), batch.num_rows, first])
+    return batch.filter(pa.array(rng.random(batch.num_rows) < fraction))

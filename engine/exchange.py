@@ -1,0 +1,118 @@
+"""What an exchange's tasks run: the map side groups rows by partition, the reduce side combines
+one range of partitions.
+
+An all-to-all step (shuffle, sort, groupby, join, repartition) is two kinds of task inside the
+streaming executor, not a separate engine. A *map* task concatenates its input blocks, asks a
+``Partitioner`` for each row's partition, and stores ONE block with its rows grouped by
+partition (stably: rows keep their order within a partition) and the count of each partition on
+its ``BlockRef``. A *reduce* task gets, for a contiguous range of partitions, one zero-copy slice
+of every map block in map order (``engine.operators.exchange`` plans them), and a ``Reducer``
+turns them into output blocks. No M x P small objects: a map writes one file however many
+partitions there are.
+
+Partitioners and reducers are supplied by the plan (``dataflow.exchanges``): the engine only
+moves rows. Errors they raise reach the caller as themselves, named after the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from engine.transform import TaskTransform, UDFFailure, _shape_output
+
+FINE_PARTITIONS = 256
+"""Partitions a map task cuts its rows into when the plan does not fix the number. Reduce tasks
+then take contiguous ranges of them, sized from the bytes that actually arrived."""
+
+
+class Partitioner(Protocol):
+    num_partitions: int
+
+    def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
+        """The table to store (it may add a column) and each row's partition (ints < P).
+        ``row_offset`` is the global position of the table's first row when the exchange's
+        input arrives in order (else 0)."""
+        ...
+
+
+class Reducer(Protocol):
+    exact_blocks: bool
+    """True: each block it yields is an output block as is (repartition); False: blocks are
+    cut to the target block size."""
+
+    def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
+        """Output blocks for one reduce task: ``sides[s]`` are the inputs from input ``s``
+        (one per map block, in map order); ``index`` is the task's position in the output."""
+        ...
+
+
+def concat(tables: list[pa.Table]) -> pa.Table:
+    """One table from blocks whose schemas may differ slightly (a null-typed column, int widths)."""
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid:
+        return pa.concat_tables(tables, promote_options="permissive")
+
+
+class PartitionTransform(TaskTransform):
+    """The map side of an exchange: one partitioned block per task."""
+
+    def __init__(self, name: str, partitioner: Partitioner) -> None:
+        self.name = name
+        self.partitioner = partitioner
+
+    def partition(self, blocks: Iterable[pa.Table], params: Any) -> Iterator[tuple[pa.Table, bytes]]:
+        tables = [b for b in blocks if b.num_columns]
+        if not tables:
+            return
+        table = concat(tables)
+        try:
+            table, parts = self.partitioner.assign(table, int(params or 0))
+        except UDFFailure:
+            raise
+        except Exception as err:
+            raise UDFFailure(self.name, err) from err
+        counts = np.bincount(parts, minlength=self.partitioner.num_partitions).astype("<u4")
+        if table.num_rows > 1 and np.any(parts[1:] < parts[:-1]):
+            table = table.take(np.argsort(parts, kind="stable"))
+        yield table, counts.tobytes()
+
+    def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
+        for table, _ in self.partition(blocks, params):
+            yield table
+
+
+class ReduceTransform(TaskTransform):
+    """The reduce side: hands one task's slices to the reducer, side by side."""
+
+    def __init__(self, name: str, reducer: Reducer, target_block_bytes: int) -> None:
+        self.name = name
+        self.reducer = reducer
+        self.target_block_bytes = target_block_bytes
+
+    def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
+        index, counts = params
+        tables = list(blocks)
+        sides, start = [], 0
+        for n in counts:
+            sides.append(tables[start : start + n])
+            start += n
+        try:
+            out = self.reducer(sides, index)
+            if not self.reducer.exact_blocks:
+                out = _shape_output(out, self.target_block_bytes)
+            yield from out
+        except UDFFailure:
+            raise
+        except Exception as err:
+            raise UDFFailure(self.name, err) from err
+
+
+def partition_counts(ref_partitions: bytes) -> np.ndarray:
+    return np.frombuffer(ref_partitions, dtype="<u4")

@@ -1,0 +1,326 @@
+"""The operators of an all-to-all step: ``PartitionOperator`` (map side) and ``ReduceOperator``.
+
+Both are map operators to the executor: they run tasks, with the same budgets, retries,
+ownership and stats as any map. What differs is when a task is ready and what it gets:
+
+* a ``PartitionOperator`` runs a task per bundle of input as it arrives (hash and random
+  partitioning stream), or, for a range partitioning (sort), samples keys from every block as
+  it arrives and runs its tasks once the last block is in and the boundaries are known;
+* a ``ReduceOperator`` is the barrier: it holds the map outputs until every input is done, then
+  plans its tasks from the partition counts (contiguous ranges of partitions, sized from the
+  bytes that actually arrived) or from row counts (``zip``, ``repartition`` without shuffle),
+  and emits their outputs in order.
+
+While it waits for all its input it says so (``needs_more_input``), which admits what feeds it
+whatever its budget: those rows are needed before anything can come out, and past the store's
+capacity they are written to the spill directory, which is what makes every exchange work out
+of core. Inputs arrive in order (what feeds an exchange emits in order), so the map index, the
+global row offset and the result are the same on every run and with any number of workers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from engine.exchange import PartitionTransform, ReduceTransform, partition_counts
+from engine.object_store import BlockRef, BlockSlice
+from engine.operators.base import OperatorContext, PhysicalOperator
+from engine.operators.map import MapOperator, Pending, Resources, _task_ids
+from engine.task import OUTPUT_PARTITIONS, TaskSpec
+
+BY_PARTITIONS = "partitions"
+BY_ROWS = "rows"
+BLOCK_ORDER = "blocks"
+
+MIN_REDUCE_BYTES = 1 << 20
+"""Reduce tasks smaller than this are merged with their neighbours."""
+
+
+class PartitionOperator(MapOperator):
+    def __init__(
+        self,
+        name: str,
+        transform: PartitionTransform,
+        upstream: PhysicalOperator,
+        *,
+        sampler: Callable[[pa.Table], Any] | None = None,
+        resources: Resources | None = None,
+        min_bundle_bytes: int = 4 << 20,
+    ) -> None:
+        super().__init__(name, transform, upstream=upstream, resources=resources,
+                         min_bundle_bytes=min_bundle_bytes, output=OUTPUT_PARTITIONS)
+        self.ordered_output = True
+        self.sampler = sampler
+        """Range partitioning: keys sampled from each input block in the driver; the tasks
+        wait until all are in and the partitioner is fitted on them."""
+        self._samples: list[Any] = []
+        self._offsets: dict[str, int] = {}
+        self._rows_seen = 0
+        self._ctx: OperatorContext | None = None
+
+    def start(self, ctx: OperatorContext) -> None:
+        self._ctx = ctx
+
+    def add_input(self, item: Any, index: int) -> None:
+        ref: BlockRef = item
+        self._offsets[ref.block_id] = self._rows_seen
+        self._rows_seen += ref.num_rows
+        if self.sampler is not None and ref.num_rows:
+            assert self._ctx is not None
+            try:
+                self._samples.append(self.sampler(self._ctx.read(ref)))
+            except Exception as err:  # a sort key the data does not have
+                self._ctx.fail(err)
+        super().add_input(item, index)
+
+    def upstream_finished(self, index: int) -> None:
+        super().upstream_finished(index)
+        if self.inputs_done and self.sampler is not None:
+            self.transform.partitioner.fit(self._samples)  # type: ignore[attr-defined]
+            self._samples = []
+
+    def has_ready_task(self, upstream_busy: bool) -> bool:
+        if self.sampler is not None and not self.inputs_done:
+            return False
+        return super().has_ready_task(upstream_busy)
+
+    def needs_more_input(self) -> bool:
+        if self.sampler is not None:
+            return not self.inputs_done and not self.cancelled
+        return super().needs_more_input()
+
+    def next_task(self) -> Pending:
+        pending = super().next_task()
+        first = pending.bundle[0] if pending.bundle else None
+        if pending.spec.params is None and isinstance(first, BlockRef):
+            pending.spec.params = self._offsets.pop(first.block_id, 0)
+            for item in pending.bundle[1:]:
+                self._offsets.pop(getattr(item, "block_id", ""), None)
+        return pending
+
+
+class ReduceOperator(MapOperator):
+    def __init__(
+        self,
+        name: str,
+        transform: ReduceTransform | None,
+        upstream: list[PhysicalOperator],
+        *,
+        grouping: str = BY_PARTITIONS,
+        num_tasks: int | None = None,
+        rows_per_task: int | None = None,
+        seed: int | None = None,
+        resources: Resources | None = None,
+    ) -> None:
+        super().__init__(name, transform, resources=resources, min_bundle_bytes=1)  # type: ignore[arg-type]
+        self.upstream = list(upstream)
+        self.inputs_done = False
+        self.ordered_output = True
+        self.grouping = grouping
+        self.num_tasks = num_tasks
+        """Exactly this many reduce tasks (``repartition(n)``, ``join(num_partitions=n)``)."""
+        self.rows_per_task = rows_per_task
+        self.seed = seed
+        self._arrived: list[list[BlockRef]] = [[] for _ in upstream]
+        self._planned: deque[tuple[list[Any], tuple[int, tuple[int, ...]], int]] = deque()
+        self._is_planned = False
+        self._ctx: OperatorContext | None = None
+
+    def start(self, ctx: OperatorContext) -> None:
+        self._ctx = ctx
+
+    # collecting ------------------------------------------------------------------------------
+    def add_input(self, item: Any, index: int) -> None:
+        self._arrived[index].append(item)
+
+    def upstream_finished(self, index: int) -> None:
+        super().upstream_finished(index)
+        if self.inputs_done and not self._is_planned and not self.cancelled:
+            self._is_planned = True
+            try:
+                self._plan()
+            except Exception as err:  # a mismatch the user made (zip of unequal datasets)
+                assert self._ctx is not None
+                self._ctx.fail(err)
+
+    def needs_more_input(self) -> bool:
+        return not self.inputs_done and not self.cancelled
+
+    def queued_bytes(self) -> int:
+        return sum(size for _, _, size in self._planned)
+
+    def has_pending_work(self) -> bool:
+        return bool(not self._is_planned or self._planned or self.pending or self.retry_queue)
+
+    def has_ready_task(self, upstream_busy: bool) -> bool:
+        if self.cancelled:
+            return False
+        return bool(self.retry_queue or self._planned)
+
+    def next_task(self) -> Pending:
+        if self.retry_queue:
+            return super().next_task()
+        bundle, params, size = self._planned.popleft()
+        spec = TaskSpec(
+            task_id=next(_task_ids),
+            op_key=self.key,
+            transform_digest=self.digest,
+            inputs=list(bundle),
+            task_index=params[0],
+            params=params,
+        )
+        pending = Pending(spec, bundle, size, time.monotonic())
+        self.pending[spec.task_id] = pending
+        return pending
+
+    def cancel(self) -> list[Any]:
+        items = super().cancel()
+        for bundle, _, _ in self._planned:
+            items.extend(bundle)
+        for side in self._arrived:  # not planned yet
+            items.extend(side)
+        self._planned.clear()
+        self._arrived = [[] for _ in self._arrived]
+        return items
+
+    # planning --------------------------------------------------------------------------------
+    def _plan(self) -> None:
+        if self.grouping == BLOCK_ORDER:
+            refs = self._arrived[0]
+            order = np.random.default_rng(self.seed).permutation(len(refs))
+            for i in order:
+                self.emit(refs[i])
+        elif self.grouping == BY_ROWS:
+            self._plan_by_rows()
+        else:
+            self._plan_by_partitions()
+        self._arrived = [[] for _ in self._arrived]
+
+    def _target_bytes(self, total: int) -> int:
+        assert self._ctx is not None
+        cpus = max(1, self._ctx.num_cpus)
+        # at least two tasks per CPU, and small enough that every CPU's reducer (which holds
+        # about three times its input while it sorts or joins) fits in the store together
+        return int(max(MIN_REDUCE_BYTES, min(total / (2 * cpus), self._ctx.store_capacity / (4 * cpus))))
+
+    def _plan_by_partitions(self) -> None:
+        sides = self._arrived
+        all_refs = [r for side in sides for r in side]
+        if not all_refs:
+            return
+        offsets = {r.block_id: np.concatenate(([0], np.cumsum(partition_counts(r.partitions or b""), dtype=np.int64)))
+                   for r in all_refs}
+        num_parts = max(len(o) - 1 for o in offsets.values())
+        part_bytes = np.zeros(num_parts, dtype=np.float64)
+        for r in all_refs:
+            if r.num_rows:
+                part_bytes += np.diff(offsets[r.block_id]) * (r.size_bytes / r.num_rows)
+        ranges = _ranges(part_bytes, self.num_tasks, self._target_bytes(int(part_bytes.sum())))
+        for index, (lo, hi) in enumerate(ranges):
+            bundle: list[Any] = []
+            counts = []
+            size = 0
+            for side in sides:
+                n = 0
+                for r in side:
+                    o = offsets[r.block_id]
+                    start, end = int(o[lo]), int(o[hi])
+                    if end > start:
+                        piece = BlockSlice(r, start, end - start)
+                        bundle.append(piece)
+                        size += piece.size_bytes
+                        self._slices[r.block_id] = self._slices.get(r.block_id, 0) + 1
+                        n += 1
+                if n == 0 and side and len(sides) > 1:  # no rows from this side: its schema
+                    bundle.append(BlockSlice(side[0], 0, 0))
+                    self._slices[side[0].block_id] = self._slices.get(side[0].block_id, 0) + 1
+                    n = 1
+                counts.append(n)
+            if bundle or self.num_tasks is not None:
+                self._planned.append((bundle, (index, tuple(counts)), size))
+        self._release_unused(all_refs)
+
+    def _plan_by_rows(self) -> None:
+        sides = self._arrived
+        totals = [sum(r.num_rows for r in side) for side in sides]
+        if len(set(totals)) > 1:
+            msg = f"Cannot zip datasets of different number of rows: {', '.join(map(str, totals))}"
+            self._release_unused([r for side in sides for r in side])
+            raise ValueError(msg)
+        total = totals[0] if totals else 0
+        if self.rows_per_task is not None:
+            cuts = [*range(0, total, self.rows_per_task), total] if total else []
+        elif self.num_tasks is not None:
+            n = max(1, self.num_tasks)
+            cuts = [total * i // n for i in range(n + 1)]
+        else:  # zip: the first input's blocks
+            cuts = [0]
+            for r in sides[0]:
+                if r.num_rows:
+                    cuts.append(cuts[-1] + r.num_rows)
+        for index in range(len(cuts) - 1):
+            lo, hi = cuts[index], cuts[index + 1]
+            bundle: list[Any] = []
+            counts = []
+            size = 0
+            for side in sides:
+                pieces = _row_range(side, lo, hi)
+                for piece in pieces:
+                    self._slices[piece.ref.block_id] = self._slices.get(piece.ref.block_id, 0) + 1
+                    size += piece.size_bytes
+                bundle.extend(pieces)
+                counts.append(len(pieces))
+            self._planned.append((bundle, (index, tuple(counts)), size))
+        self._release_unused([r for side in sides for r in side])
+
+    def _release_unused(self, refs: list[BlockRef]) -> None:
+        assert self._ctx is not None
+        for r in refs:
+            if r.block_id not in self._slices:
+                self._ctx.release(r)
+
+
+def _ranges(part_bytes: np.ndarray, num_tasks: int | None, target: int) -> list[tuple[int, int]]:
+    """Contiguous ranges of partitions: exactly ``num_tasks`` of about equal bytes, or greedy
+    ranges of about ``target`` bytes."""
+    p = len(part_bytes)
+    if num_tasks is not None:
+        cum = np.concatenate(([0.0], np.cumsum(part_bytes)))
+        total = cum[-1]
+        if total <= 0 or num_tasks >= p:
+            bounds = [min(p, p * i // max(1, num_tasks)) for i in range(num_tasks + 1)]
+        else:
+            bounds = [0] + [int(np.searchsorted(cum, total * i / num_tasks, side="left")) for i in range(1, num_tasks)] + [p]
+            bounds = list(np.maximum.accumulate(bounds))
+        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(num_tasks)]
+    ranges: list[tuple[int, int]] = []
+    lo, acc = 0, 0.0
+    for i, size in enumerate(part_bytes):
+        if acc > 0 and acc + size > target:
+            ranges.append((lo, i))
+            lo, acc = i, 0.0
+        acc += size
+    if acc > 0 or not ranges:
+        ranges.append((lo, p))
+    return ranges
+
+
+def _row_range(refs: list[BlockRef], lo: int, hi: int) -> list[BlockSlice]:
+    """Slices of ``refs`` (in order) covering global rows [lo, hi)."""
+    pieces = []
+    start = 0
+    for r in refs:
+        end = start + r.num_rows
+        a, b = max(lo, start), min(hi, end)
+        if b > a:
+            pieces.append(BlockSlice(r, a - start, b - a))
+        start = end
+        if start >= hi:
+            break
+    return pieces

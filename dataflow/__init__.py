@@ -11,6 +11,7 @@ Modules, in the order a dataset meets them:
 * ``dataset``     Dataset: lazy transformations append plan nodes; consumers execute
 * ``udf``         map / map_batches / filter arguments -> validated plan nodes
 * ``builtins``    column operations (select, drop, rename, add, expression filter, aggregates)
+* ``expressions`` col / lit expressions for filter and with_column (``expression_parser``: strings)
 * ``plan``        logical nodes and explain()
 * ``optimizer``   fuse maps, push projections and filters into reads, count from metadata
 * ``compile``     logical plan -> engine operators
@@ -31,6 +32,7 @@ from connectors.base import BlockMetadata, Datasink, Datasource, ReadTask
 from dataflow.context import DataContext, options
 from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError
+from dataflow.expressions import col, lit
 from dataflow.iterator import DataIterator
 from dataflow.read_api import (
     from_arrow,
@@ -99,20 +101,6 @@ def shutdown() -> None:
     from engine import runner
 
     runner.shutdown()
-
-
-def col(name: str) -> Any:
-    """A column reference for ``filter(expr=...)``: ``dataflow.col("x") > 3``."""
-    import pyarrow.compute as pc
-
-    return pc.field(name)
-
-
-def lit(value: Any) -> Any:
-    """A literal for expressions: ``dataflow.col("x") == dataflow.lit(3)``."""
-    import pyarrow.compute as pc
-
-    return pc.scalar(value)
 
 
 __all__ = [

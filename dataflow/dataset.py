@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from dataflow import all_to_all
 from dataflow import builtins as bi
+from dataflow import expressions as ex
 from dataflow.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, Sum
 from dataflow.context import DataContext
 from dataflow.grouped import GroupedData, aggregate_node
@@ -152,18 +153,16 @@ class Dataset:
     ) -> Dataset:
         """Keep rows for which ``fn(row)`` is true, or which match ``expr``.
 
-        ``expr`` is a ``pyarrow.compute`` expression (``dataflow.col("x") > 3``); it is pushed
-        into readers that support it (Parquet skips row groups by their statistics).
+        ``expr`` is an expression (``dataflow.col("x") > 3``, see ``dataflow.expressions``), a
+        string such as ``"x > 3 and y == 'a'"``, or a ``pyarrow.compute`` expression; it is
+        pushed into readers that support it (Parquet skips row groups by their statistics).
         """
         if (fn is None) == (expr is None):
             msg = "filter() takes exactly one of fn or expr"
             raise ValueError(msg)
         if expr is not None:
-            if isinstance(expr, str):
-                msg = "filter(expr=...) takes a pyarrow expression such as dataflow.col('x') > 3, not a string"
-                raise TypeError(msg)
-            return self._derive(builtin_node(self._plan, f"Filter({expr})", bi.FilterExpression(expr),
-                                             preserves_rows=False, filter_expr=expr))
+            name, step, pushable = ex.filter_step(expr)
+            return self._derive(builtin_node(self._plan, name, step, preserves_rows=False, filter_expr=pushable))
         return self._derive(
             map_node(self._plan, "filter", fn, compute=compute, kind="rows", row_mode="filter", fn_args=fn_args,
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
@@ -174,6 +173,19 @@ class Dataset:
     def add_column(self, col: str, fn: Callable[[Any], Any], *, batch_format: str = "pandas") -> Dataset:
         """Add (or replace) column ``col`` with ``fn(batch)``."""
         return self._derive(builtin_node(self._plan, f"AddColumn({col})", bi.AddColumn(col, fn, batch_format)))
+
+    def with_column(self, column_name: str, expr: ex.Expr) -> Dataset:
+        """Add (or replace) ``column_name`` with the values of ``expr``: ``col("a") * 2``."""
+        exprs = ex.named_exprs({column_name: expr}, "with_column")
+        return self._derive(builtin_node(self._plan, f"WithColumn({column_name}={expr})", ex.WithColumns(exprs)))
+
+    def with_columns(self, exprs: dict[str, ex.Expr] | list[ex.Expr]) -> Dataset:
+        """Add (or replace) several columns at once; every expression reads the input columns.
+
+        ``exprs`` is ``{name: expr}`` or a list of named expressions (``col("a").alias("b")``).
+        """
+        named = ex.named_exprs(exprs, "with_columns")
+        return self._derive(builtin_node(self._plan, f"WithColumns({list(named)})", ex.WithColumns(named)))
 
     def drop_columns(self, cols: list[str]) -> Dataset:
         return self._derive(builtin_node(self._plan, f"DropColumns({cols})", bi.DropColumns(list(cols))))

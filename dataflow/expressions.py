@@ -1,0 +1,675 @@
+"""Column expressions, shaped like Ray Data's ``ray.data.expressions``.
+
+    from dataflow.expressions import col, lit
+    ds.filter(expr=(col("price") > 5) & col("name").str.starts_with("A"))
+    ds.with_column("total", col("price") * col("quantity"))
+
+An ``Expr`` is an immutable tree built with Python operators. It turns into a
+``pyarrow.compute.Expression`` (``to_pyarrow()``, also ``to_arrow()``), which is what a filter
+pushes into a Parquet read, or is evaluated on an Arrow table (``evaluate(table)``), which is
+what ``with_column`` runs in its tasks. Both go through one translation (``_arrow`` on each
+node), so a filter and a column computed from the same expression agree.
+
+Arithmetic follows Python, not C: ``/`` always divides in float64; ``//`` floors and ``%`` takes
+the sign of the divisor. On a table, ``//`` and ``%`` of two integer operands stay integers;
+inside a ``pyarrow.compute.Expression`` (no types known yet) they are computed in float64.
+``&``, ``|`` and ``~`` are SQL's three-valued logic; a comparison with a null is null, and a
+filter drops the rows where its expression is null.
+
+Strings like ``"a > 5 and b == 'x'"`` become expressions in ``expression_parser``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dataflow.builtins import FilterExpression
+
+
+class Operation(Enum):
+    """What a ``BinaryExpr`` or ``UnaryExpr`` computes (names as in Ray Data)."""
+
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+    DIV = "/"
+    FLOORDIV = "//"
+    MOD = "%"
+    GT = ">"
+    LT = "<"
+    GE = ">="
+    LE = "<="
+    EQ = "=="
+    NE = "!="
+    AND = "&"
+    OR = "|"
+    IN = "in"
+    NOT_IN = "not in"
+    NOT = "~"
+    NEG = "-x"
+    IS_NULL = "is_null"
+    IS_NOT_NULL = "is_not_null"
+
+
+_ARROW_BINARY = {
+    Operation.ADD: pc.add_checked,
+    Operation.SUB: pc.subtract_checked,
+    Operation.MUL: pc.multiply_checked,
+    Operation.GT: pc.greater,
+    Operation.LT: pc.less,
+    Operation.GE: pc.greater_equal,
+    Operation.LE: pc.less_equal,
+    Operation.EQ: pc.equal,
+    Operation.NE: pc.not_equal,
+    Operation.AND: pc.and_kleene,
+    Operation.OR: pc.or_kleene,
+}
+_ARROW_UNARY = {
+    Operation.NOT: pc.invert,
+    Operation.NEG: pc.negate_checked,
+    Operation.IS_NULL: pc.is_null,
+    Operation.IS_NOT_NULL: pc.is_valid,
+}
+
+
+def _as_expr(value: Any) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, pc.Expression):
+        msg = (
+            f"cannot combine a dataflow expression with the pyarrow expression {value}; "
+            "build both sides with dataflow.expressions.col() and lit()"
+        )
+        raise TypeError(msg)
+    return LiteralExpr(value)
+
+
+def _arrow_type(target: pa.DataType | str) -> pa.DataType:
+    if isinstance(target, pa.DataType):
+        return target
+    if isinstance(target, str):
+        try:
+            return pa.type_for_alias(target)
+        except ValueError:
+            pass
+    msg = f"cast() takes a pyarrow DataType or a type name such as 'int64' or 'string', got {target!r}"
+    raise TypeError(msg)
+
+
+class _Context:
+    """How leaves become Arrow values: ``pc.field`` / ``pc.scalar`` (no table), or a table's data."""
+
+    def __init__(self, table: pa.Table | None = None) -> None:
+        self.table = table
+
+    def column(self, name: str) -> Any:
+        if self.table is None:
+            return pc.field(name)
+        if name not in self.table.column_names:
+            msg = f"no column {name!r}; the columns are {self.table.column_names}"
+            raise KeyError(msg)
+        return self.table.column(name)
+
+    def literal(self, value: Any) -> Any:
+        return pc.scalar(value) if self.table is None else pa.scalar(value)
+
+    def both_integers(self, left: Any, right: Any) -> bool:
+        """Whether both operands are known to be integers (only on a table)."""
+        if self.table is None:
+            return False
+        return pa.types.is_integer(left.type) and pa.types.is_integer(right.type)
+
+
+def _divide(left: Any, right: Any) -> Any:
+    return pc.divide(left.cast(pa.float64()), right.cast(pa.float64()))
+
+
+def _floordiv_and_mod(op: Operation, left: Any, right: Any, ctx: _Context) -> Any:
+    if ctx.both_integers(left, right):
+        # Arrow's integer divide truncates toward zero; step down where the signs differ.
+        quotient = pc.divide(left, right)
+        remainder = pc.subtract(left, pc.multiply(quotient, right))
+        adjust = pc.and_(pc.not_equal(remainder, 0), pc.not_equal(pc.less(remainder, 0), pc.less(right, 0)))
+        if op is Operation.FLOORDIV:
+            return pc.if_else(adjust, pc.subtract(quotient, 1), quotient)
+        return pc.if_else(adjust, pc.add(remainder, right), remainder)
+    floored = pc.floor(_divide(left, right))
+    if op is Operation.FLOORDIV:
+        return floored
+    return pc.subtract(left.cast(pa.float64()), pc.multiply(right.cast(pa.float64()), floored))
+
+
+class Expr:
+    """Base of all expression nodes; build them with ``col``, ``lit`` and Python operators.
+
+    ``and``, ``or``, ``not`` and chained comparisons (``a < b < c``) cannot be overloaded in
+    Python: use ``&``, ``|``, ``~`` and ``(a < b) & (b < c)``; an expression refuses ``bool()``
+    so that a mistake fails instead of silently picking one side.
+    """
+
+    # arithmetic
+    def __add__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.ADD, self, _as_expr(other))
+
+    def __radd__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.ADD, _as_expr(other), self)
+
+    def __sub__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.SUB, self, _as_expr(other))
+
+    def __rsub__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.SUB, _as_expr(other), self)
+
+    def __mul__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.MUL, self, _as_expr(other))
+
+    def __rmul__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.MUL, _as_expr(other), self)
+
+    def __truediv__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.DIV, self, _as_expr(other))
+
+    def __rtruediv__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.DIV, _as_expr(other), self)
+
+    def __floordiv__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.FLOORDIV, self, _as_expr(other))
+
+    def __rfloordiv__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.FLOORDIV, _as_expr(other), self)
+
+    def __mod__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.MOD, self, _as_expr(other))
+
+    def __rmod__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.MOD, _as_expr(other), self)
+
+    def __neg__(self) -> Expr:
+        return UnaryExpr(Operation.NEG, self)
+
+    # comparison
+    def __eq__(self, other: Any) -> Expr:  # type: ignore[override]
+        return BinaryExpr(Operation.EQ, self, _as_expr(other))
+
+    def __ne__(self, other: Any) -> Expr:  # type: ignore[override]
+        return BinaryExpr(Operation.NE, self, _as_expr(other))
+
+    def __lt__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.LT, self, _as_expr(other))
+
+    def __le__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.LE, self, _as_expr(other))
+
+    def __gt__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.GT, self, _as_expr(other))
+
+    def __ge__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.GE, self, _as_expr(other))
+
+    __hash__ = object.__hash__
+
+    # boolean logic
+    def __and__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.AND, self, _as_expr(other))
+
+    def __rand__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.AND, _as_expr(other), self)
+
+    def __or__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.OR, self, _as_expr(other))
+
+    def __ror__(self, other: Any) -> Expr:
+        return BinaryExpr(Operation.OR, _as_expr(other), self)
+
+    def __invert__(self) -> Expr:
+        return UnaryExpr(Operation.NOT, self)
+
+    def __str__(self) -> str:
+        text = repr(self)
+        return text[1:-1] if isinstance(self, BinaryExpr) and text.startswith("(") else text
+
+    def __bool__(self) -> bool:
+        msg = (
+            f"the expression {self} has no truth value: use & | ~ instead of and / or / not, "
+            "and (a < b) & (b < c) instead of a < b < c"
+        )
+        raise TypeError(msg)
+
+    # predicates and functions
+    def is_null(self) -> Expr:
+        """True where the value is null."""
+        return UnaryExpr(Operation.IS_NULL, self)
+
+    def is_not_null(self) -> Expr:
+        """True where the value is not null."""
+        return UnaryExpr(Operation.IS_NOT_NULL, self)
+
+    def is_in(self, values: Iterable[Any]) -> Expr:
+        """True where the value is one of ``values`` (a null value is in no list)."""
+        return BinaryExpr(Operation.IN, self, _value_list(values, "is_in"))
+
+    def not_in(self, values: Iterable[Any]) -> Expr:
+        """True where the value is none of ``values``."""
+        return BinaryExpr(Operation.NOT_IN, self, _value_list(values, "not_in"))
+
+    def alias(self, name: str) -> Expr:
+        """The same values under the name ``name`` (for ``with_columns([...])``)."""
+        return AliasExpr(self, name)
+
+    def cast(self, target_type: pa.DataType | str, safe: bool = True) -> Expr:
+        """The values converted to ``target_type`` (a pyarrow type or a name such as "float32")."""
+        return CastExpr(self, _arrow_type(target_type), safe)
+
+    def fill_null(self, value: Any) -> Expr:
+        """The values with nulls replaced by ``value`` (a constant or an expression)."""
+        return FunctionExpr("coalesce", (self, _as_expr(value)))
+
+    @property
+    def str(self) -> StringNamespace:
+        """String functions: ``col("name").str.upper()``."""
+        return StringNamespace(self)
+
+    @property
+    def name(self) -> str | None:
+        """The output name: the column's for ``col``, the alias's for ``alias``, else None."""
+        return None
+
+    # conversion
+    def to_pyarrow(self) -> pc.Expression:
+        """This expression as a ``pyarrow.compute.Expression`` (``table.filter(e)``, Parquet pushdown)."""
+        return self._arrow(_Context())
+
+    def to_arrow(self) -> pc.Expression:
+        """Same as ``to_pyarrow()``."""
+        return self.to_pyarrow()
+
+    def evaluate(self, table: pa.Table) -> pa.Array | pa.ChunkedArray:
+        """The values of this expression for every row of ``table``.
+
+        Raises ``KeyError`` naming a column that ``table`` lacks.
+        """
+        value = self._arrow(_Context(table))
+        if isinstance(value, pa.Scalar):
+            return pa.repeat(value, table.num_rows)
+        return value
+
+    def columns(self) -> set[str]:
+        """The names of the columns this expression reads."""
+        found: set[str] = set()
+        for node in self._walk():
+            if isinstance(node, ColumnExpr):
+                found.add(node.column)
+        return found
+
+    def structurally_equals(self, other: Any) -> bool:
+        """Whether ``other`` is the same expression tree (``==`` builds a comparison instead)."""
+        return type(self) is type(other) and repr(self) == repr(other)
+
+    def _arrow(self, ctx: _Context) -> Any:
+        raise NotImplementedError
+
+    def _children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def _walk(self) -> Iterable[Expr]:
+        yield self
+        for child in self._children():
+            yield from child._walk()
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ColumnExpr(Expr):
+    """A reference to the column named ``column``."""
+
+    column: str
+
+    @property
+    def name(self) -> str:
+        return self.column
+
+    def _arrow(self, ctx: _Context) -> Any:
+        return ctx.column(self.column)
+
+    def __repr__(self) -> str:
+        return f"col({self.column!r})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class LiteralExpr(Expr):
+    """A constant, the same for every row."""
+
+    value: Any
+
+    def _arrow(self, ctx: _Context) -> Any:
+        return ctx.literal(self.value)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class BinaryExpr(Expr):
+    """``left <op> right``."""
+
+    op: Operation
+    left: Expr
+    right: Expr
+
+    def _children(self) -> tuple[Expr, ...]:
+        return (self.left, self.right)
+
+    def _arrow(self, ctx: _Context) -> Any:
+        left = self.left._arrow(ctx)
+        if self.op in (Operation.IN, Operation.NOT_IN):
+            assert isinstance(self.right, LiteralExpr)
+            found = pc.is_in(left, value_set=pa.array(list(self.right.value)))
+            return pc.invert(found) if self.op is Operation.NOT_IN else found
+        right = self.right._arrow(ctx)
+        if self.op is Operation.DIV:
+            return _divide(left, right)
+        if self.op in (Operation.FLOORDIV, Operation.MOD):
+            return _floordiv_and_mod(self.op, left, right, ctx)
+        return _ARROW_BINARY[self.op](left, right)
+
+    def __repr__(self) -> str:
+        if self.op in (Operation.IN, Operation.NOT_IN):
+            method = "is_in" if self.op is Operation.IN else "not_in"
+            return f"{self.left!r}.{method}({list(self.right.value)!r})"  # type: ignore[attr-defined]
+        return f"({self.left!r} {self.op.value} {self.right!r})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class UnaryExpr(Expr):
+    """``~x``, ``-x``, ``x.is_null()``, ``x.is_not_null()``."""
+
+    op: Operation
+    operand: Expr
+
+    def _children(self) -> tuple[Expr, ...]:
+        return (self.operand,)
+
+    def _arrow(self, ctx: _Context) -> Any:
+        return _ARROW_UNARY[self.op](self.operand._arrow(ctx))
+
+    def __repr__(self) -> str:
+        if self.op is Operation.NOT:
+            return f"~{self.operand!r}"
+        if self.op is Operation.NEG:
+            return f"-{self.operand!r}"
+        return f"{self.operand!r}.{self.op.value}()"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class AliasExpr(Expr):
+    """``expr`` under another output name."""
+
+    expr: Expr
+    alias_name: str
+
+    @property
+    def name(self) -> str:
+        return self.alias_name
+
+    def _children(self) -> tuple[Expr, ...]:
+        return (self.expr,)
+
+    def _arrow(self, ctx: _Context) -> Any:
+        return self.expr._arrow(ctx)
+
+    def __repr__(self) -> str:
+        return f"{self.expr!r}.alias({self.alias_name!r})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class CastExpr(Expr):
+    """``expr`` converted to ``target_type``; ``safe`` refuses lossy conversions."""
+
+    expr: Expr
+    target_type: pa.DataType
+    safe: bool = True
+
+    def _children(self) -> tuple[Expr, ...]:
+        return (self.expr,)
+
+    def _arrow(self, ctx: _Context) -> Any:
+        return self.expr._arrow(ctx).cast(self.target_type, safe=self.safe)
+
+    def __repr__(self) -> str:
+        safe = "" if self.safe else ", safe=False"
+        return f"{self.expr!r}.cast({str(self.target_type)!r}{safe})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class FunctionExpr(Expr):
+    """A ``pyarrow.compute`` function applied to expressions, with fixed options.
+
+    Only this module makes these (the ``.str`` functions, ``fill_null``, the parser's
+    ``is_nan``), so ``function`` is always one of a known few.
+    """
+
+    function: str
+    args: tuple[Expr, ...]
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def _children(self) -> tuple[Expr, ...]:
+        return self.args
+
+    def _arrow(self, ctx: _Context) -> Any:
+        return getattr(pc, self.function)(*(a._arrow(ctx) for a in self.args), **dict(self.options))
+
+    def __repr__(self) -> str:
+        options = "".join(f", {k}={v!r}" for k, v in self.options)
+        return f"{self.function}({', '.join(repr(a) for a in self.args)}{options})"
+
+
+def _value_list(values: Iterable[Any], method: str) -> LiteralExpr:
+    if isinstance(values, (str, bytes, Expr, pc.Expression)) or not isinstance(values, Iterable):
+        msg = f"{method}() takes a list of values, got {values!r}"
+        raise TypeError(msg)
+    return LiteralExpr(tuple(values))
+
+
+class StringNamespace:
+    """String functions of an expression (``expr.str``), named as in Ray Data."""
+
+    def __init__(self, expr: Expr) -> None:
+        self._expr = expr
+
+    def _call(self, function: str, **options: Any) -> Expr:
+        return FunctionExpr(function, (self._expr,), tuple(options.items()))
+
+    def len(self) -> Expr:
+        """The length of each string in characters."""
+        return self._call("utf8_length")
+
+    def byte_len(self) -> Expr:
+        """The length of each string in bytes."""
+        return self._call("binary_length")
+
+    def upper(self) -> Expr:
+        return self._call("utf8_upper")
+
+    def lower(self) -> Expr:
+        return self._call("utf8_lower")
+
+    def capitalize(self) -> Expr:
+        return self._call("utf8_capitalize")
+
+    def title(self) -> Expr:
+        return self._call("utf8_title")
+
+    def reverse(self) -> Expr:
+        return self._call("utf8_reverse")
+
+    def starts_with(self, pattern: str, ignore_case: bool = False) -> Expr:
+        return self._call("starts_with", pattern=pattern, ignore_case=ignore_case)
+
+    def ends_with(self, pattern: str, ignore_case: bool = False) -> Expr:
+        return self._call("ends_with", pattern=pattern, ignore_case=ignore_case)
+
+    def contains(self, pattern: str, ignore_case: bool = False) -> Expr:
+        """True where the string contains ``pattern`` (a plain substring, not a regex)."""
+        return self._call("match_substring", pattern=pattern, ignore_case=ignore_case)
+
+    def match(self, pattern: str, ignore_case: bool = False) -> Expr:
+        """True where the string matches the SQL ``LIKE`` pattern (``%`` and ``_``)."""
+        return self._call("match_like", pattern=pattern, ignore_case=ignore_case)
+
+    def match_regex(self, pattern: str, ignore_case: bool = False) -> Expr:
+        """True where a part of the string matches the regular expression ``pattern``."""
+        return self._call("match_substring_regex", pattern=pattern, ignore_case=ignore_case)
+
+    def replace(self, pattern: str, replacement: str) -> Expr:
+        """Every occurrence of the substring ``pattern`` replaced by ``replacement``."""
+        return self._call("replace_substring", pattern=pattern, replacement=replacement)
+
+    def slice(self, start: int, stop: int | None = None, step: int = 1) -> Expr:
+        """Characters ``start:stop:step`` of each string."""
+        return self._call("utf8_slice_codeunits", start=start, stop=stop, step=step)
+
+    def strip(self, characters: str | None = None) -> Expr:
+        """The string without leading and trailing whitespace (or ``characters``)."""
+        if characters is None:
+            return self._call("utf8_trim_whitespace")
+        return self._call("utf8_trim", characters=characters)
+
+    def lstrip(self, characters: str | None = None) -> Expr:
+        if characters is None:
+            return self._call("utf8_ltrim_whitespace")
+        return self._call("utf8_ltrim", characters=characters)
+
+    def rstrip(self, characters: str | None = None) -> Expr:
+        if characters is None:
+            return self._call("utf8_rtrim_whitespace")
+        return self._call("utf8_rtrim", characters=characters)
+
+
+def col(name: str) -> ColumnExpr:
+    """The column ``name``: ``col("price") * col("quantity")``."""
+    if not isinstance(name, str):
+        msg = f"col() takes a column name, got {name!r}"
+        raise TypeError(msg)
+    return ColumnExpr(name)
+
+
+def lit(value: Any) -> LiteralExpr:
+    """A constant for every row: ``col("age") + lit(1)`` (a plain ``1`` works as well)."""
+    return LiteralExpr(value)
+
+
+# ----- as plan steps (run in tasks on pyarrow tables) -------------------------------------------
+
+
+def _check_columns(table: pa.Table, expr: Expr, what: str) -> None:
+    missing = sorted(expr.columns() - set(table.column_names))
+    if missing:
+        msg = f"{what}: no column {missing[0]!r}; the columns are {table.column_names}"
+        raise KeyError(msg)
+
+
+class FilterExpr:
+    """``filter(expr=...)`` with a dataflow expression: keeps the rows where it is true."""
+
+    def __init__(self, expr: Expr) -> None:
+        self.expr = expr
+        self.arrow_expr = expr.to_pyarrow()
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        _check_columns(table, self.expr, f"filter({self.expr})")
+        return table.filter(self.arrow_expr)
+
+
+class WithColumns:
+    """``with_column`` / ``with_columns``: every expression reads the input columns; a new name
+    is appended, an existing one is replaced where it stands."""
+
+    def __init__(self, exprs: dict[str, Expr]) -> None:
+        self.exprs = exprs
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        values = {}
+        for name, expr in self.exprs.items():
+            _check_columns(table, expr, f"with_column({name!r})")
+            values[name] = expr.evaluate(table)
+        for name, column in values.items():
+            if name in table.column_names:
+                table = table.set_column(table.column_names.index(name), name, column)
+            else:
+                table = table.append_column(name, column)
+        return table
+
+
+def named_exprs(exprs: Mapping[str, Expr] | Iterable[Expr], method: str = "with_columns") -> dict[str, Expr]:
+    """``{name: expr}`` from a mapping, or from expressions that have a name (``col``, ``alias``)."""
+    if isinstance(exprs, Mapping):
+        pairs = list(exprs.items())
+    elif isinstance(exprs, (str, Expr)) or not isinstance(exprs, Iterable):
+        msg = f"{method}() takes a dict of name -> expression or a list of named expressions, got {exprs!r}"
+        raise TypeError(msg)
+    else:
+        pairs = []
+        for expr in exprs:
+            if not isinstance(expr, Expr) or expr.name is None:
+                msg = f"{method}(): {expr!r} has no name; give it one with .alias('name') or pass a dict"
+                raise ValueError(msg)
+            pairs.append((expr.name, expr))
+    named: dict[str, Expr] = {}
+    for name, expr in pairs:
+        if not isinstance(name, str) or not name:
+            msg = f"{method}(): a column name must be a non-empty string, got {name!r}"
+            raise TypeError(msg)
+        if not isinstance(expr, Expr):
+            msg = f"{method}({name!r}): expected an expression such as col('x') * 2, got {type(expr).__name__}"
+            raise TypeError(msg)
+        if name in named:
+            msg = f"{method}(): the column {name!r} is given twice"
+            raise ValueError(msg)
+        named[name] = expr
+    if not named:
+        msg = f"{method}() needs at least one expression"
+        raise ValueError(msg)
+    return named
+
+
+def filter_step(expr: Any) -> tuple[str, Any, pc.Expression]:
+    """(step name, batch function, pushable pyarrow expression) for ``filter(expr=...)``.
+
+    ``expr`` is a string (parsed by ``expression_parser``), a dataflow ``Expr`` or a
+    ``pyarrow.compute.Expression``.
+    """
+    if isinstance(expr, pc.Expression):
+        return f"Filter({expr})", FilterExpression(expr), expr
+    if isinstance(expr, str):
+        from dataflow.expression_parser import parse
+
+        expr = parse(expr)
+    if not isinstance(expr, Expr):
+        msg = (
+            "filter(expr=...) takes a string such as \"x > 3 and y == 'a'\", an expression such as "
+            f"col('x') > 3, or a pyarrow.compute.Expression; got {type(expr).__name__}"
+        )
+        raise TypeError(msg)
+    step = FilterExpr(expr)
+    return f"Filter({expr})", step, step.arrow_expr
+
+
+__all__ = [
+    "AliasExpr",
+    "BinaryExpr",
+    "CastExpr",
+    "ColumnExpr",
+    "Expr",
+    "FunctionExpr",
+    "LiteralExpr",
+    "Operation",
+    "StringNamespace",
+    "UnaryExpr",
+    "col",
+    "lit",
+]

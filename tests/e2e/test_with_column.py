@@ -1,0 +1,87 @@
+"""Expressions end to end: with_column(s) and filter(expr=...) with strings and Exprs, on both modes."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+from dataflow.errors import UserCodeError
+from dataflow.expressions import col, lit
+
+
+def _people() -> dataflow.Dataset:
+    return dataflow.from_items(
+        [
+            {"id": 0, "name": "alice", "age": 30, "score": 1.5},
+            {"id": 1, "name": "Bob", "age": None, "score": 2.0},
+            {"id": 2, "name": "carol", "age": 25, "score": None},
+            {"id": 3, "name": "dave", "age": 41, "score": 0.5},
+        ]
+    )
+
+
+def test_with_column_and_with_columns(mode):
+    ds = (
+        _people()
+        .with_column("age_next", col("age") + 1)
+        .with_columns(
+            {
+                "upper": col("name").str.upper(),
+                "score": col("score").fill_null(0.0) * 2,  # replaced where it stands
+                "adult": col("age") >= 30,
+                "bucket": col("id") // 2,
+                "one": lit(1),
+            }
+        )
+    )
+    rows = sorted(ds.take_all(), key=lambda r: r["id"])
+    assert list(rows[0]) == ["id", "name", "age", "score", "age_next", "upper", "adult", "bucket", "one"]
+    assert [r["age_next"] for r in rows] == [31, None, 26, 42]
+    assert [r["upper"] for r in rows] == ["ALICE", "BOB", "CAROL", "DAVE"]
+    assert [r["score"] for r in rows] == [3.0, 4.0, 0.0, 1.0]
+    assert [r["adult"] for r in rows] == [True, None, False, True]
+    assert [r["bucket"] for r in rows] == [0, 0, 1, 1]
+    assert [r["one"] for r in rows] == [1, 1, 1, 1]
+    assert ds.count() == 4
+
+
+def test_filter_with_strings_and_expressions(mode):
+    ds = _people()
+    by_string = ds.filter(expr="age >= 30 and name != 'bob' or age is None")
+    assert sorted(r["id"] for r in by_string.take_all()) == [0, 1, 3]
+    by_expr = ds.filter(expr=col("name").str.starts_with("b", ignore_case=True) | col("score").is_null())
+    assert sorted(r["id"] for r in by_expr.take_all()) == [1, 2]
+    assert sorted(r["id"] for r in ds.filter(expr="id in [3, 0]").take_all()) == [0, 3]
+    chained = ds.with_column("double", col("id") * 2).filter(expr="double > 2")
+    assert sorted(r["id"] for r in chained.take_all()) == [2, 3]
+
+
+def test_a_missing_column_is_named(mode):
+    with pytest.raises(KeyError, match="no column 'agee'") as info:
+        _people().filter(expr="agee > 3").take_all()
+    assert isinstance(info.value, UserCodeError)
+    with pytest.raises(KeyError, match="with_column\\('x'\\): no column 'nme'"):
+        _people().with_column("x", col("nme").str.upper()).take_all()
+
+
+def test_string_filter_skips_parquet_row_groups(tmp_path):
+    from connectors import io_stats
+
+    table = pa.table({"id": pa.array(range(10_000), pa.int64()), "k": [i % 4 for i in range(10_000)]})
+    pq.write_table(table, tmp_path / "data.parquet", row_group_size=500)
+    with dataflow.options(execution_mode="local"):
+        io_stats.snapshot(reset=True)
+        ds = dataflow.read_parquet(str(tmp_path)).filter(expr="id < 700 and k == 1")
+        rows = ds.take_all()
+        counters = io_stats.snapshot(reset=True)
+        assert "Filter" not in ds.explain().split("Optimized Plan")[1]
+    assert sorted(r["id"] for r in rows) == [i for i in range(700) if i % 4 == 1]
+    assert counters["row_groups_read"] == 2 and counters["row_groups_skipped"] == 18
+
+
+def test_a_missing_column_in_a_pushed_filter_is_named(tmp_path):
+    pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "data.parquet")
+    with dataflow.options(execution_mode="local"), pytest.raises(UserCodeError, match="zz"):
+        dataflow.read_parquet(str(tmp_path)).filter(expr="zz > 1").take_all()

@@ -1,0 +1,327 @@
+"""dataflow.expressions and the filter-string parser, on Arrow tables and plans (nothing runs)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+import dataflow.expressions
+from dataflow.builtins import FilterExpression
+from dataflow.expression_parser import parse
+from dataflow.expressions import Expr, FilterExpr, WithColumns, col, lit
+from dataflow.optimizer import count_from_metadata, optimize
+from dataflow.plan import MapStages, Read
+
+TABLE = pa.table(
+    {
+        "a": pa.array([7, -7, 6, None, 0], pa.int64()),
+        "b": pa.array([2, 2, -4, 1, 3], pa.int64()),
+        "f": [7.5, -7.5, 1.0, None, 0.5],
+        "s": ["Ab ", "x", "yz", None, "abc"],
+        "t": [True, False, None, True, False],
+    }
+)
+
+
+def _projected(expr: Expr) -> list:
+    """The values of ``expr.to_pyarrow()``, computed by Arrow's own projection."""
+    return pads.dataset(TABLE).to_table(columns={"r": expr.to_pyarrow()})["r"].to_pylist()
+
+
+def _values(expr: Expr) -> list:
+    return expr.evaluate(TABLE).to_pylist()
+
+
+def _py(op, x, y):
+    return None if x is None or y is None else op(x, y)
+
+
+# ----- every operator, on a table and as a pyarrow expression --------------------------------------
+
+A, B, F = TABLE["a"].to_pylist(), TABLE["b"].to_pylist(), TABLE["f"].to_pylist()
+
+CASES = [
+    (col("a") + 1, [8, -6, 7, None, 1]),
+    (1 + col("a"), [8, -6, 7, None, 1]),
+    (col("a") - col("b"), [5, -9, 10, None, -3]),
+    (10 - col("a"), [3, 17, 4, None, 10]),
+    (col("a") * col("b"), [14, -14, -24, None, 0]),
+    (2 * col("a"), [14, -14, 12, None, 0]),
+    (col("a") / col("b"), [3.5, -3.5, -1.5, None, 0.0]),
+    (1 / col("b"), [0.5, 0.5, -0.25, 1.0, 1 / 3]),
+    (col("f") * 2 + lit(1), [16.0, -14.0, 3.0, None, 2.0]),
+    (-col("a"), [-7, 7, -6, None, 0]),
+    (col("a") == 7, [True, False, False, None, False]),
+    (col("a") != 7, [False, True, True, None, True]),
+    (col("a") < 6, [False, True, False, None, True]),
+    (col("a") <= 6, [False, True, True, None, True]),
+    (col("a") > 6, [True, False, False, None, False]),
+    (col("a") >= 6, [True, False, True, None, False]),
+    (3 < col("b"), [False, False, False, False, False]),  # Python turns it into b > 3
+    (col("s") == "x", [False, True, False, None, False]),
+    ((col("a") > 0) & (col("b") > 0), [True, False, False, None, False]),
+    ((col("a") > 0) | (col("b") > 2), [True, False, True, None, True]),
+    (~(col("a") > 0), [False, True, False, None, True]),
+    (col("t") & True, [True, False, None, True, False]),
+    (True | col("t"), [True, True, True, True, True]),  # Kleene: true or null is true
+    (col("a").is_null(), [False, False, False, True, False]),
+    (col("a").is_not_null(), [True, True, True, False, True]),
+    (col("a").is_in([7, 0]), [True, False, False, False, True]),
+    (col("s").is_in(("x", "abc")), [False, True, False, False, True]),
+    (col("a").not_in([7, 0]), [False, True, True, True, False]),
+    (col("a").fill_null(-1), [7, -7, 6, -1, 0]),
+    (col("f").fill_null(col("b")), [7.5, -7.5, 1.0, 1.0, 0.5]),
+    (col("a").cast("float64") / 2, [3.5, -3.5, 3.0, None, 0.0]),
+    (col("f").cast(pa.int32(), safe=False), [7, -7, 1, None, 0]),
+    (col("a").alias("renamed") + 1, [8, -6, 7, None, 1]),
+    (col("s").str.upper(), ["AB ", "X", "YZ", None, "ABC"]),
+    (col("s").str.lower(), ["ab ", "x", "yz", None, "abc"]),
+    (col("s").str.len(), [3, 1, 2, None, 3]),
+    (col("s").str.byte_len(), [3, 1, 2, None, 3]),
+    (col("s").str.capitalize(), ["Ab ", "X", "Yz", None, "Abc"]),
+    (col("s").str.title(), ["Ab ", "X", "Yz", None, "Abc"]),
+    (col("s").str.reverse(), [" bA", "x", "zy", None, "cba"]),
+    (col("s").str.contains("b"), [True, False, False, None, True]),
+    (col("s").str.contains("B", ignore_case=True), [True, False, False, None, True]),
+    (col("s").str.starts_with("a"), [False, False, False, None, True]),
+    (col("s").str.starts_with("a", ignore_case=True), [True, False, False, None, True]),
+    (col("s").str.ends_with("z"), [False, False, True, None, False]),
+    (col("s").str.match("a_c"), [False, False, False, None, True]),
+    (col("s").str.match_regex("^[xy]"), [False, True, True, None, False]),
+    (col("s").str.replace("b", "B"), ["AB ", "x", "yz", None, "aBc"]),
+    (col("s").str.slice(0, 2), ["Ab", "x", "yz", None, "ab"]),
+    (col("s").str.strip(), ["Ab", "x", "yz", None, "abc"]),
+    (col("s").str.strip("aA "), ["b", "x", "yz", None, "bc"]),
+    (col("s").str.lstrip("A"), ["b ", "x", "yz", None, "abc"]),
+    (col("s").str.rstrip(), ["Ab", "x", "yz", None, "abc"]),
+    (col("s").str.len() > 2, [True, False, False, None, True]),
+]
+
+
+@pytest.mark.parametrize(("expr", "expected"), CASES, ids=[str(e) for e, _ in CASES])
+def test_operator_on_a_table_and_as_a_pyarrow_expression(expr, expected):
+    assert _values(expr) == pytest.approx(expected)
+    assert _projected(expr) == pytest.approx(expected)
+
+
+def test_a_boolean_expression_filters_a_table_through_pyarrow():
+    expr = (col("a") >= 0) & col("s").str.contains("b")
+    assert TABLE.filter(expr.to_arrow())["a"].to_pylist() == [7, 0]
+    assert isinstance(expr.to_arrow(), pc.Expression)
+    assert expr.to_arrow().equals(expr.to_pyarrow())
+
+
+def test_floor_division_and_modulo_follow_python():
+    for expr, op in ((col("a") // col("b"), lambda x, y: x // y), (col("a") % col("b"), lambda x, y: x % y)):
+        expected = [_py(op, x, y) for x, y in zip(A, B, strict=True)]
+        on_table = expr.evaluate(TABLE)
+        assert on_table.to_pylist() == expected
+        assert pa.types.is_integer(on_table.type)  # two integers stay integers on a table
+        assert _projected(expr) == pytest.approx(expected)  # float64 inside a pyarrow expression
+    floats = [_py(lambda x, y: x // y, x, 2) for x in F]
+    assert _values(col("f") // 2) == floats
+    assert _values(col("f") % 2) == [_py(lambda x, y: x % y, x, 2) for x in F]
+    assert _values(7 // col("b")) == [7 // y for y in B]
+    assert _values(-7 % col("b")) == [-7 % y for y in B]
+
+
+def test_a_constant_expression_fills_every_row():
+    assert _values(lit(3)) == [3] * TABLE.num_rows
+    assert _values(lit(2) * 4) == [8] * TABLE.num_rows
+
+
+def test_names_columns_repr_and_structure():
+    expr = ((col("a") + 1) * col("b") > 3) & col("s").is_in(["x"])
+    assert expr.columns() == {"a", "b", "s"}
+    assert repr(expr) == "((((col('a') + 1) * col('b')) > 3) & col('s').is_in(['x']))"
+    assert str(expr) == "(((col('a') + 1) * col('b')) > 3) & col('s').is_in(['x'])"
+    assert col("a").name == "a" and (col("a") + 1).alias("b").name == "b" and (col("a") + 1).name is None
+    assert expr.structurally_equals(((col("a") + 1) * col("b") > 3) & col("s").is_in(["x"]))
+    assert not expr.structurally_equals(((col("a") + 2) * col("b") > 3) & col("s").is_in(["x"]))
+    assert isinstance(col("a") == 1, Expr)  # == builds an expression, it does not compare trees
+    copy = pickle.loads(pickle.dumps(expr))
+    assert copy.structurally_equals(expr) and copy.evaluate(TABLE).equals(expr.evaluate(TABLE))
+
+
+def test_misuse_fails_with_a_clear_error():
+    with pytest.raises(TypeError, match=r"no truth value.*&"):
+        bool(col("a") > 1)
+    with pytest.raises(TypeError, match="no truth value"):
+        _ = 0 < col("a") < 5  # a chained comparison needs bool() in between
+    with pytest.raises(TypeError, match="pyarrow expression"):
+        _ = col("a") + pc.field("b")
+    with pytest.raises(TypeError, match="list of values"):
+        col("s").is_in("abc")
+    with pytest.raises(TypeError, match="type name"):
+        col("a").cast("no_such_type")
+    with pytest.raises(TypeError, match="column name"):
+        col(3)  # type: ignore[arg-type]
+    with pytest.raises(KeyError, match="no column 'zz'; the columns are"):
+        (col("zz") + 1).evaluate(TABLE)
+
+
+def test_exported_from_the_package():
+    assert dataflow.col is dataflow.expressions.col and dataflow.lit is dataflow.expressions.lit
+    assert isinstance(dataflow.col("x") > 3, dataflow.expressions.BinaryExpr)
+
+
+# ----- strings ---------------------------------------------------------------------------------
+
+PARSED = [
+    ("a > 5", col("a") > 5),
+    ("a > 5 and s == 'x'", (col("a") > 5) & (col("s") == "x")),
+    ("a > 5 or b <= -4", (col("a") > 5) | (col("b") <= -4)),
+    ("not a > 5", ~(col("a") > 5)),
+    ("(a + b) * 2 >= 10 - b", (col("a") + col("b")) * 2 >= 10 - col("b")),
+    ("a / b > 1", col("a") / col("b") > 1),
+    ("a // b == -2 or a % b == 1", (col("a") // col("b") == -2) | (col("a") % col("b") == 1)),
+    ("-a < 0", -col("a") < 0),
+    ("+a > 0", col("a") > 0),
+    ("0 < a <= 7", (lit(0) < col("a")) & (col("a") <= 7)),
+    ("a in [7, 0]", col("a").is_in([7, 0])),
+    ("s not in ('x', 'yz')", col("s").not_in(["x", "yz"])),
+    ("a in {-7}", col("a").is_in([-7])),
+    ("a is None", col("a").is_null()),
+    ("a is not None", col("a").is_not_null()),
+    ("is_null(a) or is_not_null(s)", col("a").is_null() | col("s").is_not_null()),
+    ("is_valid(a)", col("a").is_not_null()),
+    ("is_in(b, [2, 3])", col("b").is_in([2, 3])),
+    ("t == True", col("t") == True),  # noqa: E712 - builds an expression
+    ("(a > 0) & ~(b > 2) | (f < 0)", ((col("a") > 0) & ~(col("b") > 2)) | (col("f") < 0)),
+    ("col('odd name') == 1.5", col("odd name") == 1.5),
+    ("user.age > 3", col("user.age") > 3),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), PARSED, ids=[t for t, _ in PARSED])
+def test_string_is_parsed_into_the_same_expression(text, expected):
+    parsed = parse(text)
+    assert parsed.structurally_equals(expected), (repr(parsed), repr(expected))
+    if expected.columns() <= set(TABLE.column_names):
+        assert _values(parsed) == _values(expected)
+
+
+def test_is_nan_in_a_string():
+    table = pa.table({"x": [1.0, float("nan"), None]})
+    assert parse("is_nan(x)").evaluate(table).to_pylist() == [False, True, None]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("a >", "invalid filter expression 'a >'"),
+        ("", "invalid filter expression ''"),
+        ("__import__('os').system('true')", "is not a known function"),
+        ("a.upper() == 'X'", "is not a known function"),
+        ("open('/etc/passwd')", "is not a known function"),
+        ("lambda: 1", "'lambda: 1' is not supported"),
+        ("a ** 2 > 1", "Pow is not supported"),
+        ("a if b else c", "is not supported"),
+        ("a[0] > 1", "is not supported"),
+        ("a == None", "x is None"),
+        ("a is 3", "only compare with None"),
+        ("a in b", "list of constants"),
+        ("a in [b, 1]", "'b' is not one"),
+        ("is_null(a, b)", "takes 1 argument, got 2"),
+        ("is_null(x=a)", "no keyword arguments"),
+        ("col(a) > 1", "column name in quotes"),
+        ("a == b'x'", "not a number, string or boolean"),
+        ("(1).real > 0", "is not a column name"),
+        ("[1, 2]", "is not supported"),
+    ],
+)
+def test_a_bad_string_raises_value_error_naming_it(text, reason):
+    with pytest.raises(ValueError, match="invalid filter expression") as info:
+        parse(text)
+    assert reason in str(info.value)
+    assert repr(text) in str(info.value)
+
+
+def test_a_deeply_nested_string_is_refused():
+    with pytest.raises(ValueError, match="invalid filter expression"):
+        parse("(" * 10_000 + "a" + ")" * 10_000)
+
+
+# ----- Dataset methods and plans -----------------------------------------------------------------
+
+
+def _parquet(tmp_path) -> str:
+    table = pa.table({"id": pa.array(range(100), pa.int64()), "k": [i % 4 for i in range(100)]})
+    pq.write_table(table, tmp_path / "part.parquet", row_group_size=10)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("expr", ["id < 15 and k == 1", (col("id") < 15) & (col("k") == 1)], ids=["string", "expr"])
+def test_filter_is_pushed_into_a_parquet_read(tmp_path, expr):
+    ds = dataflow.read_parquet(_parquet(tmp_path)).filter(expr=expr)
+    node = ds._plan
+    assert isinstance(node, MapStages) and isinstance(node.stages[0].fn, FilterExpr)
+    assert node.filter_expr.equals((pc.field("id") < 15) & (pc.field("k") == 1))
+    plan = optimize(node)
+    assert isinstance(plan, Read)  # the filter became part of the read
+    assert plan.datasource._filter.equals(node.filter_expr)
+
+
+def test_filter_keeps_taking_pyarrow_expressions():
+    pushed = pc.field("id") > 3
+    node = dataflow.range(10).filter(expr=pushed)._plan
+    assert isinstance(node, MapStages) and isinstance(node.stages[0].fn, FilterExpression)
+    assert node.filter_expr.equals(pushed) and node.stages[0].name == "Filter((id > 3))"
+
+
+def test_filter_arguments_are_checked_when_called():
+    ds = dataflow.range(10)
+    with pytest.raises(ValueError, match=r"invalid filter expression 'id >>'"):
+        ds.filter(expr="id >>")
+    with pytest.raises(TypeError, match=r"takes a string.*got int"):
+        ds.filter(expr=3)
+    with pytest.raises(ValueError, match="exactly one of fn or expr"):
+        ds.filter(lambda r: True, expr="id > 1")
+    assert ds.filter(expr="id > 1")._plan.stages[0].name == "Filter(col('id') > 1)"
+
+
+def test_filter_step_names_a_missing_column():
+    step = FilterExpr(parse("zz > 1 and id > 0"))
+    with pytest.raises(KeyError, match="no column 'zz'; the columns are \\['id'\\]"):
+        step(pa.table({"id": [1, 2]}))
+    assert FilterExpr(parse("id > 1"))(pa.table({"id": [1, 2]}))["id"].to_pylist() == [2]
+
+
+def test_with_columns_step_adds_and_replaces_from_the_input():
+    step = WithColumns({"b": col("a") * 10, "a": col("a") + 1, "c": col("b").fill_null(0)})
+    out = step(pa.table({"a": [1, 2], "b": [None, 5]}))
+    assert out.column_names == ["a", "b", "c"]  # a replaced in place, c appended
+    assert out.to_pydict() == {"a": [2, 3], "b": [10, 20], "c": [0, 5]}  # c read the input's b
+    with pytest.raises(KeyError, match="with_column\\('x'\\): no column 'zz'"):
+        WithColumns({"x": col("zz")})(pa.table({"a": [1]}))
+
+
+def test_with_column_plans_a_row_preserving_step():
+    ds = dataflow.range(100).with_column("twice", col("id") * 2)
+    assert isinstance(ds._plan, MapStages) and ds._plan.stages[0].name == "WithColumn(twice=col('id') * 2)"
+    assert count_from_metadata(optimize(ds._plan)) == 100  # the row count is still known
+    many = dataflow.range(100).with_columns([(col("id") + 1).alias("next"), col("id")])
+    assert many._plan.stages[0].name == "WithColumns(['next', 'id'])"
+    assert dataflow.range(3).with_columns({"x": lit(1)})._plan.stages[0].fn.exprs["x"].structurally_equals(lit(1))
+
+
+def test_with_columns_arguments_are_checked_when_called():
+    ds = dataflow.range(10)
+    with pytest.raises(ValueError, match="has no name"):
+        ds.with_columns([col("id") + 1])
+    with pytest.raises(TypeError, match="expected an expression"):
+        ds.with_column("x", pc.field("id"))
+    with pytest.raises(TypeError, match="dict of name"):
+        ds.with_columns(col("id"))
+    with pytest.raises(ValueError, match="given twice"):
+        ds.with_columns([col("id"), col("id").alias("id")])
+    with pytest.raises(ValueError, match="at least one"):
+        ds.with_columns({})
+    with pytest.raises(TypeError, match="non-empty string"):
+        ds.with_column("", col("id"))

@@ -16,6 +16,9 @@ Modules, in the order a dataset meets them:
 * ``optimizer``   fuse maps, push projections and filters into reads, count from metadata
 * ``compile``     logical plan -> engine operators
 * ``iterator``    DataIterator: fetch -> rebatch -> shuffle -> format -> prefetch
+* ``splitting``   split / split_at_indices / train_test_split: materialized parts sharing blocks
+* ``sources``     which datasources and files a plan reads (``input_files``)
+* ``ray_api``     Ray Data's public names; the error for those dataflow does not provide
 * ``context``     DataContext and options(); the environment is read there only
 * ``errors``      the exceptions users catch
 

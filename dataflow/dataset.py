@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from dataflow import all_to_all
+from dataflow import all_to_all, ray_api
 from dataflow import builtins as bi
 from dataflow import expressions as ex
 from dataflow.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, Sum
@@ -25,6 +25,7 @@ from dataflow.join import join_node, zip_node
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
 from dataflow.shuffle import random_sample_batch
+from dataflow.sources import input_sources
 from dataflow.udf import builtin_node, map_node
 from engine import runner
 from engine.runner import ExecutionHandle
@@ -34,6 +35,9 @@ from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
 
 class Dataset:
     """A distributed collection of rows, computed lazily and streamed block by block."""
+
+    _dataset_name: str | None = None
+    """``set_name``'s name; datasets derived from this one (and ``materialize()``) inherit it."""
 
     def __init__(self, plan: LogicalNode) -> None:
         self._plan = plan
@@ -54,7 +58,9 @@ class Dataset:
         return handle
 
     def _derive(self, plan: LogicalNode) -> Dataset:
-        return Dataset(plan)
+        derived = Dataset(plan)
+        derived._dataset_name = self._dataset_name
+        return derived
 
     # transformations ------------------------------------------------------------------------
     def map(
@@ -274,7 +280,7 @@ class Dataset:
 
     # consuming ------------------------------------------------------------------------------
     def iterator(self) -> DataIterator:
-        return DataIterator(self._execute, explain(self._plan).splitlines()[0])
+        return DataIterator(self._execute, explain(self._plan).splitlines()[0], dataset=self)
 
     def iter_batches(
         self,
@@ -349,6 +355,73 @@ class Dataset:
             self._execute, n, equal, max_pending_bytes=ctx.execution_options.consumer_buffer_bytes
         )
         return [SplitIterator(coordinator, coordinator.key, coordinator.address, i, n) for i in range(n)]
+
+    # splitting into materialized parts (dataflow.splitting) ----------------------------------
+    def split(self, n: int, *, equal: bool = False, locality_hints: list[Any] | None = None) -> list[MaterializedDataset]:
+        """Materialize and split into ``n`` disjoint MaterializedDatasets.
+
+        As Ray Data: ``equal=False`` deals whole blocks, ``n`` runs of consecutive blocks whose
+        block counts differ by at most one (a part may be empty when there are fewer blocks
+        than ``n``); ``equal=True`` gives each part exactly ``floor(rows / n)`` rows, in order,
+        and drops the remainder. ``locality_hints`` (``n`` actors) only has its length checked:
+        on one machine every block is local. Parts share the blocks (only a block a cut runs
+        through is sliced into new ones).
+        """
+        from dataflow import splitting
+
+        return splitting.split(self, n, equal=equal, locality_hints=locality_hints)
+
+    def split_at_indices(self, indices: list[int]) -> list[MaterializedDataset]:
+        """Materialize and split at the row ``indices`` (sorted, >= 0), as ``np.split``:
+        ``len(indices) + 1`` parts; an index past the end gives empty parts."""
+        from dataflow import splitting
+
+        return splitting.split_at_indices(self, indices)
+
+    def split_proportionately(self, proportions: list[float]) -> list[MaterializedDataset]:
+        """Materialize and split by ``proportions`` (each > 0, summing to less than 1; the last
+        part gets the rest): ``len(proportions) + 1`` parts, cut at ``int(rows * cumulative
+        proportion)`` and moved so that each has at least one row (ValueError if impossible)."""
+        from dataflow import splitting
+
+        return splitting.split_proportionately(self, proportions)
+
+    def train_test_split(
+        self, test_size: float, *, shuffle: bool = False, seed: int | None = None, stratify: str | None = None
+    ) -> tuple[MaterializedDataset, MaterializedDataset]:
+        """Materialize and split into train and test parts.
+
+        ``test_size``: a float in (0, 1), the test fraction (train gets ``int(rows * (1 -
+        test_size))`` rows: ``range(8)`` with 0.25 gives 6 and 2), or an int in (0, rows), the
+        test rows. ``shuffle=True`` runs ``random_shuffle(seed=seed)`` first. ``stratify``: a
+        column; each of its classes is split in the same proportion (its first ``n - int(n *
+        fraction)`` rows train), the rows keeping their order; not with ``shuffle``.
+        """
+        from dataflow import splitting
+
+        return splitting.train_test_split(self, test_size, shuffle=shuffle, seed=seed, stratify=stratify)
+
+    def streaming_train_test_split(
+        self,
+        test_size: float,
+        *,
+        split_type: str = "random",
+        hash_column: str | None = None,
+        seed: int | None = None,
+        **ray_remote_kwargs: Any,
+    ) -> tuple[Dataset, Dataset]:
+        """Lazy train and test datasets: each row goes to test with probability ``test_size``.
+
+        ``split_type="random"``: drawn per row, seeded with ``seed`` (and, per block, with the
+        block's first, middle and last rows), so the two datasets, each its own execution, agree
+        on every row. ``"hash"``: by the hash of ``hash_column``'s value, as Ray Data (equal
+        values on the same side). ``ray_remote_kwargs`` go to ``map_batches`` (``num_cpus``...).
+        """
+        from dataflow import splitting
+
+        return splitting.streaming_train_test_split(
+            self, test_size, split_type=split_type, hash_column=hash_column, seed=seed, **ray_remote_kwargs
+        )
 
     def take(self, limit: int = 20) -> list[dict[str, Any]]:
         """The first ``limit`` rows as dicts."""
@@ -437,7 +510,10 @@ class Dataset:
         self._last_stats = handle.stats()
         # blocks passed through from a materialized input stay that dataset's: keep it alive
         inputs = [node.owner for node in walk(self._plan) if isinstance(node, InputBlocks)] if len(owned) < len(refs) else []
-        return MaterializedDataset(refs, handle, self._last_stats, owned=owned, keepalive=inputs)
+        result = MaterializedDataset(refs, handle, self._last_stats, owned=owned, keepalive=inputs)
+        result._blocks.sources = input_sources(self._plan)  # for input_files()
+        result._dataset_name = self._dataset_name
+        return result
 
     # writing --------------------------------------------------------------------------------
     def write_datasink(self, datasink: Any) -> None:
@@ -575,7 +651,60 @@ class Dataset:
             self._last_stats = handle.stats()
         if self._last_stats is None:
             return "This dataset has not been executed yet."
-        return str(self._last_stats)
+        heading = f"Dataset {self._dataset_name}:\n" if self._dataset_name else ""
+        return heading + str(self._last_stats)
+
+    @property
+    def name(self) -> str | None:
+        """The name given with ``set_name`` (None if none)."""
+        return self._dataset_name
+
+    def set_name(self, name: str | None) -> None:
+        """Name this dataset (and what is derived from it from now on); ``stats()`` shows it."""
+        self._dataset_name = name
+
+    @staticmethod
+    def copy(ds: Dataset, _deep_copy: bool = False, _as: type | None = None) -> Dataset:
+        """Another Dataset object for the same plan, as Ray's ``Dataset.copy(ds)`` (a static
+        method): for a materialized dataset, another one sharing its blocks. Plans are
+        immutable, so ``_deep_copy`` changes nothing; ``_as`` is a class ``ds`` is an instance of."""
+        cls = _as or type(ds)
+        if not isinstance(ds, cls):
+            msg = f"copy(_as=...) must be a class the dataset is an instance of, got {cls.__name__} for {type(ds).__name__}"
+            raise TypeError(msg)
+        twin = cls.__new__(cls)
+        twin.__dict__.update(ds.__dict__)
+        return twin
+
+    def num_blocks(self) -> int:
+        """Only a MaterializedDataset knows its blocks (as in Ray Data): NotImplementedError."""
+        msg = (
+            "the number of blocks is only known for a MaterializedDataset, because it may change "
+            "during execution; call ds.materialize() to get one"
+        )
+        raise NotImplementedError(msg)
+
+    def size_bytes(self) -> int:
+        """Bytes of the dataset's blocks in memory (runs the plan unless it is materialized)."""
+        if isinstance(self._plan, InputBlocks):
+            return sum(ref.size_bytes for ref in self._plan.refs)
+        handle = self._execute()
+        total = 0
+        for ref in handle.iter_refs():
+            total += ref.size_bytes
+            handle.release(ref)
+        self._last_stats = handle.stats()
+        return total
+
+    def input_files(self) -> list[str]:
+        """The files the dataset's rows are read from (also after ``materialize()``); [] if none."""
+        from dataflow.sources import input_files
+
+        return input_files(self._plan)
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a name the dataset lacks: say so when it is one of Ray Data's
+        raise ray_api.attribute_error(self, name, ray_api.RAY_DATASET_API)
 
     def explain(self) -> str:
         """The logical plan, and the plan after optimization (fused maps, pushdowns)."""
@@ -594,6 +723,9 @@ class _Blocks:
     ``owned`` are the blocks its execution produced; the others belong to the materialized
     datasets it read (``keepalive``), which stay alive as long as this one does.
     """
+
+    sources: tuple[Any, ...] = ()
+    """The datasources the blocks were read from (``Dataset.input_files``; set by ``materialize``)."""
 
     def __init__(self, refs: list[Any], handle: ExecutionHandle, owned: list[Any], keepalive: list[Any]) -> None:
         self.refs = refs

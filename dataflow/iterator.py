@@ -28,12 +28,72 @@ _END = object()
 class DataIterator:
     """Iterates one dataset; every ``iter_*`` call runs the plan again (one epoch)."""
 
-    def __init__(self, execute: Callable[[], Any], name: str = "Dataset") -> None:
+    def __init__(self, execute: Callable[[], Any], name: str = "Dataset", dataset: Any = None) -> None:
+        """``execute()`` starts one epoch; ``dataset`` is the Dataset iterated, when there is one
+        (``schema`` and ``materialize`` ask it)."""
         self._execute = execute
         self._name = name
+        self._dataset = dataset
+        self._last_handle: Any = None
 
     def __repr__(self) -> str:
         return f"DataIterator({self._name})"
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a name the iterator lacks: say so when it is one of Ray Data's
+        from dataflow import ray_api
+
+        raise ray_api.attribute_error(self, name, ray_api.RAY_DATA_ITERATOR_API)
+
+    def stats(self) -> str:
+        """Per-operator statistics of the last epoch this iterator ran (see ``Dataset.stats``)."""
+        stats = getattr(self._last_handle, "stats", None)
+        if stats is None:
+            return "This iterator has not been executed yet."
+        return str(stats())
+
+    def schema(self) -> pa.Schema | None:
+        """The schema of the dataset iterated (``Dataset.schema``); None when it is not known
+        without reading an epoch (an iterator of ``streaming_split``)."""
+        return self._dataset.schema() if self._dataset is not None else None
+
+    def materialize(self) -> Any:
+        """Run an epoch and keep its blocks: a ``MaterializedDataset``, as Ray Data's."""
+        if self._dataset is not None:
+            return self._dataset.materialize()
+        from dataflow.context import options
+        from dataflow.read_api import from_arrow
+
+        tables = list(self.iter_blocks())  # an epoch of a split: its blocks are not ours to keep
+        with options(preserve_order=True):
+            return from_arrow(tables).materialize()
+
+    def to_torch(
+        self,
+        *,
+        label_column: str | None = None,
+        feature_columns: list[str] | list[list[str]] | dict[str, list[str]] | None = None,
+        label_column_dtype: Any = None,
+        feature_column_dtypes: Any = None,
+        batch_size: int = 1,
+        prefetch_batches: int = 1,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        unsqueeze_label_tensor: bool = True,
+        unsqueeze_feature_tensors: bool = True,
+    ) -> Any:
+        """A torch ``IterableDataset`` of ``(features, label)`` tensors (deprecated in Ray Data,
+        as here: use ``iter_torch_batches``). See ``dataflow.torch_batches.to_torch``."""
+        from dataflow.torch_batches import to_torch
+
+        return to_torch(
+            self, label_column=label_column, feature_columns=feature_columns, label_column_dtype=label_column_dtype,
+            feature_column_dtypes=feature_column_dtypes, batch_size=batch_size, prefetch_batches=prefetch_batches,
+            drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed, unsqueeze_label_tensor=unsqueeze_label_tensor,
+            unsqueeze_feature_tensors=unsqueeze_feature_tensors,
+        )
 
     def iter_blocks(self, *, on_execute: Callable[[Any], None] | None = None) -> Iterator[pa.Table]:
         """Blocks as Arrow tables, each released once the caller moves to the next.
@@ -42,6 +102,7 @@ class DataIterator:
         store, such as the torch stage deciding whether zero-copy tensors are private, use it).
         """
         handle = self._execute()
+        self._last_handle = handle
         if on_execute is not None:
             on_execute(handle)
         refs = handle.iter_refs()

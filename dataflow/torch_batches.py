@@ -545,4 +545,126 @@ class _BlockFileReader:
         return [pa.ipc.open_file(pa.memory_map(self.path)).read_all()]
 
 
-__all__ = ["DeviceMover", "TorchIterableDataset", "iter_torch_batches", "resolve_device", "to_tensors"]
+# ----- DataIterator.to_torch (deprecated in Ray Data, kept for code ported from it) -----------
+
+
+class _EpochDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """An IterableDataset whose every iteration calls ``make()`` (one epoch of the iterator)."""
+
+    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
+        self._make = make
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._make()
+
+
+def to_torch(
+    iterator: DataIterator,
+    *,
+    label_column: str | None = None,
+    feature_columns: Any = None,
+    label_column_dtype: torch.dtype | None = None,
+    feature_column_dtypes: Any = None,
+    batch_size: int = 1,
+    prefetch_batches: int = 1,
+    drop_last: bool = False,
+    local_shuffle_buffer_size: int | None = None,
+    local_shuffle_seed: int | None = None,
+    unsqueeze_label_tensor: bool = True,
+    unsqueeze_feature_tensors: bool = True,
+) -> torch.utils.data.IterableDataset:  # type: ignore[type-arg]
+    """Ray Data's ``DataIterator.to_torch``: an IterableDataset of ``(features, label)`` batches.
+
+    ``features`` is one ``(N, columns)`` tensor (``feature_columns`` a list, or None: every
+    column but the label), a list of them (a list of lists) or a dict of them (a dict of
+    lists); ``label`` is ``(N, 1)`` (``(N,)`` without ``unsqueeze_label_tensor``), or None
+    without ``label_column``. Each column is ``(N, 1)`` before concatenation unless
+    ``unsqueeze_feature_tensors=False``. Deprecated in Ray Data, and here: use
+    ``iter_torch_batches``, which keeps columns apart and copies nothing.
+    """
+    warnings.warn(
+        "DataIterator.to_torch is deprecated (as in Ray Data); use iter_torch_batches instead",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    check_batch_size(batch_size)
+    feature_columns = feature_columns or None
+    _check_feature_dtypes(feature_columns, feature_column_dtypes)
+
+    def features_of(table: pa.Table) -> Any:
+        if isinstance(feature_columns, Mapping):
+            dtypes = feature_column_dtypes if isinstance(feature_column_dtypes, Mapping) else None
+            return {
+                key: _columns_tensor(table, list(cols), dtypes[key] if dtypes else feature_column_dtypes,
+                                     unsqueeze_feature_tensors)
+                for key, cols in feature_columns.items()
+            }
+        if feature_columns and isinstance(feature_columns[0], (list, tuple)):
+            dtypes = feature_column_dtypes
+            if not isinstance(dtypes, (list, tuple)):
+                dtypes = [dtypes] * len(feature_columns)
+            return [_columns_tensor(table, list(cols), dt, unsqueeze_feature_tensors)
+                    for cols, dt in zip(feature_columns, dtypes, strict=True)]
+        if feature_column_dtypes is not None and not isinstance(feature_column_dtypes, torch.dtype):
+            msg = f"with feature_columns a list of names, feature_column_dtypes must be None or one torch.dtype, got {type(feature_column_dtypes)}"
+            raise TypeError(msg)
+        return _columns_tensor(table, list(feature_columns or table.column_names), feature_column_dtypes,
+                               unsqueeze_feature_tensors)
+
+    def epoch() -> Iterator[Any]:
+        for table in iterator.iter_batches(
+            batch_size=batch_size, batch_format="pyarrow", prefetch_batches=prefetch_batches, drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size, local_shuffle_seed=local_shuffle_seed,
+        ):
+            label = None
+            if label_column:
+                label = _columns_tensor(table, [label_column], label_column_dtype, unsqueeze_label_tensor)
+                table = table.drop_columns([label_column])
+            yield features_of(table), label
+
+    return _EpochDataset(epoch)
+
+
+def _check_feature_dtypes(columns: Any, dtypes: Any) -> None:
+    """Ray Data's checks of ``feature_column_dtypes`` against the shape of ``feature_columns``."""
+    if not dtypes or isinstance(dtypes, torch.dtype) or columns is None:
+        return
+    if isinstance(columns, Mapping):
+        if not isinstance(dtypes, Mapping):
+            msg = f"If `feature_columns` is a dict, `feature_column_dtypes` must be None, `torch.dtype`, or dict, got {type(dtypes)}."
+            raise TypeError(msg)
+        if set(columns) != set(dtypes):
+            msg = "`feature_columns` and `feature_column_dtypes` must have the same keys."
+            raise ValueError(msg)
+        if any(not cols for cols in columns.values()):
+            msg = "column list may not be empty"
+            raise ValueError(msg)
+    elif isinstance(columns[0], (list, tuple)):
+        if not isinstance(dtypes, (list, tuple)):
+            msg = f"If `feature_columns` is a list of lists, `feature_column_dtypes` must be None, `torch.dtype`, or a sequence, got {type(dtypes)}."
+            raise TypeError(msg)
+        if len(columns) != len(dtypes):
+            msg = "`feature_columns` and `feature_column_dtypes` must have the same length."
+            raise ValueError(msg)
+        if any(not cols for cols in columns):
+            msg = "column list may not be empty"
+            raise ValueError(msg)
+
+
+def _columns_tensor(table: pa.Table, columns: list[str], dtype: torch.dtype | None, unsqueeze: bool) -> torch.Tensor:
+    """``columns`` of ``table`` as one tensor: each ``(N, 1)`` (or ``(N, ...)``) side by side."""
+    batch = to_batch(table.select(columns), "numpy")
+    tensors = []
+    for name in columns:
+        try:
+            tensor = column_tensor(name, batch[name], dtype, private=True)
+        except (TypeError, ValueError, RuntimeError) as err:
+            msg = f"Failed to convert column {name} to a Torch Tensor of dtype {dtype}. See above exception chain for the exact failure."
+            raise ValueError(msg) from err
+        tensors.append(tensor.unsqueeze(1) if unsqueeze else tensor)
+    if len(tensors) > 1:
+        return torch.cat(tensors, dim=1)  # new memory
+    return tensors[0].clone()  # not a view of the block: the caller may write into it
+
+
+__all__ = ["DeviceMover", "TorchIterableDataset", "iter_torch_batches", "resolve_device", "to_tensors", "to_torch"]

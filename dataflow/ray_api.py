@@ -1,0 +1,55 @@
+"""Ray Data's public names, in one place: which of them dataflow provides is computed, not listed.
+
+``Dataset.__getattr__`` and ``DataIterator.__getattr__`` ask ``attribute_error`` for the error of
+a name they lack: a name of Ray Data 2.60's API gets one saying dataflow does not provide it (so
+a pipeline ported from Ray fails with a message that says why), any other name the usual one.
+``missing`` says which of Ray's names a class lacks right now; the README's list is made with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+RAY_DATASET_API: tuple[str, ...] = (
+    # the public methods and properties of ray.data.Dataset / MaterializedDataset in Ray 2.60
+    "add_column", "aggregate", "columns", "context", "copy", "count", "deserialize_lineage",
+    "drop_columns", "explain", "filter", "flat_map", "get_dataset_id", "get_internal_block_refs",
+    "get_stats_summary", "groupby", "has_serializable_lineage", "input_files",
+    "iter_batches", "iter_internal_ref_bundles", "iter_jax_batches", "iter_rows", "iter_tf_batches",
+    "iter_torch_batches", "iterator", "join", "limit", "map", "map_batches", "map_batches_internal",
+    "materialize", "max", "mean", "min", "mix", "name", "num_blocks", "random_sample",
+    "random_shuffle", "randomize_block_order", "rename_columns", "repartition", "schema",
+    "select_columns", "serialize_lineage", "set_name", "show", "size_bytes", "sort", "split",
+    "split_at_indices", "split_proportionately", "stats", "std", "streaming_split",
+    "streaming_train_test_split", "sum", "summary", "take", "take_all", "take_batch", "to_arrow_refs",
+    "to_daft", "to_dask", "to_mars", "to_modin", "to_numpy_refs", "to_pandas", "to_pandas_refs",
+    "to_random_access_dataset", "to_spark", "to_tf", "train_test_split", "union", "unique",
+    "with_column", "with_columns", "write_bigquery", "write_clickhouse", "write_csv", "write_datasink",
+    "write_delta", "write_iceberg", "write_images", "write_json", "write_kafka", "write_lance",
+    "write_mongo", "write_numpy", "write_orc", "write_parquet", "write_snowflake", "write_sql",
+    "write_tfrecords", "write_turbopuffer", "write_webdataset", "zip",
+)  # fmt: skip
+
+RAY_DATA_ITERATOR_API: tuple[str, ...] = (
+    # the public methods of ray.data.DataIterator in Ray 2.60
+    "get_context", "iter_batches", "iter_jax_batches", "iter_rows", "iter_tf_batches",
+    "iter_torch_batches", "materialize", "schema", "stats", "to_tf", "to_torch",
+)  # fmt: skip
+
+
+def missing(cls: type, names: Iterable[str]) -> list[str]:
+    """The names of ``names`` that ``cls`` does not have, in their order."""
+    return [name for name in names if not hasattr(cls, name)]
+
+
+def attribute_error(obj: object, name: str, ray_names: tuple[str, ...]) -> AttributeError:
+    """The error for ``obj.name`` when ``obj`` has no such attribute."""
+    kind = type(obj).__name__
+    if name in ray_names:
+        msg = (
+            f"{kind}.{name} is a Ray Data API that dataflow does not provide; the README's "
+            "'Ray Data APIs not provided' lists them all"
+        )
+    else:
+        msg = f"{kind!r} object has no attribute {name!r}"
+    return AttributeError(msg, name=name, obj=obj)

@@ -1,0 +1,106 @@
+"""Small Dataset and DataIterator API of Ray Data: num_blocks, size_bytes, input_files, name,
+copy; DataIterator.stats, schema, materialize, to_torch. On both execution modes."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+from dataflow.dataset import MaterializedDataset
+
+
+def test_num_blocks_only_for_materialized(mode):
+    ds = dataflow.range(100, override_num_blocks=4)
+    with pytest.raises(NotImplementedError, match="materialize"):
+        ds.num_blocks()
+    assert ds.materialize().num_blocks() == 4
+
+
+def test_size_bytes(mode):
+    assert dataflow.range(10).size_bytes() == 80  # Ray's example
+    ds = dataflow.range(1000, override_num_blocks=3).map_batches(lambda b: {"id": b["id"], "y": b["id"] * 1.0})
+    assert ds.size_bytes() == 16_000
+    assert ds.materialize().size_bytes() == 16_000
+
+
+def test_input_files_also_after_materialize_and_split(mode, tmp_path):
+    for i in range(2):
+        pq.write_table(pa.table({"x": list(range(i * 5, i * 5 + 5))}), tmp_path / f"part-{i}.parquet")
+    ds = dataflow.read_parquet(str(tmp_path))
+    files = sorted(ds.input_files())
+    assert [f.rsplit("/", 1)[-1] for f in files] == ["part-0.parquet", "part-1.parquet"]
+    assert sorted(ds.map(lambda r: r).input_files()) == files
+    materialized = ds.materialize()
+    assert sorted(materialized.input_files()) == files
+    assert sorted(materialized.split(2)[0].input_files()) == files
+    assert dataflow.range(10).input_files() == []
+
+
+def test_name_is_inherited_and_shown_in_stats(mode):
+    ds = dataflow.range(10)
+    assert ds.name is None
+    ds.set_name("train")
+    assert ds.name == "train"
+    mapped = ds.map(lambda r: r)
+    assert mapped.name == "train"
+    materialized = mapped.materialize()
+    assert materialized.name == "train"
+    assert materialized.stats().startswith("Dataset train:")
+
+
+def test_copy_is_a_static_method_sharing_the_plan(mode):
+    materialized = dataflow.range(10, override_num_blocks=2).materialize()
+    twin = dataflow.Dataset.copy(materialized)
+    assert isinstance(twin, MaterializedDataset) and twin is not materialized
+    assert twin.take_all() == materialized.take_all()
+    del materialized
+    assert twin.count() == 10  # the blocks live as long as any copy
+    plain = dataflow.Dataset.copy(dataflow.range(3))
+    assert type(plain) is dataflow.Dataset and plain.count() == 3
+
+
+def test_iterator_stats_schema_materialize(mode):
+    ds = dataflow.range(20, override_num_blocks=2)
+    it = ds.iterator()
+    assert it.schema() == pa.schema([("id", pa.int64())])
+    assert "not been executed" in it.stats()
+    assert sum(len(b["id"]) for b in it.iter_batches(batch_size=8)) == 20
+    assert "ReadRange" in it.stats()
+    materialized = it.materialize()
+    assert isinstance(materialized, MaterializedDataset) and materialized.count() == 20
+
+
+def test_split_iterator_materialize(mode):
+    its = dataflow.range(100, override_num_blocks=4).streaming_split(1)
+    materialized = its[0].materialize()
+    assert sorted(r["id"] for r in materialized.take_all()) == list(range(100))
+    assert its[0].schema() is None
+
+
+def test_iterator_to_torch_as_ray(mode):
+    torch = pytest.importorskip("torch")
+    ds = dataflow.from_items([{"a": float(i), "b": 2.0 * i, "y": i} for i in range(5)])
+    with pytest.deprecated_call():
+        torch_ds = ds.iterator().to_torch(label_column="y", batch_size=2)
+    batches = list(torch_ds)
+    features, label = batches[0]
+    assert features.shape == (2, 2) and label.shape == (2, 1)
+    assert torch.equal(features, torch.tensor([[0.0, 0.0], [1.0, 2.0]], dtype=torch.float64))
+    assert [len(lbl) for _, lbl in batches] == [2, 2, 1]
+    with pytest.deprecated_call():
+        grouped = ds.iterator().to_torch(
+            feature_columns={"x": ["a"], "z": ["a", "b"]}, feature_column_dtypes={"x": torch.float32, "z": torch.float32},
+            batch_size=5,
+        )
+    ((features, label),) = list(grouped)
+    assert label is None and features["x"].shape == (5, 1) and features["z"].shape == (5, 2)
+    assert features["x"].dtype == torch.float32
+    with pytest.deprecated_call():
+        flat = ds.iterator().to_torch(feature_columns=["a"], label_column="y", unsqueeze_feature_tensors=False,
+                                      unsqueeze_label_tensor=False, batch_size=5)
+    ((features, label),) = list(flat)
+    assert features.shape == (5,) and label.tolist() == [0, 1, 2, 3, 4]
+    with pytest.deprecated_call(), pytest.raises(ValueError, match="same keys"):
+        ds.iterator().to_torch(feature_columns={"x": ["a"]}, feature_column_dtypes={"q": torch.float32})

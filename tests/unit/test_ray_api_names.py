@@ -1,0 +1,75 @@
+"""A Ray Data name dataflow lacks says so; other unknown names fail as usual. Nothing executes."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+
+import dataflow
+from dataflow import ray_api
+from dataflow.dataset import Dataset, MaterializedDataset
+from dataflow.iterator import DataIterator
+
+
+def test_the_name_lists_are_sorted_and_unique():
+    for names in (ray_api.RAY_DATASET_API, ray_api.RAY_DATA_ITERATOR_API):
+        assert list(names) == sorted(set(names))
+
+
+def test_the_split_family_and_small_api_are_provided():
+    provided = {"split", "split_at_indices", "split_proportionately", "train_test_split",
+                "streaming_train_test_split", "size_bytes", "input_files", "name", "set_name", "copy",
+                "num_blocks"}
+    assert provided <= set(ray_api.RAY_DATASET_API)
+    assert not provided & set(ray_api.missing(Dataset, ray_api.RAY_DATASET_API))
+    assert not {"stats", "schema", "materialize", "to_torch"} & set(
+        ray_api.missing(DataIterator, ray_api.RAY_DATA_ITERATOR_API)
+    )
+
+
+@pytest.mark.parametrize("name", ray_api.missing(Dataset, ray_api.RAY_DATASET_API))
+def test_a_ray_name_dataflow_lacks_says_so(name):
+    ds = dataflow.range(10)
+    with pytest.raises(AttributeError, match="is a Ray Data API that dataflow does not provide") as info:
+        getattr(ds, name)
+    assert f"Dataset.{name} " in str(info.value)
+    assert info.value.name == name and info.value.obj is ds
+    assert not hasattr(ds, name)
+
+
+@pytest.mark.parametrize("name", ray_api.missing(DataIterator, ray_api.RAY_DATA_ITERATOR_API))
+def test_a_ray_iterator_name_dataflow_lacks_says_so(name):
+    it = dataflow.range(10).iterator()
+    with pytest.raises(AttributeError, match=f"DataIterator.{name} is a Ray Data API that dataflow does not provide"):
+        getattr(it, name)
+
+
+def test_other_names_fail_as_usual():
+    ds = dataflow.range(10)
+    with pytest.raises(AttributeError, match=r"^'Dataset' object has no attribute 'mapp'$"):
+        ds.mapp
+    with pytest.raises(AttributeError, match=r"^'DataIterator' object has no attribute 'iter_batch'$"):
+        ds.iterator().iter_batch
+    assert getattr(ds, "_not_there", None) is None
+
+
+def test_materialized_dataset_gets_the_same_answer():
+    name = next(iter(ray_api.missing(MaterializedDataset, ray_api.RAY_DATASET_API)), None)
+    if name is None:
+        pytest.skip("dataflow provides every Ray Data Dataset name")
+    ds = MaterializedDataset.__new__(MaterializedDataset)  # no blocks needed to look a name up
+    with pytest.raises(AttributeError, match=r"MaterializedDataset\.\w+ is a Ray Data API"):
+        getattr(ds, name)
+
+
+def test_datasets_still_copy_and_pickle():
+    ds = dataflow.range(10).map(lambda r: r)
+    ds.set_name("x")
+    assert copy.copy(ds).name == "x"
+    assert pickle.loads(pickle.dumps(dataflow.range(5))).name is None
+    twin = Dataset.copy(ds)
+    assert twin._plan is ds._plan and twin.name == "x"
+    with pytest.raises(TypeError, match="copy"):
+        Dataset.copy(ds, _as=MaterializedDataset)

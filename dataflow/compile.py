@@ -93,10 +93,20 @@ def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
             actor_pool=_actor_pool(node.actor_pool),
             max_concurrency=node.max_concurrency,
             task_timeout_s=node.task_timeout_s,
-            min_bundle_bytes=c.options.min_task_input_bytes,
+            min_bundle_bytes=_bundle_after(upstream, c.options.min_task_input_bytes),
             exact_batch_rows=node.exact_batch_rows,
         )
     )
+
+
+def _bundle_after(upstream: PhysicalOperator, default: int) -> int:
+    """Input bytes per task after ``upstream``: one block per task after a repartition (its
+    blocks are the ones asked for, and a write after it writes one file per block)."""
+    op = upstream
+    while type(op) is MapOperator and op.min_bundle_bytes == 1 and op.upstream:
+        op = op.upstream[0]  # maps that already take one block per task keep the blocks
+    reducer = getattr(getattr(op, "transform", None), "reducer", None)
+    return 1 if isinstance(op, ReduceOperator) and getattr(reducer, "exact_blocks", False) else default
 
 
 def _resources(wanted: plan.Resources) -> Resources:
@@ -186,7 +196,7 @@ def compile_plan(
         reads_directly = isinstance(last, MapOperator) and not last.upstream
         if type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly):
             last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,
-                                     min_bundle_bytes=options.min_task_input_bytes))
+                                     min_bundle_bytes=_bundle_after(last, options.min_task_input_bytes)))
         assert isinstance(last, MapOperator)
         last.output = output
         last.sink = sink

@@ -60,6 +60,8 @@ class JoinReducer:
             if missing:
                 msg = f"join key {missing[0]!r} not found in the {side} dataset, which has {table.column_names}"
                 raise KeyError(msg)
+        for lk, rk in zip(self.on, self.right_on, strict=True):
+            lt, rt = _aligned(lt, lk, rt, rk)
         how = JOIN_TYPES[self.join_type]
         if not _nested(lt, self.on) and not _nested(rt, self.right_on):
             yield lt.join(rt, list(self.on), list(self.right_on), join_type=how,
@@ -81,6 +83,28 @@ class JoinReducer:
                 if name not in self.right_on:
                     columns[_suffixed(name, lt.column_names, self.right_suffix)] = rt.column(name).take(rows)
         yield pa.table(columns)
+
+
+def _aligned(lt: pa.Table, lk: str, rt: pa.Table, rk: str) -> tuple[pa.Table, pa.Table]:
+    """Both tables with key columns of one type (int32 and int64 keys join, as in Ray)."""
+    a, b = lt.schema.field(lk).type, rt.schema.field(rk).type
+    if a == b:
+        return lt, rt
+    if pa.types.is_dictionary(a):
+        a = a.value_type
+    if pa.types.is_dictionary(b):
+        b = b.value_type
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        common = pa.int64() if not (pa.types.is_unsigned_integer(a) and pa.types.is_unsigned_integer(b)) else pa.uint64()
+    elif (pa.types.is_integer(a) or pa.types.is_floating(a)) and (pa.types.is_integer(b) or pa.types.is_floating(b)):
+        common = pa.float64()
+    elif (pa.types.is_string(a) or pa.types.is_large_string(a)) and (pa.types.is_string(b) or pa.types.is_large_string(b)):
+        common = pa.large_string()
+    else:
+        common = a
+    lt = lt.set_column(lt.schema.get_field_index(lk), lk, lt.column(lk).cast(common))
+    rt = rt.set_column(rt.schema.get_field_index(rk), rk, rt.column(rk).cast(common))
+    return lt, rt
 
 
 def _suffixed(name: str, other: list[str], suffix: str | None) -> str:

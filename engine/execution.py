@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.backpressure import OpLoad, blocked_reason, op_budget
+from engine.backpressure import WAIT_BUDGET, OpLoad, blocked_reason, op_budget
 from engine.errors import DataflowError, EngineError, WorkerDiedError, make_user_error
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.operators.base import OperatorContext, PhysicalOperator
@@ -243,7 +243,9 @@ class Execution:
         """(has a task ready, reason it may not start) for ``op``."""
         if self.cancelled or op.cancelled:
             return False, None
-        upstream_busy = any(u.in_flight() > 0 or not u.completed() for u in op.upstream)
+        # an upstream holding its output budget full sends nothing more until this one runs:
+        # waiting for a fuller bundle then would wait forever
+        upstream_busy = any(u.in_flight() > 0 or (not u.completed() and not self._budget_bound(u)) for u in op.upstream)
         inputs_were_done = op.inputs_done
         try:
             ready = op.has_ready_task(upstream_busy)  # may list more input (a source's generator)
@@ -257,6 +259,12 @@ class Execution:
         if not ready:
             return False, None
         return True, blocked_reason(self.load(op))
+
+    def _budget_bound(self, op: PhysicalOperator) -> bool:
+        """``op`` runs tasks, none is running, and its budget keeps the next one from starting."""
+        if not op.runs_tasks or op.in_flight() > 0 or op.held_bytes == 0:
+            return False
+        return blocked_reason(self.load(op)) == WAIT_BUDGET  # type: ignore[arg-type]
 
     def task_finished(self, op: MapOperator, result: TaskResult) -> None:
         pending = op.task_finished(result.task_id, result)

@@ -91,6 +91,10 @@ class StreamingExecutor:
         self.options = options
         self.store = store
         self.store_used = 0
+        self.store_peak = 0
+        """The most bytes the shared-memory store held at once (spilled blocks not counted)."""
+        self.spilled_blocks = 0
+        self.spilled_bytes = 0
         self.store_capacity = options.resolved_store_capacity()
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._curve = CurveKeys.generate(0) if transport == "tcp" else None
@@ -185,9 +189,13 @@ class StreamingExecutor:
         self._thread.join(timeout)
 
     def stored(self, ref: BlockRef) -> None:
-        """Count a block the driver wrote itself (a limit's slice; loop thread only)."""
+        """Count a block written to the store (loop thread only)."""
         if ref.path is not None and not ref.spilled:
             self.store_used += ref.size_bytes
+            self.store_peak = max(self.store_peak, self.store_used)
+        elif ref.spilled:
+            self.spilled_blocks += 1
+            self.spilled_bytes += ref.size_bytes
 
     def free(self, ref: BlockRef) -> None:
         """Free a block (loop thread only)."""
@@ -208,7 +216,10 @@ class StreamingExecutor:
             "workers": len(self.pool.live(TASK_KIND)),
             "actors": sum(len(v) for v in self._actors.values()),
             "store_used": self.store_used,
+            "store_peak": self.store_peak,
             "store_capacity": self.store_capacity,
+            "spilled_blocks": self.spilled_blocks,
+            "spilled_bytes": self.spilled_bytes,
             "executions": len(self._executions),
         }
 

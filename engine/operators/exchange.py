@@ -59,7 +59,8 @@ class PartitionOperator(MapOperator):
         self.sampler = sampler
         """Range partitioning: keys sampled from each input block in the driver; the tasks
         wait until all are in and the partitioner is fitted on them."""
-        self._samples: list[Any] = []
+        self._samples: list[Any] | None = []
+        """None once the partitioner is fitted."""
         self._offsets: dict[str, int] = {}
         self._rows_seen = 0
         self._ctx: OperatorContext | None = None
@@ -71,19 +72,23 @@ class PartitionOperator(MapOperator):
         ref: BlockRef = item
         self._offsets[ref.block_id] = self._rows_seen
         self._rows_seen += ref.num_rows
-        if self.sampler is not None and ref.num_rows:
+        if self.sampler is not None and self._samples is not None and ref.num_rows:
             assert self._ctx is not None
             try:
                 self._samples.append(self.sampler(self._ctx.read(ref)))
             except Exception as err:  # a sort key the data does not have
                 self._ctx.fail(err)
+        if self.cancelled:  # failed (now or before): nobody will run it
+            assert self._ctx is not None
+            self._ctx.release(ref)
+            return
         super().add_input(item, index)
 
     def upstream_finished(self, index: int) -> None:
         super().upstream_finished(index)
-        if self.inputs_done and self.sampler is not None:
+        if self.inputs_done and self.sampler is not None and self._samples is not None:  # (called again on every route)
             self.transform.partitioner.fit(self._samples)  # type: ignore[attr-defined]
-            self._samples = []
+            self._samples = None
 
     def has_ready_task(self, upstream_busy: bool) -> bool:
         if self.sampler is not None and not self.inputs_done:
@@ -137,6 +142,10 @@ class ReduceOperator(MapOperator):
 
     # collecting ------------------------------------------------------------------------------
     def add_input(self, item: Any, index: int) -> None:
+        if self.cancelled:
+            assert self._ctx is not None
+            self._ctx.release(item)
+            return
         self._arrived[index].append(item)
 
     def upstream_finished(self, index: int) -> None:

@@ -1,0 +1,351 @@
+"""All-to-all steps end to end, on both execution modes, with Ray Data's semantics."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+from dataflow.aggregate import (
+    AbsMax,
+    AggregateFn,
+    AggregateFnV2,
+    AsList,
+    Count,
+    CountDistinct,
+    Max,
+    Mean,
+    Min,
+    Quantile,
+    Std,
+    Sum,
+    Unique,
+)
+
+
+def _rows(n: int, blocks: int = 7) -> dataflow.Dataset:
+    return dataflow.range(n, override_num_blocks=blocks).map(
+        lambda r: {"id": r["id"], "k": r["id"] % 7, "v": float((r["id"] * 7919) % 1000) - 500.0, "s": f"s{r['id'] % 13:02d}"}
+    )
+
+
+# random_shuffle --------------------------------------------------------------------------------
+def test_random_shuffle_is_a_permutation_fixed_by_its_seed(mode):
+    ds = _rows(20_000)
+    first = [r["id"] for r in ds.random_shuffle(seed=7).take_all()]
+    assert sorted(first) == list(range(20_000))
+    assert first != list(range(20_000))
+    assert [r["id"] for r in ds.random_shuffle(seed=7).take_all()] == first
+    assert [r["id"] for r in ds.random_shuffle(seed=8).take_all()] != first
+    unseeded = [[r["id"] for r in ds.random_shuffle().take_all()] for _ in range(2)]
+    assert unseeded[0] != unseeded[1]
+    assert sorted(unseeded[0]) == list(range(20_000))
+
+
+def test_seeded_shuffle_does_not_depend_on_blocks_or_workers(mode):
+    expected = [r["id"] for r in _rows(5000, blocks=3).random_shuffle(seed=1).take_all()]
+    assert [r["id"] for r in _rows(5000, blocks=50).random_shuffle(seed=1).take_all()] == expected
+    with dataflow.options(num_cpus=1):
+        assert [r["id"] for r in _rows(5000, blocks=11).random_shuffle(seed=1).take_all()] == expected
+
+
+def test_shuffle_is_uniform_enough():
+    # where row 0 lands over many seeds: roughly uniform over 10 buckets
+    landing = [[r["id"] for r in dataflow.range(100).random_shuffle(seed=s).take_all()].index(0) // 10 for s in range(400)]
+    counts = np.bincount(landing, minlength=10)
+    assert counts.min() > 15 and counts.max() < 70, counts
+
+
+def test_randomize_block_order_and_random_sample(mode):
+    ds = dataflow.range(1000, override_num_blocks=10)
+    ids = [r["id"] for r in ds.randomize_block_order(seed=3).take_all()]
+    assert sorted(ids) == list(range(1000)) and ids != list(range(1000))
+    assert ids == [r["id"] for r in ds.randomize_block_order(seed=3).take_all()]
+    blocks = [ids[i : i + 100] for i in range(0, 1000, 100)]
+    assert all(b == list(range(b[0], b[0] + 100)) for b in blocks)  # rows keep their order
+    sample = ds.random_sample(0.2, seed=5).take_all()
+    assert 120 < len(sample) < 280
+    assert sorted(r["id"] for r in sample) == sorted(r["id"] for r in ds.random_sample(0.2, seed=5).take_all())
+    with pytest.raises(ValueError, match="fraction"):
+        ds.random_sample(1.5)
+
+
+# sort -------------------------------------------------------------------------------------------
+def test_sort_one_and_many_keys_with_directions(mode):
+    ds = _rows(10_000)
+    rows = ds.take_all()
+    assert [r["v"] for r in ds.sort("v").take_all()] == sorted(r["v"] for r in rows)
+    got = [(r["s"], r["v"], r["id"]) for r in ds.sort(["s", "v"], descending=[True, False]).take_all()]
+    by_v = sorted(rows, key=lambda r: (r["v"], r["id"]))
+    want = [(r["s"], r["v"], r["id"]) for r in sorted(by_v, key=lambda r: r["s"], reverse=True)]
+    assert [(s, v) for s, v, _ in got] == [(s, v) for s, v, _ in want]
+    assert [r["id"] for r in ds.sort("id", descending=True).take(5)] == [9999, 9998, 9997, 9996, 9995]
+
+
+def test_sort_is_stable_and_keeps_order_across_batches(mode):
+    ds = _rows(6000, blocks=9)
+    ids = [r["id"] for r in ds.sort("k").take_all()]
+    assert ids == sorted(range(6000), key=lambda i: i % 7)  # equal keys keep input order
+    previous = -1
+    for batch in ds.sort("k").map_batches(lambda b: b).iter_batches(batch_size=333, batch_format="numpy"):
+        assert batch["k"][0] >= previous and np.all(np.diff(batch["k"]) >= 0)
+        previous = batch["k"][-1]
+
+
+def test_sort_puts_nulls_and_nans_last(mode):
+    values = [3.0, None, -1.5, float("nan"), 2.0, None, -7.0, 0.0]
+    ds = dataflow.from_items([{"x": v, "i": i} for i, v in enumerate(values)] * 50).repartition(4)
+    up = [r["x"] for r in ds.sort("x").take_all()]
+    assert up[:250] == sorted([v for v in values if v is not None and not math.isnan(v)] * 50)
+    assert all(math.isnan(v) for v in up[250:300]) and up[300:] == [None] * 100
+    down = [r["x"] for r in ds.sort("x", descending=True).take_all()]
+    assert down[:250] == sorted([v for v in values if v is not None and not math.isnan(v)] * 50, reverse=True)
+    assert all(math.isnan(v) for v in down[250:300]) and down[300:] == [None] * 100
+
+
+def test_sort_edge_shapes(mode):
+    assert dataflow.range(0).sort("id").take_all() == []
+    same = dataflow.from_items([{"a": 1, "i": i} for i in range(500)])
+    assert [r["i"] for r in same.sort("a").take_all()] == list(range(500))
+    assert [r["id"] for r in dataflow.range(300, override_num_blocks=3).sort("id", descending=True).take_all()] == list(range(299, -1, -1))
+    with pytest.raises(ValueError, match="descending"):
+        dataflow.range(3).sort(["id"], descending=[True, False])
+
+
+def test_sort_limit_and_boundaries(mode):
+    ds = _rows(5000)
+    assert [r["v"] for r in ds.sort("v").limit(5).take_all()] == sorted(r["v"] for r in ds.take_all())[:5]
+    bounded = ds.sort("id", boundaries=[1000, 2500]).materialize()
+    assert [r["id"] for r in bounded.take_all()] == list(range(5000))
+
+
+def test_sort_missing_key_names_the_column(mode):
+    with pytest.raises(Exception, match="nope") as info:
+        dataflow.range(10).sort("nope").take_all()
+    assert "id" in str(info.value)
+
+
+# groupby ---------------------------------------------------------------------------------------
+def test_groupby_aggregations_match_python(mode):
+    ds = _rows(7000)
+    rows = ds.take_all()
+    got = {r["k"]: r for r in ds.groupby("k").aggregate(Count(), Sum("v"), Min("v"), Max("v"), Mean("v"), Std("v"), AbsMax("v")).take_all()}
+    assert sorted(got) == list(range(7))
+    for k in range(7):
+        vals = [r["v"] for r in rows if r["k"] == k]
+        g = got[k]
+        assert g["count()"] == len(vals) and g["sum(v)"] == pytest.approx(sum(vals))
+        assert g["min(v)"] == min(vals) and g["max(v)"] == max(vals) and g["abs_max(v)"] == max(abs(v) for v in vals)
+        assert g["mean(v)"] == pytest.approx(statistics.mean(vals))
+        assert g["std(v)"] == pytest.approx(statistics.stdev(vals))
+
+
+def test_groupby_shortcuts_several_keys_and_names(mode):
+    ds = _rows(2000)
+    out = ds.groupby(["k", "s"]).sum("v").take_all()
+    assert set(out[0]) == {"k", "s", "sum(v)"}
+    assert len(out) == len({(r["k"], r["s"]) for r in ds.take_all()})
+    assert ds.groupby("k").count().take(1)[0].keys() == {"k", "count()"}
+    means = ds.select_columns(["k", "v", "id"]).groupby("k").mean().take(1)[0]
+    assert set(means) == {"k", "mean(v)", "mean(id)"}
+    assert set(ds.groupby("k").std(["v", "id"], ddof=0).take(1)[0]) == {"k", "std(v)", "std(id)"}
+
+
+def test_groupby_nulls(mode):
+    items = [{"k": None, "v": 1.0}, {"k": "a", "v": None}, {"k": "a", "v": 2.0}, {"k": None, "v": 3.0}, {"k": "b", "v": None}]
+    ds = dataflow.from_items(items)
+    got = {r["k"]: r for r in ds.groupby("k").aggregate(Count(), Count("v", ignore_nulls=True), Sum("v"), Mean("v")).take_all()}
+    assert got[None]["count()"] == 2 and got[None]["sum(v)"] == 4.0  # null keys form one group
+    assert got["a"]["count()"] == 2 and got["a"]["count(v)"] == 1 and got["a"]["mean(v)"] == 2.0
+    assert got["b"]["sum(v)"] is None and got["b"]["mean(v)"] is None  # only nulls: null, as Ray
+    strict = {r["k"]: r for r in ds.groupby("k").aggregate(Sum("v", ignore_nulls=False)).take_all()}
+    assert strict["a"]["sum(v)"] is None and strict[None]["sum(v)"] == 4.0
+
+
+def test_whole_group_aggregations_and_custom_ones(mode):
+    ds = _rows(1400)
+    rows = ds.take_all()
+    got = {r["k"]: r for r in ds.groupby("k").aggregate(Quantile("id", q=0.5), Unique("s"), CountDistinct("s"), AsList("id")).take_all()}
+    for k in range(7):
+        ids = [r["id"] for r in rows if r["k"] == k]
+        assert got[k]["quantile(id)"] == statistics.median(ids)
+        assert sorted(got[k]["unique(s)"]) == sorted({r["s"] for r in rows if r["k"] == k})
+        assert got[k]["count_distinct(s)"] == len({r["s"] for r in rows if r["k"] == k})
+        assert sorted(got[k]["list(id)"]) == sorted(ids)
+    product = AggregateFn(init=lambda key: 0, accumulate_row=lambda a, r: a + r["id"], merge=lambda a, b: a + b, name="total")
+    assert ds.aggregate(product) == {"total": sum(range(1400))}
+
+    class Range(AggregateFnV2):
+        def __init__(self, on):
+            super().__init__(f"range({on})", zero_factory=lambda: (math.inf, -math.inf), on=on, ignore_nulls=True)
+
+        def aggregate_block(self, block):
+            values = block.column(self.on).to_pylist()
+            return (min(values), max(values))
+
+        def combine(self, a, b):
+            return (min(a[0], b[0]), max(a[1], b[1]))
+
+        def finalize(self, acc):
+            return acc[1] - acc[0]
+
+    spans = {r["k"]: r["range(id)"] for r in ds.groupby("k").aggregate(Range("id")).take_all()}
+    assert spans == {k: max(i for i in range(1400) if i % 7 == k) - k for k in range(7)}
+
+
+def test_global_aggregates(mode):
+    ds = _rows(3000)
+    vals = [r["v"] for r in ds.take_all()]
+    assert ds.sum("v") == pytest.approx(sum(vals))
+    assert ds.min("v") == min(vals) and ds.max("v") == max(vals)
+    assert ds.mean("v") == pytest.approx(statistics.mean(vals))
+    assert ds.std("v") == pytest.approx(statistics.stdev(vals))
+    assert ds.sum(["v", "id"]) == {"sum(v)": pytest.approx(sum(vals)), "sum(id)": sum(range(3000))}
+    assert set(ds.select_columns(["id", "v"]).max()) == {"max(id)", "max(v)"}
+    assert ds.aggregate(Count(), Max("id")) == {"count()": 3000, "max(id)": 2999}
+    assert sorted(ds.unique("s")) == sorted({f"s{i:02d}" for i in range(13)})
+    assert dataflow.from_items([{"a": 1}, {"a": None}]).unique("a", ignore_nulls=False) in ([1, None], [None, 1])
+    assert dataflow.range(0).sum("id") is None
+    assert dataflow.range(0).aggregate(Count()) == {"count()": 0}
+
+
+def test_map_groups_sees_whole_groups(mode):
+    ds = _rows(3000, blocks=9)
+
+    def summarize(group):
+        assert len(set(group["k"].tolist())) == 1
+        return {"k": group["k"][:1], "n": np.array([len(group["k"])]), "first": group["id"][:1]}
+
+    out = sorted(ds.groupby("k").map_groups(summarize, batch_format="numpy").take_all(), key=lambda r: r["k"])
+    assert [r["n"] for r in out] == [len(range(k, 3000, 7)) for k in range(7)]
+
+    class Scale:
+        def __init__(self, factor):
+            self.factor = factor
+
+        def __call__(self, group):
+            return group.assign(v=group["v"] * self.factor)
+
+    scaled = ds.groupby("k").map_groups(Scale, batch_format="pandas", fn_constructor_args=(2,))
+    assert sorted(r["v"] for r in scaled.take_all()) == sorted(2 * r["v"] for r in ds.take_all())
+
+
+def test_map_groups_error_is_the_udfs_own(mode):
+    def bad(group):
+        raise ZeroDivisionError("no groups today")
+
+    with pytest.raises(ZeroDivisionError, match="no groups today") as info:
+        dataflow.range(100).groupby("id").map_groups(bad).take_all()
+    assert "bad" in str(info.value) or "bad" in "".join(getattr(info.value, "__notes__", []))
+
+
+def test_groupby_missing_key_names_the_column(mode):
+    with pytest.raises(KeyError, match="nope"):
+        dataflow.range(10).groupby("nope").count().take_all()
+
+
+# repartition, zip, join -------------------------------------------------------------------------
+def test_repartition_sets_blocks_and_files(mode, tmp_path):
+    ds = _rows(1000, blocks=3)
+    m = ds.repartition(7).materialize()
+    assert m.num_blocks() == 7 and [r["id"] for r in m.take_all()] == list(range(1000))
+    assert ds.repartition(4, shuffle=True).materialize().num_blocks() == 4
+    assert sorted(r["id"] for r in ds.repartition(4, shuffle=True).take_all()) == list(range(1000))
+    by_rows = ds.repartition(target_num_rows_per_block=300).materialize()
+    assert by_rows.num_blocks() == 4 and by_rows.count() == 1000
+    keyed = ds.repartition(3, keys="k").materialize()
+    assert keyed.num_blocks() == 3 and keyed.count() == 1000
+    ds.repartition(1).write_parquet(str(tmp_path / "one"))
+    assert len(list((tmp_path / "one").glob("*.parquet"))) == 1
+    ds.repartition(5).write_parquet(str(tmp_path / "five"))
+    files = list((tmp_path / "five").glob("*.parquet"))
+    assert len(files) == 5 and sum(pq.ParquetFile(f).metadata.num_rows for f in files) == 1000
+    with pytest.raises(ValueError):
+        ds.repartition(0)
+
+
+def test_zip(mode):
+    a = dataflow.range(1000, override_num_blocks=3)
+    b = dataflow.range(1000, override_num_blocks=8).map(lambda r: {"id": r["id"] * 2, "y": str(r["id"])})
+    rows = a.zip(b).take_all()
+    assert rows[:2] == [{"id": 0, "id_1": 0, "y": "0"}, {"id": 1, "id_1": 2, "y": "1"}]
+    assert all(r["id_1"] == 2 * r["id"] and r["y"] == str(r["id"]) for r in rows)
+    with pytest.raises(ValueError, match="different number of rows"):
+        a.zip(dataflow.range(10)).take_all()
+
+
+@pytest.mark.parametrize("how", ["inner", "left_outer", "right_outer", "full_outer"])
+def test_join_types(mode, how):
+    left = dataflow.from_items([{"id": i, "x": i * 10} for i in range(0, 300)] + [{"id": None, "x": -1}])
+    right = dataflow.from_items([{"key": i, "y": str(i), "tags": [i, i]} for i in range(150, 450)] + [{"key": None, "y": "n", "tags": []}])
+    rows = left.join(right, how, num_partitions=4, on=("id",), right_on=("key",)).take_all()
+    ids = sorted((r.get("id") if r.get("id") is not None else r.get("key")) for r in rows if (r.get("id") if r.get("id") is not None else r.get("key")) is not None)
+    expected = {
+        "inner": list(range(150, 300)),
+        "left_outer": list(range(0, 300)),
+        "right_outer": list(range(150, 450)),
+        "full_outer": list(range(0, 450)),
+    }[how]
+    assert ids == expected
+    matched = [r for r in rows if r.get("x") is not None and r.get("y") is not None]
+    assert len(matched) == 150  # null keys never match
+    assert all(r["y"] == str(r["x"] // 10) and r["tags"] == [r["x"] // 10] * 2 for r in matched)
+
+
+def test_join_type_mismatch_and_errors(mode):
+    left = dataflow.from_arrow(pa.table({"id": pa.array([1, 2, 3], pa.int32()), "a": [1, 2, 3]}))
+    right = dataflow.from_arrow(pa.table({"id": pa.array([2, 3, 4], pa.int64()), "b": ["x", "y", "z"]}))
+    assert sorted(r["b"] for r in left.join(right, "inner", on="id").take_all()) == ["x", "y"]
+    with pytest.raises(ValueError, match="join_type"):
+        left.join(right, "sideways")
+
+
+def test_union_of_sorted_and_shuffled(mode):
+    a = dataflow.range(100).sort("id", descending=True)
+    b = dataflow.range(100).random_shuffle(seed=1)
+    assert sorted(r["id"] for r in a.union(b).take_all()) == sorted(list(range(100)) * 2)
+
+
+# out of core ------------------------------------------------------------------------------------
+MiB = 1 << 20
+
+
+def _wide(batch):
+    n = len(batch["id"])
+    return {"id": batch["id"], "k": batch["id"] % 97, "pad": np.ones((n, 1024), dtype=np.float64)}  # 8 KiB a row
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("step", ["sort", "shuffle", "map_groups", "groupby"])
+def test_out_of_core_at_three_times_the_store(step, fresh_engine):
+    dataflow.init(execution_mode="streaming", num_cpus=2, object_store_memory=32 * MiB)
+    ds = dataflow.range(12_000, override_num_blocks=48).map_batches(_wide)  # ~96 MiB
+    if step == "sort":
+        out = ds.sort("id", descending=True).select_columns(["id"])
+        ids = [r["id"] for r in out.take_all()]
+        assert ids == list(range(11_999, -1, -1))
+    elif step == "shuffle":
+        ids = [r["id"] for r in ds.random_shuffle(seed=2).select_columns(["id"]).take_all()]
+        assert sorted(ids) == list(range(12_000)) and ids != list(range(12_000))
+    elif step == "map_groups":
+        sizes = ds.groupby("k").map_groups(lambda g: {"k": g["k"][:1], "n": [len(g["k"])]}, batch_format="numpy")
+        assert {r["k"]: r["n"] for r in sizes.take_all()} == {k: len(range(k, 12_000, 97)) for k in range(97)}
+    else:  # partial states on the map side: only they cross the exchange
+        got = {r["k"]: r["count()"] for r in ds.groupby("k").count().take_all()}
+        assert got == {k: len(range(k, 12_000, 97)) for k in range(97)}
+    from engine import session
+
+    executor = session.current_session().executor
+    executor.sync()
+    stats = executor.statistics()
+    print(stats)
+    if step != "groupby":
+        assert stats["spilled_bytes"] > 32 * MiB  # the map outputs went to disk...
+    assert stats["store_peak"] <= 32 * MiB + 16 * MiB  # ...and shared memory stayed near its capacity
+    assert [f for f in os.listdir(executor.store.spill_dir) if f.endswith(".arrow")] == []  # nothing left behind

@@ -190,6 +190,33 @@ class Std(_BuiltIn):
         return pc.stddev(values, ddof=self.ddof).as_py()
 
 
+class MissingValuePercentage(_BuiltIn):
+    """The percentage of null values (NaN is a value) in a column."""
+
+    kind = "missing_pct"
+    partial_kind = "missing_pct"
+
+    def __init__(self, on: str, alias_name: str | None = None) -> None:
+        super().__init__(on, False, alias_name)
+
+    def of_group(self, group: pa.Table) -> Any:
+        values = self._values(group)
+        return 100.0 * values.null_count / len(values) if len(values) else None
+
+
+class ZeroPercentage(_BuiltIn):
+    """The percentage of zeros among the non-null values of a numeric column."""
+
+    kind = "zero_pct"
+    partial_kind = "zero_pct"
+
+    def __init__(self, on: str, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
+        super().__init__(on, ignore_nulls, alias_name)
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        return 100.0 * pc.sum(pc.equal(values, 0)).as_py() / len(values) if len(values) else None
+
+
 class Quantile(_BuiltIn):
     kind = "quantile"
 
@@ -245,6 +272,10 @@ def _partial_specs(i: int, agg: AggregateFnV2) -> list[tuple[Any, str, Any, str]
         return [(on, kind, _skip(agg), f"s{i}")]
     if kind == "abs_max":
         return [(f"__abs{i}", "max", _skip(agg), f"s{i}")]
+    if kind == "missing_pct":
+        return [([], "count_all", None, f"s{i}_all"), (on, "count", pc.CountOptions(mode="only_null"), f"s{i}_part")]
+    if kind == "zero_pct":
+        return [(on, "count", pc.CountOptions(mode="only_valid"), f"s{i}_all"), (f"__zero{i}", "sum", None, f"s{i}_part")]
     if kind in ("mean", "std"):
         specs = [
             (on, "sum", _skip(agg), f"s{i}_sum"),
@@ -263,6 +294,8 @@ def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
     for i, agg in enumerate(aggs):
         if agg.partial_kind == "abs_max":
             table = table.append_column(f"__abs{i}", pc.abs(table.column(agg.on)))
+        if agg.partial_kind == "zero_pct":
+            table = table.append_column(f"__zero{i}", pc.cast(pc.equal(table.column(agg.on), 0), pa.int64()))
     specs = [spec for i, agg in enumerate(aggs) for spec in _partial_specs(i, agg)]
     grouped = table.group_by(list(keys), use_threads=False).aggregate(
         [(column, func, opts) if opts is not None else (column, func) for column, func, opts, _ in specs]
@@ -284,6 +317,9 @@ def combine_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
             specs.append((f"s{i}", "sum", skip))
         elif kind in ("sum", "min", "max", "abs_max"):
             specs.append((f"s{i}", {"abs_max": "max"}.get(kind or "", kind or ""), skip))
+        elif kind in ("missing_pct", "zero_pct"):
+            specs.append((f"s{i}_all", "sum", skip))
+            specs.append((f"s{i}_part", "sum", skip))
         else:
             specs.append((f"s{i}_sum", "sum", skip))
             specs.append((f"s{i}_n", "sum", skip))
@@ -303,6 +339,11 @@ def combine_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
             value = grouped.column(f"s{i}_{func}")
             if kind == "count":
                 value = pc.fill_null(value, 0)
+        elif kind in ("missing_pct", "zero_pct"):
+            whole = pc.cast(grouped.column(f"s{i}_all_sum"), pa.float64())
+            part = pc.cast(pc.fill_null(grouped.column(f"s{i}_part_sum"), 0), pa.float64())
+            value = pc.if_else(pc.greater(whole, 0), pc.multiply(pc.divide(part, whole), 100.0),
+                               pa.scalar(None, pa.float64()))
         else:
             total = pc.cast(grouped.column(f"s{i}_sum_sum"), pa.float64())
             n = pc.cast(grouped.column(f"s{i}_n_sum"), pa.float64())

@@ -12,7 +12,7 @@ from typing import Any
 
 from dataflow.plan import Exchange, LogicalNode
 from dataflow.shuffle import ConcatReducer, HashPartitioner, RandomPartitioner, ShuffleReducer
-from dataflow.sort import RangePartitioner, SortKey, SortReducer
+from dataflow.sort import RangePartitioner, SortKey, SortReducer, TopKPartitioner, TopKReducer
 from engine.exchange import FINE_PARTITIONS
 
 
@@ -39,6 +39,18 @@ def sort(plan: LogicalNode, key: str | Sequence[str], descending: bool | Sequenc
         (plan,), "Sort", (partitioner,), SortReducer(sort_key), sampler=boundaries is None,
         ordered_input=True, orders_output=True, preserves_rows=True,
         num_tasks=len(boundaries) + 1 if boundaries is not None else None,
+    )
+
+
+def top_k(sort_node: Exchange, k: int) -> Exchange | None:
+    """``sort(...).limit(k)`` as a top-k: no exchange of all rows, no full sort. None when
+    ``sort_node`` is not a plain sort."""
+    reducer = sort_node.reducer
+    if not isinstance(reducer, SortReducer) or isinstance(reducer, TopKReducer) or not sort_node.sampler:
+        return None
+    return Exchange(
+        sort_node.children, f"TopK[{k}]", (TopKPartitioner(reducer.key, k),), TopKReducer(reducer.key, k),
+        num_tasks=1, ordered_input=True, orders_output=True,
     )
 
 

@@ -26,6 +26,7 @@ from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
 from dataflow.shuffle import random_sample_batch
 from dataflow.sources import input_sources
+from dataflow.summary import DatasetSummary
 from dataflow.udf import builtin_node, map_node
 from engine import runner
 from engine.runner import ExecutionHandle
@@ -636,6 +637,13 @@ class Dataset:
     def std(self, on: str | list[str] | None = None, ddof: int = 1, ignore_nulls: bool = True) -> Any:
         """Standard deviation (sample, ``ddof=1``, as Ray Data)."""
         return self._column_aggs(lambda c: Std(c, ddof=ddof, ignore_nulls=ignore_nulls), on)
+
+    def summary(self, columns: list[str] | None = None) -> DatasetSummary:
+        """Statistics of each column, chosen by its type (count, mean, min, max, std, median,
+        missing and zero percentages, most frequent values): ``.to_pandas()`` to see them."""
+        from dataflow.summary import summarize
+
+        return summarize(self, columns)
 
     def unique(self, column: str, ignore_nulls: bool = True) -> list[Any]:
         """The distinct values of ``column`` (nulls dropped unless ``ignore_nulls=False``)."""

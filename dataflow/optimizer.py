@@ -36,7 +36,12 @@ def _rewrite(node: LogicalNode) -> LogicalNode:
         node = replace(node, input=_rewrite(node.input))
         return fuse_maps(push_into_read(node))
     if isinstance(node, Limit):
-        return replace(node, input=_rewrite(node.input))
+        inner = _rewrite(node.input)
+        if isinstance(inner, Exchange):  # sort(...).limit(k): a top-k
+            from dataflow.all_to_all import top_k
+
+            inner = top_k(inner, node.limit) or inner
+        return replace(node, input=inner)
     if isinstance(node, Union):
         return Union(tuple(_rewrite(c) for c in node.children))
     if isinstance(node, Exchange):

@@ -135,3 +135,34 @@ class SortReducer:
             return
         table = concat(sides[0])
         yield table.take(pc.sort_indices(table, sort_keys=self.key.arrow()))
+
+
+class TopKPartitioner:
+    """``sort(...).limit(k)``: each map task keeps only its block's first ``k`` rows in the
+    sort order (a stable sort, so ties keep their input order), all for one reducer."""
+
+    num_partitions = 1
+
+    def __init__(self, key: SortKey, k: int) -> None:
+        self.key, self.k = key, k
+
+    def for_execution(self) -> TopKPartitioner:
+        return self
+
+    def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
+        self.key.check(table)
+        if table.num_rows > self.k:
+            table = table.take(pc.sort_indices(table, sort_keys=self.key.arrow())[: self.k])
+        return table, np.zeros(table.num_rows, dtype=np.intp)
+
+
+class TopKReducer(SortReducer):
+    """The first ``k`` rows of every map task's candidates, sorted stably."""
+
+    def __init__(self, key: SortKey, k: int) -> None:
+        super().__init__(key)
+        self.k = k
+
+    def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
+        for table in super().__call__(sides, index):
+            yield table.slice(0, self.k)

@@ -125,6 +125,16 @@ def test_sort_limit_and_boundaries(mode):
     assert [r["id"] for r in bounded.take_all()] == list(range(5000))
 
 
+def test_sort_limit_is_a_stable_top_k(mode):
+    ds = _rows(8000, blocks=8)
+    assert "TopK[10]" in ds.sort("k").limit(10).explain()
+    assert [r["id"] for r in ds.sort("k").limit(10).take_all()] == [i * 7 for i in range(10)]
+    top = ds.sort(["v", "id"], descending=[True, False]).take(25)
+    want = sorted(ds.take_all(), key=lambda r: (-r["v"], r["id"]))[:25]
+    assert top == want
+    assert ds.sort("k").limit(0).take_all() == []
+
+
 def test_sort_missing_key_names_the_column(mode):
     with pytest.raises(Exception, match="nope") as info:
         dataflow.range(10).sort("nope").take_all()
@@ -213,6 +223,25 @@ def test_global_aggregates(mode):
     assert dataflow.from_items([{"a": 1}, {"a": None}]).unique("a", ignore_nulls=False) in ([1, None], [None, 1])
     assert dataflow.range(0).sum("id") is None
     assert dataflow.range(0).aggregate(Count()) == {"count()": 0}
+
+
+def test_summary_by_column_type(mode):
+    items = [{"age": 25, "pay": 50000.0, "name": "Al", "day": None}, {"age": 30, "pay": None, "name": None, "day": None},
+             {"age": 0, "pay": 70000.0, "name": "Al", "day": None}, {"age": 5, "pay": 0.0, "name": "Bo", "day": None}]
+    summary = dataflow.from_items(items).summary()
+    age = summary.get_column_stats("age")
+    assert age["count"] == 4 and age["min"] == 0 and age["max"] == 30 and age["mean"] == 15.0
+    assert age["std"] == pytest.approx(statistics.stdev([25, 30, 0, 5])) and age["zero_pct"] == 25.0
+    assert age["median"] == 15.0 and age["missing_pct"] == 0.0
+    pay = summary.get_column_stats("pay")
+    assert pay["count"] == 3 and pay["missing_pct"] == 25.0 and pay["zero_pct"] == pytest.approx(100 / 3)
+    name = summary.get_column_stats("name")
+    assert name["top_10"] == [("Al", 2), ("Bo", 1)] and name["missing_pct"] == 25.0 and "mean" not in name
+    frame = summary.to_pandas()
+    assert list(frame.columns) == ["statistic", "age", "pay", "name", "day"]
+    assert dataflow.from_items(items).summary(columns=["age"]).to_pandas().columns.tolist() == ["statistic", "age"]
+    with pytest.raises(KeyError, match="nope"):
+        dataflow.from_items(items).summary(columns=["nope"])
 
 
 def test_map_groups_sees_whole_groups(mode):

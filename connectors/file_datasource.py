@@ -109,6 +109,23 @@ def _chain(head: list[FileEntry], rest: Iterator[FileEntry]) -> Iterator[FileEnt
     yield from rest
 
 
+def balanced_runs(weights: Sequence[int], count: int) -> list[list[int]]:
+    """The indices of ``weights`` cut, in order, into at most ``count`` runs of about equal weight.
+
+    For sources whose units are fixed by a table's metadata (Lance fragments, Iceberg data files).
+    """
+    per_run = max(1, -(-sum(weights) // max(1, count)))
+    runs: list[list[int]] = []
+    weight = per_run
+    for index, w in enumerate(weights):
+        if not runs or (weight >= per_run and len(runs) < count):
+            runs.append([])
+            weight = 0
+        runs[-1].append(index)
+        weight += w
+    return runs
+
+
 def split_table(table: pa.Table, max_bytes: int) -> Iterator[pa.Table]:
     """``table`` cut into row slices of at most about ``max_bytes`` each."""
     if table.num_rows == 0 or table.nbytes <= max_bytes:
@@ -141,7 +158,7 @@ def coalesce(tables: Iterable[pa.Table], max_bytes: int) -> Iterator[pa.Table]:
 class FileDatasource(Datasource):
     """Base class for sources that read whole files; subclasses implement ``_read_file``.
 
-    ``paths``: a file, folder, glob, or list of them (local or ``s3://``). ``filesystem``: a
+    ``paths``: a file, folder, glob, or list of them (local or ``s3://``), or a ``FileSet``. ``filesystem``: a
     pyarrow or fsspec filesystem to use instead of the one the paths imply. ``file_extensions``:
     which files of a folder to read (None: all). ``include_paths``: add a ``path`` column.
     ``partitioning``: ``"hive"``, a schema of partition fields, or None.
@@ -165,7 +182,11 @@ class FileDatasource(Datasource):
         extensions = self.FILE_EXTENSIONS if file_extensions == "default" else file_extensions
         self._partitioning = self.DEFAULT_PARTITIONING if partitioning == "default" else partitioning
         check_partitioning(self._partitioning)
-        self._files: FileSet = resolve_files(paths, filesystem=filesystem, extensions=extensions)  # type: ignore[arg-type]
+        # a FileSet already resolved (a table format's files, listed from its log) is taken as it is
+        self._files: FileSet = (
+            paths if isinstance(paths, FileSet)
+            else resolve_files(paths, filesystem=filesystem, extensions=extensions)  # type: ignore[arg-type]
+        )
         self._include_paths = include_paths
         self._target_task_bytes = target_task_bytes
         self._retry_policy: RetryPolicy = default_retry_policy()
@@ -219,13 +240,17 @@ class FileDatasource(Datasource):
         for piece in pieces:
             entry = piece.entry
             display = self._files.display(entry.path)
-            values = typed_values(part_schema, entry.path, entry.root, display) if part_schema else {}
+            values = self._partition_values(part_schema, entry, display) if part_schema else {}
             for table in self._read_file_checked(fs, piece, display, retrier):
                 if values:
                     table = append_partition_columns(table, values)
                 if self._include_paths:
                     table = table.append_column("path", pa.array([display] * table.num_rows, pa.string()))
                 yield table
+
+    def _partition_values(self, part_schema: pa.Schema, entry: FileEntry, display: str) -> dict[str, pa.Scalar]:
+        """The partition columns' values for this file: from its hive folders (table formats: from their log)."""
+        return typed_values(part_schema, entry.path, entry.root, display)
 
     def _read_file_checked(
         self, fs: Any, piece: FilePiece, display: str, retrier: Retrier

@@ -44,7 +44,7 @@ from connectors.errors import (
 from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import LOOKAHEAD, FileDatasource, FilePiece
 from connectors.filesystem import FileEntry, open_input_file
-from connectors.partitioning import partition_expression, typed_values
+from connectors.partitioning import partition_expression
 from connectors.retry import Retrier
 
 PARQUET_EXTENSIONS = (".parquet", ".parq", ".pq")
@@ -204,9 +204,7 @@ class ParquetDatasource(FileDatasource):
         fmt = parquet_file_format()
         for piece in pieces:
             display = self._display(piece.entry)
-            values = (
-                typed_values(part_schema, piece.entry.path, piece.entry.root, display) if part_schema else {}
-            )
+            values = self._partition_values(part_schema, piece.entry, display) if part_schema else {}
             try:
                 for table in retrier.iterate(
                     functools.partial(self._open_row_groups, fmt, fs, piece, display, part_schema, values),

@@ -598,6 +598,80 @@ class Dataset:
             max_rows_per_file=max_rows_per_file, filesystem=filesystem,
         ))
 
+    def write_lance(
+        self,
+        path: str,
+        *,
+        schema: pa.Schema | None = None,
+        mode: str = "create",
+        min_rows_per_file: int = 1024 * 1024,
+        max_rows_per_file: int = 64 * 1024 * 1024,
+        data_storage_version: str | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        """Write a Lance dataset (needs the ``lance`` extra): tasks write fragments, one commit at the end.
+
+        ``mode``: ``"create"``, ``"append"`` or ``"overwrite"``. A failed job commits nothing, so
+        the dataset keeps its versions and rows. See ``connectors.lance_format.LanceDatasink``.
+        """
+        from connectors.lance_format import LanceDatasink
+
+        self.write_datasink(LanceDatasink(
+            path, schema=schema, mode=mode, min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file,
+            data_storage_version=data_storage_version, storage_options=storage_options,
+        ))
+
+    def write_delta(
+        self,
+        path: str,
+        *,
+        mode: Any = "append",
+        partition_by: list[str] | None = None,
+        partition_cols: list[str] | None = None,
+        storage_options: dict[str, str] | None = None,
+        filesystem: Any = None,
+        name: str | None = None,
+        description: str | None = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+    ) -> None:
+        """Write a Delta Lake table (needs the ``delta`` extra): Parquet files, one Delta commit at the end.
+
+        ``mode``: ``"append"`` (creates the table when missing), ``"overwrite"``, ``"error"`` or
+        ``"ignore"`` (strings or ``SaveMode``). ``partition_by`` (or ``partition_cols``, as
+        ``write_parquet`` calls it) partitions a new table. A failed job leaves the table as it
+        was. See ``connectors.delta_format.DeltaDatasink``.
+        """
+        from connectors.delta_format import DeltaDatasink
+
+        if partition_by is not None and partition_cols is not None and list(partition_by) != list(partition_cols):
+            raise ValueError("pass partition_by or partition_cols, not both")
+        self.write_datasink(DeltaDatasink(
+            path, mode=mode, partition_by=partition_by if partition_by is not None else partition_cols,
+            storage_options=storage_options, filesystem=filesystem, name=name, description=description,
+            min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file,
+        ))
+
+    def write_iceberg(
+        self,
+        table_identifier: str,
+        catalog_kwargs: dict[str, Any] | None = None,
+        snapshot_properties: dict[str, str] | None = None,
+        mode: Any = "append",
+        overwrite_filter: Any = None,
+    ) -> None:
+        """Write to an existing Iceberg table (needs the ``iceberg`` extra): data files, one commit at the end.
+
+        ``mode``: ``"append"`` or ``"overwrite"`` (deletes the rows matching ``overwrite_filter``,
+        all by default, in the same commit). See ``connectors.iceberg_format.IcebergDatasink``.
+        """
+        from connectors.iceberg_format import IcebergDatasink
+
+        self.write_datasink(IcebergDatasink(
+            table_identifier, catalog_kwargs=catalog_kwargs, snapshot_properties=snapshot_properties, mode=mode,
+            overwrite_filter=overwrite_filter,
+        ))
+
     # aggregates -----------------------------------------------------------------------------
     def groupby(self, key: str | list[str] | None) -> GroupedData:
         """Rows grouped by ``key`` (a column or several; None: one group of all rows)."""

@@ -244,6 +244,78 @@ def read_numpy(
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
 
+def read_lance(
+    uri: str,
+    *,
+    version: int | str | None = None,
+    columns: list[str] | None = None,
+    filter: Any = None,
+    storage_options: dict[str, str] | None = None,
+    scanner_options: dict[str, Any] | None = None,
+    override_num_blocks: int | None = None,
+) -> Dataset:
+    """A Lance dataset (needs the ``lance`` extra): read by fragments at one version.
+
+    ``columns`` and ``filter`` (a SQL string such as ``"a > 3 AND b IS NOT NULL"``, or a
+    ``pyarrow.compute`` expression) are evaluated by Lance's scanner; ``scanner_options`` go to
+    ``LanceDataset.scanner``. See ``connectors.lance_format``.
+    """
+    from connectors.lance_format import LanceDatasource
+
+    source = LanceDatasource(uri, version=version, columns=columns, filter=filter,
+                             storage_options=storage_options, scanner_options=scanner_options)
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_delta(
+    path: str,
+    version: int | None = None,
+    *,
+    filesystem: Any = None,
+    columns: list[str] | None = None,
+    filter: Any = None,
+    storage_options: dict[str, str] | None = None,
+    include_paths: bool = False,
+    override_num_blocks: int | None = None,
+) -> Dataset:
+    """A Delta Lake table (needs the ``delta`` extra) at ``version`` (default: the latest).
+
+    The files of that version are taken from the table's log and read as Parquet, with partition
+    columns from the log; ``columns`` and ``filter`` (a ``pyarrow.compute`` expression) are pushed
+    down, and files whose partition values or statistics rule the filter out are never opened.
+    See ``connectors.delta_format``.
+    """
+    from connectors.delta_format import DeltaDatasource
+
+    source = DeltaDatasource(path, version, columns=columns, filter=filter, filesystem=filesystem,
+                             storage_options=storage_options, include_paths=include_paths)
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_iceberg(
+    table_identifier: str,
+    *,
+    row_filter: Any = None,
+    selected_fields: tuple[str, ...] = ("*",),
+    snapshot_id: int | None = None,
+    catalog_kwargs: dict[str, Any] | None = None,
+    scan_kwargs: dict[str, Any] | None = None,
+    override_num_blocks: int | None = None,
+) -> Dataset:
+    """An Apache Iceberg table (needs the ``iceberg`` extra), through pyiceberg.
+
+    ``catalog_kwargs``: ``name`` and the catalog's properties (``{"name": "default", "type":
+    "sql", "uri": ...}``). ``row_filter`` (a pyiceberg expression or a string such as ``"a > 3"``)
+    and ``selected_fields`` prune files and columns; deletes are applied. See
+    ``connectors.iceberg_format``.
+    """
+    from connectors.iceberg_format import IcebergDatasource
+
+    source = IcebergDatasource(table_identifier, row_filter=row_filter, selected_fields=selected_fields,
+                               snapshot_id=snapshot_id, catalog_kwargs=catalog_kwargs, scan_kwargs=scan_kwargs)
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
 _TORCH_CHUNK = 4096
 
 

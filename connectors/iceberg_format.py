@@ -1,0 +1,283 @@
+"""Apache Iceberg tables (``pyiceberg``): read planned file tasks, write data files in one commit.
+
+Reading (``IcebergDatasource``): the driver loads the table from its catalog
+(``catalog_kwargs``: ``name`` plus the catalog's properties, as ``pyiceberg.catalog.load_catalog``
+takes them), pins the snapshot (``snapshot_id``, or the current one) and plans the scan with
+the ``row_filter`` and ``selected_fields``: pyiceberg prunes manifests and data files by their
+partition values and column statistics, so only files that may match become file tasks. Read
+tasks get runs of file tasks balanced by bytes (about ``parallelism`` of them); each reads its
+files with pyiceberg's ``ArrowScan`` (Parquet through pyarrow, only the selected columns, the
+row filter applied, position and equality deletes applied, columns renamed or added by schema
+evolution resolved by field id) and yields blocks of at most ``DEFAULT_BLOCK_BYTES``. A
+projection after the read (``select_columns``) narrows ``selected_fields``. ``Dataset.filter``
+expressions are not translated into Iceberg expressions: pass ``row_filter=`` for pruning.
+
+Writing (``IcebergDatasink``, Ray's ``write_iceberg``): the table must exist. Each write task
+checks its rows against the table's schema and writes them as data files with pyiceberg's own
+writer (``_dataframe_to_data_files``: partitioned by the table's spec, statistics and field ids
+included), returning their metadata; the driver commits them in one transaction (a fast append;
+with ``mode="overwrite"``, a delete of the rows matching ``overwrite_filter``, all rows by default,
+in the same transaction). No row passes through the driver. A job that fails commits nothing and
+the table is unchanged; data files its tasks had written stay unreferenced in the table's data
+folder (Iceberg's orphan-file maintenance removes them).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from connectors import io_stats
+from connectors.base import Block, BlockMetadata, Datasink, Datasource, ReadTask, TaskContext
+from connectors.file_datasource import DEFAULT_BLOCK_BYTES, balanced_runs, coalesce
+from connectors.tables import import_extra
+
+ICEBERG_WRITE_MODES = ("append", "overwrite")
+
+
+def load_table(table_identifier: str, catalog_kwargs: dict[str, Any] | None, feature: str) -> Any:
+    """The pyiceberg ``Table``: ``catalog_kwargs["name"]`` (default ``"default"``) names the catalog."""
+    catalog_module = import_extra("pyiceberg.catalog", feature)
+    kwargs = dict(catalog_kwargs or {})
+    name = kwargs.pop("name", "default")
+    catalog = catalog_module.load_catalog(name, **kwargs)
+    return catalog.load_table(table_identifier)
+
+
+class IcebergDatasource(Datasource):
+    """An Iceberg table, read at one snapshot through pyiceberg (see the module docstring)."""
+
+    def __init__(
+        self,
+        table_identifier: str,
+        *,
+        row_filter: Any = None,
+        selected_fields: tuple[str, ...] = ("*",),
+        snapshot_id: int | None = None,
+        catalog_kwargs: dict[str, Any] | None = None,
+        scan_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        expressions = import_extra("pyiceberg.expressions", "read_iceberg")
+        self._identifier = table_identifier
+        self._catalog_kwargs = dict(catalog_kwargs or {})
+        self._scan_kwargs = dict(scan_kwargs or {})
+        reserved = {"row_filter", "selected_fields", "snapshot_id"} & set(self._scan_kwargs)
+        if reserved:
+            raise ValueError(f"scan_kwargs may not set {sorted(reserved)}: pass them as read_iceberg arguments")
+        self._row_filter = expressions.AlwaysTrue() if row_filter is None else row_filter
+        self._selected_fields = tuple(selected_fields)
+        table = load_table(table_identifier, self._catalog_kwargs, "read_iceberg")
+        self._metadata = table.metadata
+        self._io = table.io
+        if snapshot_id is None and table.metadata.current_snapshot_id is not None:
+            snapshot_id = table.metadata.current_snapshot_id  # tasks read this snapshot, even if the table moves on
+        self._snapshot_id = snapshot_id
+        self._scan()  # a bad filter, field or snapshot fails here, not in a task
+
+    def get_name(self) -> str:
+        """``ReadIceberg``."""
+        return "ReadIceberg"
+
+    def _scan(self) -> Any:
+        from pyiceberg.table import DataScan
+
+        return DataScan(
+            table_metadata=self._metadata,
+            io=self._io,
+            row_filter=self._row_filter,
+            selected_fields=self._selected_fields,
+            snapshot_id=self._snapshot_id,
+            **self._scan_kwargs,
+        )
+
+    def _filters_rows(self) -> bool:
+        from pyiceberg.expressions import AlwaysTrue
+
+        return not isinstance(self._scan().row_filter, AlwaysTrue) or self._scan_kwargs.get("limit") is not None
+
+    def schema(self) -> pa.Schema:
+        """The projected schema, as the read tasks yield it."""
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+        schema = schema_to_pyarrow(self._scan().projection(), include_field_ids=False)
+        # ArrowScan yields pyarrow's default types when it reads files (``string``, not ``large_string``)
+        schema = pa.schema([f.with_type(_small(f.type)) for f in schema], metadata=schema.metadata)
+        return self._order(schema.empty_table()).schema
+
+    def count_rows(self) -> int | None:
+        """Rows of the snapshot from the manifests; None with a row filter, a limit or delete files."""
+        if self._filters_rows():
+            return None
+        tasks = list(self._scan().plan_files())
+        if any(task.delete_files for task in tasks):
+            return None
+        return sum(task.file.record_count for task in tasks)
+
+    def apply_projection(self, columns: list[str]) -> IcebergDatasource:
+        """A copy reading only ``columns`` (their order kept)."""
+        if self._selected_fields != ("*",):
+            extra = [c for c in columns if c not in self._selected_fields]
+            if extra:
+                raise ValueError(f"columns {extra} were already projected away; available: {list(self._selected_fields)}")
+        clone = copy.copy(self)
+        clone._selected_fields = tuple(columns)
+        clone._scan()
+        return clone
+
+    def _order(self, table: pa.Table) -> pa.Table:
+        if self._selected_fields == ("*",) or table.column_names == list(self._selected_fields):
+            return table
+        return table.select(list(self._selected_fields))
+
+    def get_read_tasks(self, parallelism: int) -> list[ReadTask]:
+        """The scan's file tasks, in runs of about equal bytes: about ``parallelism`` read tasks."""
+        scan = self._scan()
+        file_tasks = list(scan.plan_files())
+        exact = not self._filters_rows()
+        read = functools.partial(
+            _read_file_tasks, self._metadata, self._io, scan.projection(), scan.row_filter,
+            scan.case_sensitive, scan.limit, self._selected_fields,
+        )
+        tasks = []
+        for run in balanced_runs([t.file.file_size_in_bytes for t in file_tasks], parallelism):
+            group = tuple(file_tasks[i] for i in run)
+            metadata = BlockMetadata(
+                num_rows=sum(t.file.record_count for t in group) if exact and not any(t.delete_files for t in group) else None,
+                size_bytes=sum(t.file.file_size_in_bytes for t in group),
+                input_files=tuple(t.file.file_path for t in group),
+            )
+            tasks.append(ReadTask(functools.partial(read, group), metadata))
+        return tasks
+
+
+def _small(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with 32-bit offsets where it has 64-bit ones (at any depth)."""
+    if pa.types.is_large_string(kind):
+        return pa.string()
+    if pa.types.is_large_binary(kind):
+        return pa.binary()
+    if pa.types.is_large_list(kind) or pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_small(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([kind.field(i).with_type(_small(kind.field(i).type)) for i in range(kind.num_fields)])
+    if pa.types.is_map(kind):
+        return pa.map_(kind.key_field.with_type(_small(kind.key_type)), kind.item_field.with_type(_small(kind.item_type)))
+    return kind
+
+
+def _read_file_tasks(
+    metadata: Any,
+    io: Any,
+    projection: Any,
+    row_filter: Any,
+    case_sensitive: bool,
+    limit: int | None,
+    selected_fields: tuple[str, ...],
+    file_tasks: tuple[Any, ...],
+) -> Iterator[pa.Table]:
+    """Blocks of ``file_tasks`` read by pyiceberg's ArrowScan (deletes and schema evolution applied)."""
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    scan = ArrowScan(metadata, io, projection, row_filter, case_sensitive, limit)
+    io_stats.record(files_read=len(file_tasks), bytes_read=sum(t.file.file_size_in_bytes for t in file_tasks))
+    tables = (pa.Table.from_batches([batch]) for batch in scan.to_record_batches(file_tasks))
+    for block in coalesce(tables, DEFAULT_BLOCK_BYTES):
+        if selected_fields != ("*",) and block.column_names != list(selected_fields):
+            block = block.select(list(selected_fields))
+        yield block
+
+
+class IcebergDatasink(Datasink):
+    """An existing Iceberg table: tasks write data files, the driver commits them in one transaction.
+
+    ``mode``: ``"append"`` (default) or ``"overwrite"`` (rows matching ``overwrite_filter`` are
+    deleted in the same commit; all rows when it is None). ``snapshot_properties`` go into the
+    new snapshot's summary. Ray's ``SaveMode.UPSERT`` is not supported.
+    """
+
+    def __init__(
+        self,
+        table_identifier: str,
+        *,
+        catalog_kwargs: dict[str, Any] | None = None,
+        snapshot_properties: dict[str, str] | None = None,
+        mode: Any = "append",
+        overwrite_filter: Any = None,
+    ) -> None:
+        import_extra("pyiceberg", "write_iceberg")
+        mode = str(getattr(mode, "value", mode)).lower()
+        if mode not in ICEBERG_WRITE_MODES:
+            raise ValueError(f"mode must be one of {ICEBERG_WRITE_MODES} for write_iceberg, got {mode!r}")
+        if overwrite_filter is not None and mode != "overwrite":
+            raise ValueError("overwrite_filter is for mode='overwrite'")
+        self._identifier = table_identifier
+        self._catalog_kwargs = dict(catalog_kwargs or {})
+        self._snapshot_properties = dict(snapshot_properties or {})
+        self._mode = mode
+        self._overwrite_filter = overwrite_filter
+        self._table: Any = None
+        self._metadata: Any = None
+        self._io: Any = None
+        self.committed_snapshot_id: int | None = None
+        """The snapshot this job's commit made (None before it)."""
+
+    def get_name(self) -> str:
+        """``WriteIceberg``."""
+        return "WriteIceberg"
+
+    def on_write_start(self) -> None:
+        """Load the table (it must exist): tasks write against its schema and partition spec."""
+        self._table = load_table(self._identifier, self._catalog_kwargs, "write_iceberg")
+        self._metadata = self._table.metadata
+        self._io = self._table.io
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_table"] = None  # holds the catalog's connection; tasks need only its metadata and io
+        return state
+
+    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> tuple[Any, ...]:
+        """Write ``blocks`` as data files of the table (not committed); returns their metadata."""
+        from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+
+        it = (pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in blocks)
+        first = next((b for b in it if b.num_rows), None)
+        if first is None:
+            return ()
+        _check_pyarrow_schema_compatible(
+            self._metadata.schema(), provided_schema=first.schema, format_version=self._metadata.format_version
+        )
+        rows = [0]
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for block in itertools.chain((first,), it):
+                rows[0] += block.num_rows
+                yield from block.cast(first.schema).to_batches()
+
+        reader = pa.RecordBatchReader.from_batches(first.schema, batches())
+        files = tuple(_dataframe_to_data_files(self._metadata, reader, self._io, write_uuid=uuid.uuid4()))
+        io_stats.record(files_written=len(files), rows_written=rows[0])
+        return files
+
+    def on_write_complete(self, write_results: list[Any]) -> None:
+        """Commit every task's data files in one transaction (one or, with a delete, two snapshots)."""
+        from pyiceberg.expressions import AlwaysTrue
+
+        # the table as the job saw it at the start: if another writer committed since, the commit
+        # fails (pyiceberg checks the snapshot it builds on) instead of deleting rows this job never saw
+        table = self._table
+        files = [f for result in write_results for f in result]
+        with table.transaction() as txn:
+            if self._mode == "overwrite":
+                txn.delete(self._overwrite_filter or AlwaysTrue(), snapshot_properties=self._snapshot_properties)
+            if files:
+                with txn.update_snapshot(snapshot_properties=self._snapshot_properties).fast_append() as append:
+                    for data_file in files:
+                        append.append_data_file(data_file)
+        self.committed_snapshot_id = table.refresh().metadata.current_snapshot_id

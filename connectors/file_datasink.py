@@ -34,12 +34,23 @@ written) stops placing files, removes again every file it had put in place, remo
 folder and raises ``CommitError`` naming the files that failed: the destination holds nothing of
 the job and no ``_SUCCESS``. Removal is best effort; files it could not remove are named in the
 error. Partition folders created for the job may remain, empty.
+
+``mode`` (Ray's ``SaveMode``) says what to do when the destination exists already, checked
+before anything runs: ``APPEND`` (the default, as Ray) adds the job's files; ``ERROR`` and
+``CREATE`` raise ``ValueError``; ``IGNORE`` writes nothing (``skip_write``); ``OVERWRITE``
+removes what was there, at the commit, just before the new files are put in place (step 1), so
+a job that fails leaves the old data as it was. A ``filename_provider`` (Ray's
+``FilenameProvider``) names each task's files instead of the write id: a name with ``{i}`` gets
+the file's number in the task there, others get ``-<i>`` before the extension.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
+import posixpath
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -65,6 +76,68 @@ _OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", 
 _NATIVE_OBJECT_STORES = tuple(
     getattr(pafs, name) for name in ("S3FileSystem", "GcsFileSystem", "AzureFileSystem") if hasattr(pafs, name)
 )
+
+
+class SaveMode(enum.StrEnum):
+    """Ray Data's ``SaveMode``: what a write does when its destination exists already."""
+
+    CREATE = "create"
+    """Write only into a new destination: raise ``ValueError`` if it exists."""
+    APPEND = "append"
+    """Add the job's files next to what is there (the default)."""
+    OVERWRITE = "overwrite"
+    """Replace what is there (removed at the commit, once every task succeeded)."""
+    IGNORE = "ignore"
+    """Write nothing if the destination exists."""
+    ERROR = "error"
+    """As ``CREATE``."""
+    UPSERT = "upsert"
+    """Ray's table-format mode; refused by file sinks (files have no keys to match)."""
+
+
+class FilenameProvider:
+    """Ray Data's ``FilenameProvider``: names the files of a write task.
+
+    Override ``get_filename_for_task``; the name must be unique per ``(write_uuid, task_index)``
+    (two tasks given the same name fail the commit). ``{i}`` in it is replaced by the number of
+    the file in the task (a task writes several when ``max_rows_per_file`` or partitions split
+    its rows); without ``{i}``, ``-<i>`` goes before the extension.
+    """
+
+    def __init__(self, dataset_uuid: str | None = None, file_format: str | None = None) -> None:
+        self.dataset_uuid = dataset_uuid
+        self.file_format = file_format
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        """``[<dataset_uuid>_]<write_uuid>_<task_index>[.<file_format>]``, as Ray's default."""
+        name = f"{self.dataset_uuid}_" if self.dataset_uuid is not None else ""
+        name += f"{write_uuid}_{task_index:06}"
+        return name + (f".{self.file_format}" if self.file_format is not None else "")
+
+
+def _template(name: str, extension: str) -> str:
+    """A task's file name with ``{i}`` where the file's number goes (Ray's rule)."""
+    if "{i}" in name:
+        return name
+    stem, ext = posixpath.splitext(name)
+    return f"{stem}-{{i}}{ext or extension}"
+
+
+def rows_per_file(num_rows_per_file: int | None, min_rows_per_file: int | None) -> int | None:
+    """``min_rows_per_file``, or Ray's deprecated ``num_rows_per_file`` that means the same."""
+    if num_rows_per_file is None:
+        return min_rows_per_file
+    warnings.warn(
+        "`num_rows_per_file` is deprecated and will be removed in a future release. Use `min_rows_per_file` instead.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if min_rows_per_file is not None:
+        raise ValueError(
+            "Cannot specify both `num_rows_per_file` and `min_rows_per_file`. "
+            "Use `min_rows_per_file` as `num_rows_per_file` is deprecated."
+        )
+    return num_rows_per_file
 
 
 class CommitError(OSError):
@@ -111,9 +184,30 @@ class FileDatasink(Datasink):
         max_rows_per_file: int | None = None,
         filesystem: Any = None,
         write_success_marker: bool = True,
+        mode: SaveMode | str = SaveMode.APPEND,
+        filename_provider: FilenameProvider | None = None,
+        min_bytes_per_file: int | None = None,
     ) -> None:
         if min_rows_per_file is not None and min_rows_per_file < 1:
             raise ValueError(f"min_rows_per_file must be at least 1, got {min_rows_per_file}")
+        if min_bytes_per_file is not None and (not isinstance(min_bytes_per_file, int) or min_bytes_per_file <= 0):
+            raise ValueError("min_bytes_per_file must be a positive integer")
+        if min_bytes_per_file is not None and (min_rows_per_file is not None or max_rows_per_file is not None):
+            raise ValueError("min_bytes_per_file cannot be used with min_rows_per_file, max_rows_per_file, or num_rows_per_file")
+        try:
+            self.mode = SaveMode(mode)
+        except ValueError:
+            raise ValueError(f"mode must be one of {[m.value for m in SaveMode]}, got {mode!r}") from None
+        if self.mode is SaveMode.UPSERT:
+            raise ValueError("mode=SaveMode.UPSERT is for table formats with keys; file sinks support "
+                             "APPEND, OVERWRITE, IGNORE, ERROR and CREATE")
+        if filename_provider is not None and not callable(getattr(filename_provider, "get_filename_for_task", None)):
+            raise TypeError(f"filename_provider must have a get_filename_for_task method, got {type(filename_provider).__name__}")
+        self._filename_provider = filename_provider
+        self._min_bytes = min_bytes_per_file
+        self.skip_write = False
+        """Set by ``on_write_start`` under ``SaveMode.IGNORE`` when the destination exists: write nothing."""
+        self._replace_existing = False
         if max_rows_per_file is not None and max_rows_per_file < 1:
             raise ValueError(f"max_rows_per_file must be at least 1, got {max_rows_per_file}")
         if min_rows_per_file and max_rows_per_file and min_rows_per_file > max_rows_per_file:
@@ -141,12 +235,32 @@ class FileDatasink(Datasink):
         """The engine bundles blocks until a write task has this many rows."""
         return self._min_rows
 
+    @property
+    def min_bytes_per_write(self) -> int | None:
+        """The engine bundles blocks until a write task has this many bytes (in memory), in a
+        write operator of its own (never fused with the step before it)."""
+        return self._min_bytes
+
     def _display(self, path: str) -> str:
         return self._prefix + path
 
     def on_write_start(self) -> None:
-        """Create the destination and the staging folder."""
+        """Apply ``mode`` to an existing destination; create the destination and the staging folder."""
         retrier = Retrier(self._retry_policy)
+        exists = retrier.call(
+            lambda: self._fs.get_file_info(self._root).type != pafs.FileType.NotFound,
+            path=self._display(self._root),
+            action="check",
+        )
+        if exists and self.mode in (SaveMode.ERROR, SaveMode.CREATE):
+            raise ValueError(
+                f"Path {self._display(self._root)} already exists. If this is unexpected, use "
+                "mode='ignore' to ignore those files"
+            )
+        if exists and self.mode is SaveMode.IGNORE:
+            self.skip_write = True
+            return
+        self._replace_existing = exists and self.mode is SaveMode.OVERWRITE
         retrier.call(
             lambda: self._fs.create_dir(self.staging_dir, recursive=True),
             path=self._display(self.staging_dir),
@@ -186,8 +300,18 @@ class FileDatasink(Datasink):
         marker = f"{self._root}/{SUCCESS_MARKER}"
         placed: list[str] = []  # every target this commit may have created, even by a failed call
         failures: list[tuple[str, BaseException]] = []
+        duplicated = sorted({r for r in relatives if relatives.count(r) > 1}) if self._filename_provider else []
+        if duplicated:
+            with contextlib.suppress(Exception):
+                self._remove_staging()
+            raise ValueError(
+                f"filename_provider gave two write tasks the same file name ({duplicated[0]}); its "
+                "get_filename_for_task must make a unique name from write_uuid and task_index"
+            )
         if self.write_success_marker:
             failures = self._step(marker, lambda: self._remove_marker(marker, retrier))
+        if not failures and self._replace_existing:
+            failures = self._step(self._root, lambda: self._remove_existing(retrier))
         if not failures:
             failures = self._place_all(relatives, retrier, placed)
         if not failures:
@@ -202,6 +326,19 @@ class FileDatasink(Datasink):
     def on_write_failed(self, error: BaseException) -> None:
         """Remove the staging folder: a failed job leaves nothing behind."""
         self._remove_staging()
+
+    def _remove_existing(self, retrier: Retrier) -> None:
+        """``SaveMode.OVERWRITE``: remove everything in the destination but this job's staging folder."""
+        staging = self.staging_dir.rsplit("/", 1)[-1]
+        selector = pafs.FileSelector(self._root, recursive=False)
+        entries = retrier.call(lambda: self._fs.get_file_info(selector), path=self._display(self._root), action="list")
+        for entry in entries:
+            if entry.base_name == staging:
+                continue
+            if entry.type == pafs.FileType.Directory:
+                retrier.call(lambda p=entry.path: self._fs.delete_dir(p), path=self._display(entry.path), action="remove")
+            else:
+                retrier.call(lambda p=entry.path: self._fs.delete_file(p), path=self._display(entry.path), action="remove")
 
     def _remove_staging(self) -> None:
         def remove() -> None:
@@ -380,7 +517,11 @@ class _RollingFile:
 
     def _flush(self) -> tuple[str, pa.Buffer]:
         sink, ctx = self._sink, self._ctx
-        name = f"{sink._write_id}_{ctx.task_index:06d}_{ctx.attempt}_{self._sequence:04d}{sink.EXTENSION}"
+        if sink._filename_provider is not None:
+            task_name = sink._filename_provider.get_filename_for_task(sink._write_id, ctx.task_index)
+            name = _template(str(task_name), sink.EXTENSION).replace("{i}", str(self._sequence))
+        else:
+            name = f"{sink._write_id}_{ctx.task_index:06d}_{ctx.attempt}_{self._sequence:04d}{sink.EXTENSION}"
         self._sequence += 1
         data = sink._encode(self._pending)
         self._pending, self._rows, self._bytes = [], 0, 0

@@ -21,9 +21,11 @@ import pyarrow as pa
 
 from connectors.base import BlockMetadata, Datasource, ReadTask
 from connectors.errors import AccessDeniedError, FileFormatError, PathNotFoundError, RetriesExhaustedError
+from connectors.file_selection import FileShuffleConfig, SelectedFiles
 from connectors.filesystem import FileEntry, FileSet, PathArg, resolve_files
 from connectors.partitioning import (
     Partitioning,
+    PathPartitionFilter,
     append_partition_columns,
     check_partitioning,
     partition_schema,
@@ -161,7 +163,9 @@ class FileDatasource(Datasource):
     ``paths``: a file, folder, glob, or list of them (local or ``s3://``), or a ``FileSet``. ``filesystem``: a
     pyarrow or fsspec filesystem to use instead of the one the paths imply. ``file_extensions``:
     which files of a folder to read (None: all). ``include_paths``: add a ``path`` column.
-    ``partitioning``: ``"hive"``, a schema of partition fields, or None.
+    ``partitioning``: ``"hive"``, a schema of partition fields, or None. ``partition_filter``
+    (a ``PathPartitionFilter``) and ``shuffle`` (``"files"`` or a ``FileShuffleConfig``) pick
+    and order the files (``connectors.file_selection``).
     """
 
     sizes_own_tasks = True
@@ -178,6 +182,8 @@ class FileDatasource(Datasource):
         include_paths: bool = False,
         partitioning: Partitioning | str = "default",
         target_task_bytes: int = DEFAULT_TASK_BYTES,
+        partition_filter: PathPartitionFilter | None = None,
+        shuffle: str | FileShuffleConfig | None = None,
     ) -> None:
         extensions = self.FILE_EXTENSIONS if file_extensions == "default" else file_extensions
         self._partitioning = self.DEFAULT_PARTITIONING if partitioning == "default" else partitioning
@@ -190,6 +196,7 @@ class FileDatasource(Datasource):
         self._include_paths = include_paths
         self._target_task_bytes = target_task_bytes
         self._retry_policy: RetryPolicy = default_retry_policy()
+        self._files = SelectedFiles.of(self._files, partition_filter, shuffle)  # Ray's partition_filter, shuffle
 
     @property
     def file_set(self) -> FileSet:
@@ -206,6 +213,8 @@ class FileDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int) -> Iterator[ReadTask]:
         """Read tasks, yielded while the listing is still running."""
+        if isinstance(self._files, SelectedFiles):
+            self._files.next_execution()
         files = self._files.iter_files()
         first = next(files, None)
         if first is None:

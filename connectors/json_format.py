@@ -2,7 +2,9 @@
 
 A file whose first non-blank character is ``[`` is read whole as one array of objects (with the
 standard library, then ``pa.Table.from_pylist``): an array cannot be parsed piece by piece, so
-such a file needs its size in memory. Anything else is JSON Lines, read as a stream (decompressed
+such a file needs its size in memory. So is a file holding one object spread over several lines
+(pretty-printed), which becomes one row, as in Ray. ``lines=True`` (Ray's ``read_json(lines=True)``)
+says every file is JSON Lines: neither is looked for, and a file that is not fails naming it. Anything else is JSON Lines, read as a stream (decompressed
 by extension as it goes) in chunks of whole lines of about ``block_bytes`` (16 MiB), each parsed
 with ``pyarrow.json.read_json`` and pyarrow's ``read_options``/``parse_options``; with
 ``newlines_in_values=True`` (objects spanning lines) a file is parsed whole.
@@ -59,9 +61,11 @@ class JSONDatasource(FileDatasource):
         read_options: pajson.ReadOptions | None = None,
         parse_options: pajson.ParseOptions | None = None,
         block_bytes: int = STREAM_BLOCK_BYTES,
+        lines: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(paths, **kwargs)
+        self._lines = lines
         self._read_options = read_options or pajson.ReadOptions()
         self._parse_options = parse_options or pajson.ParseOptions()
         self._block_bytes = block_bytes
@@ -77,6 +81,7 @@ class JSONDatasource(FileDatasource):
             read_options=self._read_options,
             parse_options=self._parse_options,
             chunk_bytes=self._block_bytes,
+            lines=self._lines,
         )
         yield from iter_stream(fs, piece.entry.path, retrier, display, parse)
 
@@ -88,19 +93,31 @@ def parse_json_stream(
     read_options: pajson.ReadOptions,
     parse_options: pajson.ParseOptions,
     chunk_bytes: int = STREAM_BLOCK_BYTES,
+    lines: bool = False,
 ) -> Iterator[pa.Table]:
-    """Tables read from ``stream``: one for a JSON array, one per chunk of about ``chunk_bytes`` of JSON Lines."""
+    """Tables read from ``stream``: one for a JSON array (or one multi-line object), one per chunk
+    of about ``chunk_bytes`` of JSON Lines; ``lines``: only JSON Lines."""
     head = stream.read(chunk_bytes)
     while head and not head.strip():
         head = stream.read(chunk_bytes)
     if not head:
         yield pa.table({})
         return
-    if head.lstrip()[:1] == b"[":
+    if not lines and head.lstrip()[:1] == b"[":
         yield _parse_array(head + stream.read(), display)
         return
+    whole: bytes | None = None
+    if not lines and _spans_lines(head):
+        whole = head + stream.read()
+        document = _whole_document(whole)
+        if document is not None:
+            yield _parse_array(b"[" + document + b"]", display)
+            return
     # objects spanning lines cannot be cut at a newline: such a file is parsed whole
-    chunks = [head + stream.read()] if parse_options.newlines_in_values else _line_chunks(stream, chunk_bytes, head)
+    if whole is not None or parse_options.newlines_in_values:
+        chunks: Any = [whole if whole is not None else head + stream.read()]
+    else:
+        chunks = _line_chunks(stream, chunk_bytes, head)
     schema: pa.Schema | None = None
     rows = 0
     for chunk in chunks:
@@ -109,6 +126,27 @@ def parse_json_stream(
             schema = table.schema
         rows += table.num_rows
         yield table
+
+
+def _spans_lines(head: bytes) -> bool:
+    """The first object of ``head`` does not end on its first line (a pretty-printed file)."""
+    first = head.lstrip().split(b"\n", 1)[0].strip()
+    if first[:1] != b"{":
+        return False
+    try:
+        stdlib_json.loads(first)
+    except ValueError:
+        return True
+    return False
+
+
+def _whole_document(data: bytes) -> bytes | None:
+    """``data`` when it is one JSON object (Ray reads such a file as one row), else None."""
+    try:
+        parsed = stdlib_json.loads(data)
+    except ValueError:
+        return None
+    return data if isinstance(parsed, dict) else None
 
 
 def _parse_array(data: bytes, display: str) -> pa.Table:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterator, Sequence
+import inspect
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -217,6 +218,15 @@ class ParquetDatasource(FileDatasource):
                 if isinstance(exc, FileFormatError) or _is_data_error(exc):
                     raise _format_error(exc, display) from exc
                 raise
+            except pa.ArrowNotImplementedError as exc:
+                if self._filter is None or "no kernel matching input types" not in str(exc):
+                    raise _format_error(exc, display) from exc
+                msg = (
+                    f"the filter {self._filter} compares values of different types ({exc}); hive "
+                    "partition columns are strings, as in Ray Data: compare them with strings, or pass "
+                    "partitioning=pa.schema([...]) to type them"
+                )
+                raise TypeError(msg) from exc
             except (pa.ArrowException, ValueError) as exc:
                 raise _format_error(exc, display) from exc
 
@@ -323,7 +333,9 @@ class ParquetDatasink(FileDatasink):
 
     Pages carry CRC checksums (``write_page_checksum=True``) that readers here verify.
     ``partition_cols`` writes hive folders; ``min_rows_per_file`` makes the engine bundle blocks;
-    ``max_rows_per_file`` caps each file.
+    ``max_rows_per_file`` caps each file. ``arrow_parquet_args`` (Ray's ``**arrow_parquet_args``)
+    and what ``arrow_parquet_args_fn()`` returns (called on the worker, for each file; its keys
+    win) are passed to ``pyarrow.parquet.write_table``. Other arguments: ``FileDatasink``'s.
     """
 
     EXTENSION = ".parquet"
@@ -338,6 +350,9 @@ class ParquetDatasink(FileDatasink):
         filesystem: Any = None,
         compression: str = "snappy",
         row_group_size: int | None = None,
+        arrow_parquet_args: dict[str, Any] | None = None,
+        arrow_parquet_args_fn: Callable[[], dict[str, Any]] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
             path,
@@ -345,22 +360,49 @@ class ParquetDatasink(FileDatasink):
             min_rows_per_file=min_rows_per_file,
             max_rows_per_file=max_rows_per_file,
             filesystem=filesystem,
+            **kwargs,
         )
         self._compression = compression
         self._row_group_size = row_group_size
+        self._arrow_parquet_args = _check_writer_args(dict(arrow_parquet_args or {}), "arrow_parquet_args")
+        if arrow_parquet_args_fn is not None and not callable(arrow_parquet_args_fn):
+            raise TypeError(f"arrow_parquet_args_fn must be a function returning a dict, got {type(arrow_parquet_args_fn).__name__}")
+        self._arrow_parquet_args_fn = arrow_parquet_args_fn
 
     def get_name(self) -> str:
         """``WriteParquet``."""
         return "WriteParquet"
 
+    def on_write_start(self) -> None:
+        """Check what ``arrow_parquet_args_fn`` returns (once, here) before any task runs it."""
+        if self._arrow_parquet_args_fn is not None:
+            _check_writer_args(dict(self._arrow_parquet_args_fn()), "arrow_parquet_args_fn()")
+        super().on_write_start()
+
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
         table = combine(tables)
         out = pa.BufferOutputStream()
-        pq.write_table(
-            table,
-            out,
-            compression=self._compression,
-            row_group_size=self._row_group_size,
-            write_page_checksum=True,
-        )
+        options: dict[str, Any] = {
+            "compression": self._compression,
+            "row_group_size": self._row_group_size,
+            "write_page_checksum": True,
+            **self._arrow_parquet_args,
+        }
+        if self._arrow_parquet_args_fn is not None:
+            options.update(_check_writer_args(dict(self._arrow_parquet_args_fn()), "arrow_parquet_args_fn()"))
+        pq.write_table(table, out, **options)
         return out.getvalue()
+
+
+_WRITER_ARGS = frozenset(inspect.signature(pq.write_table).parameters) - {"table", "where", "filesystem", "kwargs"}
+
+
+def _check_writer_args(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """``args`` if every key is an argument of ``pyarrow.parquet.write_table``, else ``TypeError``."""
+    unknown = sorted(set(args) - _WRITER_ARGS)
+    if unknown:
+        raise TypeError(
+            f"write_parquet() got an unexpected keyword argument {unknown[0]!r} ({where}: not an argument "
+            "of pyarrow.parquet.write_table either)"
+        )
+    return args

@@ -1,16 +1,16 @@
-"""Hive partitioning: ``key=value`` folders below the root become typed columns.
+"""Hive partitioning: ``key=value`` folders below the root become columns.
 
-Types are inferred from the first file's values (``int64`` if the value is an integer, then
-``float64``, ``bool``, ``date32``, else ``string``) because the listing streams and later files are
-not known yet; pass ``partitioning=pa.schema([...])`` to fix them. A later value that does not
-convert to the inferred type raises ``SchemaMismatchError`` naming the file and the column.
-Values are percent-decoded; ``__HIVE_DEFAULT_PARTITION__`` is null. Writers use ``folder_name``.
+The columns are strings, as in Ray Data (``year=2022`` gives ``"2022"``): the partition keys
+come from the first file's folders. Pass ``partitioning=pa.schema([...])`` for other types; a
+value that does not convert to its field's type raises ``SchemaMismatchError`` naming the file
+and the column. Values are percent-decoded; ``__HIVE_DEFAULT_PARTITION__`` is null. Writers use
+``folder_name``. ``PathPartitionFilter`` (Ray's) picks files by their partition values before
+anything is read.
 """
 
 from __future__ import annotations
 
-import datetime
-import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -21,9 +21,6 @@ import pyarrow.dataset as pads
 from connectors.errors import SchemaMismatchError
 
 NULL_VALUE = "__HIVE_DEFAULT_PARTITION__"
-_INT = re.compile(r"[+-]?\d+")
-_FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 Partitioning = str | pa.Schema | None
 """What ``partitioning=`` accepts: ``"hive"``, a schema of partition fields (hive, typed), or None."""
@@ -51,28 +48,10 @@ def parse_hive(path: str, root: str) -> dict[str, str | None]:
     return values
 
 
-def _infer_type(value: str | None) -> pa.DataType:
-    if value is None:
-        return pa.string()
-    if _INT.fullmatch(value) and -(2**63) <= int(value) < 2**63:
-        return pa.int64()
-    if _FLOAT.fullmatch(value):
-        return pa.float64()
-    if value.lower() in ("true", "false"):
-        return pa.bool_()
-    if _DATE.fullmatch(value):
-        try:
-            datetime.date.fromisoformat(value)
-            return pa.date32()
-        except ValueError:
-            pass
-    return pa.string()
-
-
 def partition_schema(
     partitioning: Partitioning, sample_path: str | None, root: str | None
 ) -> pa.Schema | None:
-    """The partition fields: the given schema, or inferred from ``sample_path``; None when not partitioned."""
+    """The partition fields: the given schema, or ``sample_path``'s keys as strings; None when not partitioned."""
     if partitioning is None:
         return None
     if isinstance(partitioning, pa.Schema):
@@ -82,7 +61,7 @@ def partition_schema(
     values = parse_hive(sample_path, root)
     if not values:
         return None
-    return pa.schema([pa.field(k, _infer_type(v)) for k, v in values.items()])
+    return pa.schema([pa.field(k, pa.string()) for k in values])
 
 
 def typed_values(schema: pa.Schema, path: str, root: str, display: str) -> dict[str, pa.Scalar]:
@@ -104,8 +83,8 @@ def typed_values(schema: pa.Schema, path: str, root: str, display: str) -> dict[
                 out[field.name] = converted[0]
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             msg = (
-                f"partition value {value!r} is not a {field.type} like the first file's; "
-                f"pass partitioning=pa.schema([...]) with the types you want ({exc})"
+                f"partition value {value!r} is not a {field.type}, the type partitioning= gives "
+                f"{field.name!r} ({exc})"
             )
             raise SchemaMismatchError(msg, path=display, column=field.name) from exc
     return out
@@ -133,3 +112,47 @@ def folder_name(key: str, value: Any) -> str:
     if value is None:
         return f"{quote(key, safe='')}={NULL_VALUE}"
     return f"{quote(key, safe='')}={quote(str(value), safe='')}"
+
+
+class PathPartitionFilter:
+    """Ray Data's ``PathPartitionFilter``: keep the files whose hive partition values pass ``filter_fn``.
+
+    ``filter_fn`` gets ``{key: value}`` (strings, as the folder names say; ``{}`` for a file in no
+    partition folder) and returns True to read the file. Files are picked while listing, before
+    anything is read (also for ``count()`` and ``input_files()``). Make one with
+    ``PathPartitionFilter.of(lambda d: d["year"] == "2022")``; ``base_dir`` limits the parsing to
+    the folders below it (None: the folders below the path given to ``read_*``).
+    """
+
+    def __init__(self, filter_fn: Callable[[dict[str, str]], bool], base_dir: str | None = None) -> None:
+        if not callable(filter_fn):
+            raise TypeError(f"filter_fn must be a function of the partition values, got {type(filter_fn).__name__}")
+        self._filter_fn = filter_fn
+        self._base_dir = base_dir.rstrip("/") if base_dir else None
+
+    @staticmethod
+    def of(
+        filter_fn: Callable[[dict[str, str]], bool],
+        style: str = "hive",
+        base_dir: str | None = None,
+        field_names: list[str] | None = None,
+        field_types: dict[str, Any] | None = None,
+        filesystem: Any = None,
+    ) -> PathPartitionFilter:
+        """Ray's constructor. Only ``style="hive"`` exists here; values reach ``filter_fn`` as strings."""
+        style = getattr(style, "value", style)
+        if str(style).lower() != "hive":
+            raise ValueError(f"only hive partitions (key=value folders) are supported, got style={style!r}")
+        if field_names or field_types:
+            raise ValueError("field_names and field_types are for directory partitioning; hive folders name their keys")
+        return PathPartitionFilter(filter_fn, base_dir)
+
+    def apply(self, path: str, root: str | None = None) -> bool:
+        """Whether to read the file at ``path`` (under the listed ``root``)."""
+        base = self._base_dir if self._base_dir is not None else (root or "")
+        parsed = parse_hive(path, base)  # {} for a file outside ``base``
+        return bool(self._filter_fn({key: NULL_VALUE if value is None else value for key, value in parsed.items()}))
+
+    def __call__(self, paths: list[str]) -> list[str]:
+        """The paths that pass (Ray's call form)."""
+        return [path for path in paths if self.apply(path)]

@@ -59,6 +59,7 @@ from dataflow.read_api import (
     read_text,
 )
 from dataflow.udf import ActorPoolStrategy, TaskPoolStrategy
+from engine.options import ExecutionOptions, ExecutionResources
 
 __version__ = "0.1.0"
 
@@ -102,6 +103,26 @@ def init(
     runner.init(ctx.execution_options, ctx.execution_mode)
 
 
+_CONNECTOR_NAMES = {
+    "FilenameProvider": "connectors.file_datasink",
+    "SaveMode": "connectors.file_datasink",
+    "FileShuffleConfig": "connectors.file_selection",
+    "PathPartitionFilter": "connectors.partitioning",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Ray's names that live in ``connectors``, imported on first use (``import dataflow``
+    loads no connector)."""
+    module = _CONNECTOR_NAMES.get(name)
+    if module is None:
+        msg = f"module 'dataflow' has no attribute {name!r}"
+        raise AttributeError(msg)
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 def shutdown() -> None:
     """Stop workers and free all shared memory of this process's engine."""
     from engine import runner
@@ -118,8 +139,14 @@ __all__ = [
     "Dataset",
     "Datasink",
     "Datasource",
+    "ExecutionOptions",
+    "ExecutionResources",
+    "FileShuffleConfig",
+    "FilenameProvider",
     "MaterializedDataset",
+    "PathPartitionFilter",
     "ReadTask",
+    "SaveMode",
     "TaskPoolStrategy",
     "UserCodeError",
     "WorkerDiedError",

@@ -183,6 +183,7 @@ def compile_plan(
     sink: Any = None,
 ) -> list[PhysicalOperator]:
     """Engine operators for ``node``, in topological order (the last is the output)."""
+    options.check()
     c = _Compiler(options)
     last = c.build(node)
     for op in c.ops:  # what follows a sort keeps its order
@@ -191,12 +192,15 @@ def compile_plan(
             c.ordering.add(id(op))
     if output != OUTPUT_BLOCKS:
         min_rows = getattr(sink, "min_rows_per_write", None) if sink is not None else None
+        min_bytes = getattr(sink, "min_bytes_per_write", None) if sink is not None else None
         # a sink that wants a minimum of rows per write bundles blocks, whose row counts are
-        # known; fused into a read it would be handed read tasks of unknown size
+        # known; fused into a read it would be handed read tasks of unknown size. One that wants
+        # a minimum of bytes gets a write operator of its own, whose inputs it bundles (as Ray)
         reads_directly = isinstance(last, MapOperator) and not last.upstream
-        if type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly):
+        if (type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly)
+                or min_bytes):
             last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,
-                                     min_bundle_bytes=_bundle_after(last, options.min_task_input_bytes)))
+                                     min_bundle_bytes=min_bytes or _bundle_after(last, options.min_task_input_bytes)))
         assert isinstance(last, MapOperator)
         last.output = output
         last.sink = sink

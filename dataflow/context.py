@@ -6,11 +6,16 @@ overrides fields for a block of code.
 
 Environment variables: ``DATAFLOW_EXECUTION_MODE`` ("streaming" | "local"), ``DATAFLOW_NUM_CPUS``,
 ``DATAFLOW_OBJECT_STORE_MEMORY`` (bytes).
+
+Ray Data's settings that mean something here are honoured (``target_max_block_size``,
+``execution_options.preserve_order``, ``execution_options.resource_limits``...); setting any
+other name raises ``AttributeError`` instead of being silently kept and ignored.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
@@ -19,6 +24,7 @@ from typing import Any
 from engine.options import ExecutionOptions
 
 EXECUTION_MODES = ("streaming", "local")
+logger = logging.getLogger(__name__)
 
 
 def _env_options() -> ExecutionOptions:
@@ -42,6 +48,9 @@ class DataContext:
     iteration ends (``dataflow.torch_batches``): torch's OpenMP threads spin against busy
     workers otherwise (a ``x.sum()`` loop ran 1.6x slower on 2 cores). False leaves torch's
     thread count alone."""
+    enable_arrow_backed_pandas_conversion: bool = True
+    """Ray's setting (True by default since Ray 2.56): ``Dataset.to_pandas`` gives
+    ``pd.ArrowDtype`` columns; False gives numpy dtypes."""
 
     _current: Any = None
 
@@ -50,12 +59,57 @@ class DataContext:
             msg = f"execution_mode must be one of {EXECUTION_MODES}, got {self.execution_mode!r}"
             raise ValueError(msg)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _FIELD_NAMES and not isinstance(getattr(type(self), name, None), property):
+            settings = sorted(n for n in (*_FIELD_NAMES, *_PROPERTIES) if not n.startswith("_"))
+            msg = (
+                f"DataContext has no setting {name!r} (a Ray Data setting dataflow does not have, or a "
+                f"typo); its settings are {settings}, and execution_options' fields"
+            )
+            raise AttributeError(msg, name=name, obj=self)
+        object.__setattr__(self, name, value)
+
+    @property
+    def target_max_block_size(self) -> int:
+        """Ray's setting: blocks that reads and maps output are split above this many bytes
+        (``execution_options.target_max_block_size``; 128 MiB by default, as Ray)."""
+        return self.execution_options.target_max_block_size
+
+    @target_max_block_size.setter
+    def target_max_block_size(self, value: int) -> None:
+        if value is None or isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            msg = (
+                f"target_max_block_size must be a positive number of bytes, got {value!r} (Ray's None, "
+                "unbounded blocks, is not supported: the engine sizes its memory budgets by it)"
+            )
+            raise ValueError(msg)
+        self.execution_options.target_max_block_size = value
+
+    @property
+    def enable_progress_bars(self) -> bool:
+        """Ray's setting. dataflow draws no progress bars: this is False, and setting it to True
+        logs that once; ``Dataset.stats()`` reports each operator's progress after a run."""
+        return False
+
+    @enable_progress_bars.setter
+    def enable_progress_bars(self, value: bool) -> None:
+        if value and not DataContext._progress_bars_noted:
+            DataContext._progress_bars_noted = True
+            logger.warning("enable_progress_bars=True: dataflow draws no progress bars; Dataset.stats() "
+                           "reports each operator's rows, time and waits after a run")
+
+    _progress_bars_noted = False
+
     @staticmethod
     def get_current() -> DataContext:
         """The process-wide context (created on first use)."""
         if DataContext._current is None:
             DataContext._current = DataContext()
         return DataContext._current  # type: ignore[no-any-return]
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(DataContext))
+_PROPERTIES = frozenset(n for n, v in vars(DataContext).items() if isinstance(v, property))
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Unio
 from dataflow.shuffle import random_sample_batch
 from dataflow.sources import input_sources
 from dataflow.summary import DatasetSummary
-from dataflow.udf import builtin_node, map_node
+from dataflow.udf import builtin_node, map_node, with_remote_args
 from engine import runner
 from engine.runner import ExecutionHandle
 from engine.stats import ExecutionStats
@@ -78,13 +78,15 @@ class Dataset:
         concurrency: int | tuple[int, int] | None = None,
         resources: dict[str, float] | None = None,
         task_timeout_s: float | None = None,
+        memory: float | None = None,
+        **ray_remote_args: Any,
     ) -> Dataset:
         """Apply ``fn`` to each row (a dict) and keep the row it returns."""
         return self._derive(
             map_node(self._plan, "map", fn, compute=compute, kind="rows", row_mode="map", fn_args=fn_args, fn_kwargs=fn_kwargs,
                      fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
                      num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s,
-                     preserves_rows=True)
+                     preserves_rows=True, memory=memory, ray_remote_args=ray_remote_args)
         )
 
     def map_batches(
@@ -105,6 +107,8 @@ class Dataset:
         resources: dict[str, float] | None = None,
         task_timeout_s: float | None = None,
         udf_modifying_row_count: bool = True,
+        memory: float | None = None,
+        **ray_remote_args: Any,
     ) -> Dataset:
         """Apply ``fn`` to batches of ``batch_size`` rows (None: whole blocks).
 
@@ -116,7 +120,8 @@ class Dataset:
                      batch_format=batch_format, fn_args=fn_args, fn_kwargs=fn_kwargs,
                      fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
                      num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s,
-                     preserves_rows=not udf_modifying_row_count)
+                     preserves_rows=not udf_modifying_row_count, zero_copy_batch=zero_copy_batch, memory=memory,
+                     ray_remote_args=ray_remote_args)
         )
 
     def flat_map(
@@ -133,13 +138,16 @@ class Dataset:
         concurrency: int | tuple[int, int] | None = None,
         resources: dict[str, float] | None = None,
         task_timeout_s: float | None = None,
+        memory: float | None = None,
+        **ray_remote_args: Any,
     ) -> Dataset:
         """Apply ``fn`` to each row; it returns a list (or iterable) of rows."""
         return self._derive(
             map_node(self._plan, "flat_map", fn, compute=compute, kind="rows", row_mode="flat_map", fn_args=fn_args,
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                      fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
-                     concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s)
+                     concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s, memory=memory,
+                     ray_remote_args=ray_remote_args)
         )
 
     def filter(
@@ -157,6 +165,8 @@ class Dataset:
         concurrency: int | tuple[int, int] | None = None,
         resources: dict[str, float] | None = None,
         task_timeout_s: float | None = None,
+        memory: float | None = None,
+        **ray_remote_args: Any,
     ) -> Dataset:
         """Keep rows for which ``fn(row)`` is true, or which match ``expr``.
 
@@ -168,13 +178,20 @@ class Dataset:
             msg = "filter() takes exactly one of fn or expr"
             raise ValueError(msg)
         if expr is not None:
+            if fn_args or fn_kwargs or fn_constructor_args or fn_constructor_kwargs:
+                msg = "fn_args, fn_kwargs, fn_constructor_args and fn_constructor_kwargs are for fn, not expr"
+                raise ValueError(msg)
             name, step, pushable = ex.filter_step(expr)
-            return self._derive(builtin_node(self._plan, name, step, preserves_rows=False, filter_expr=pushable))
+            node = builtin_node(self._plan, name, step, preserves_rows=False, filter_expr=pushable)
+            return self._derive(with_remote_args(node, "filter", compute=compute, concurrency=concurrency,
+                                                 num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, resources=resources,
+                                                 task_timeout_s=task_timeout_s, ray_remote_args=ray_remote_args))
         return self._derive(
             map_node(self._plan, "filter", fn, compute=compute, kind="rows", row_mode="filter", fn_args=fn_args,
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                      fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
-                     concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s)
+                     concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s, memory=memory,
+                     ray_remote_args=ray_remote_args)
         )
 
     def add_column(self, col: str, fn: Callable[[Any], Any], *, batch_format: str = "pandas") -> Dataset:
@@ -486,8 +503,13 @@ class Dataset:
         return pa.concat_tables(tables, promote_options="default")
 
     def to_pandas(self, limit: int | None = None) -> Any:
+        """The rows as one pandas DataFrame, with Ray Data 2.60's dtypes (``pd.ArrowDtype``
+        columns unless ``DataContext.enable_arrow_backed_pandas_conversion`` is False; tensor
+        columns of numpy arrays; a dataset from pandas gets pandas' dtypes back)."""
+        from engine.block_format import table_to_pandas
+
         ds = self.limit(limit) if limit is not None else self
-        return ds.to_arrow().to_pandas()
+        return table_to_pandas(ds.to_arrow(), DataContext.get_current().enable_arrow_backed_pandas_conversion)
 
     def to_polars(self) -> Any:
         import polars as pl
@@ -520,6 +542,8 @@ class Dataset:
     def write_datasink(self, datasink: Any) -> None:
         """Write every block with ``datasink``: ``write`` on workers, the commit on the driver."""
         datasink.on_write_start()
+        if getattr(datasink, "skip_write", False):  # SaveMode.IGNORE and the destination exists
+            return
         handle = None
         try:
             handle = self._execute(output=OUTPUT_WRITE, sink=datasink)
@@ -543,21 +567,34 @@ class Dataset:
         filesystem: Any = None,
         compression: str = "snappy",
         row_group_size: int | None = None,
+        mode: Any = "append",
+        filename_provider: Any = None,
+        num_rows_per_file: int | None = None,
+        min_bytes_per_file: int | None = None,
+        arrow_parquet_args_fn: Callable[[], dict[str, Any]] | None = None,
+        **arrow_parquet_args: Any,
     ) -> None:
         """Write Parquet files under ``path`` (a folder, local or ``s3://``), atomically.
 
         ``partition_cols`` writes hive ``key=value`` folders (those columns are left out of the
         files); ``min_rows_per_file`` groups small blocks so each file holds at least that many
-        rows (except the last); ``max_rows_per_file`` caps a file. Files are staged in a hidden
-        folder and moved into place only when every write task succeeded; a failed job leaves
-        nothing behind. See ``connectors.parquet_format.ParquetDatasink``.
+        rows (except the last); ``max_rows_per_file`` caps a file; ``min_bytes_per_file`` groups
+        blocks until a file has that many bytes in memory. Files are staged in a hidden folder and
+        moved into place only when every write task succeeded; a failed job leaves nothing behind.
+        ``mode`` (Ray's ``SaveMode``, APPEND by default) says what to do with an existing folder;
+        ``filename_provider`` names the files; ``**arrow_parquet_args`` and
+        ``arrow_parquet_args_fn()`` go to ``pyarrow.parquet.write_table``. See
+        ``connectors.parquet_format.ParquetDatasink``.
         """
+        from connectors.file_datasink import rows_per_file
         from connectors.parquet_format import ParquetDatasink
 
         self.write_datasink(ParquetDatasink(
-            path, partition_cols=partition_cols, min_rows_per_file=min_rows_per_file,
+            path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, filesystem=filesystem, compression=compression,
-            row_group_size=row_group_size,
+            row_group_size=row_group_size, mode=mode, filename_provider=filename_provider,
+            min_bytes_per_file=min_bytes_per_file, arrow_parquet_args=arrow_parquet_args,
+            arrow_parquet_args_fn=arrow_parquet_args_fn,
         ))
 
     def write_csv(
@@ -569,16 +606,21 @@ class Dataset:
         max_rows_per_file: int | None = None,
         filesystem: Any = None,
         write_options: Any = None,
+        mode: Any = "append",
+        filename_provider: Any = None,
+        num_rows_per_file: int | None = None,
     ) -> None:
         """Write CSV files (with a header) under ``path``, atomically, as ``write_parquet``.
 
         ``write_options`` is a ``pyarrow.csv.WriteOptions``.
         """
         from connectors.csv_format import CSVDatasink
+        from connectors.file_datasink import rows_per_file
 
         self.write_datasink(CSVDatasink(
-            path, partition_cols=partition_cols, min_rows_per_file=min_rows_per_file,
+            path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, filesystem=filesystem, write_options=write_options,
+            mode=mode, filename_provider=filename_provider,
         ))
 
     def write_json(
@@ -589,13 +631,17 @@ class Dataset:
         min_rows_per_file: int | None = None,
         max_rows_per_file: int | None = None,
         filesystem: Any = None,
+        mode: Any = "append",
+        filename_provider: Any = None,
+        num_rows_per_file: int | None = None,
     ) -> None:
         """Write JSON Lines files (one object per row) under ``path``, atomically, as ``write_parquet``."""
+        from connectors.file_datasink import rows_per_file
         from connectors.json_format import JSONDatasink
 
         self.write_datasink(JSONDatasink(
-            path, partition_cols=partition_cols, min_rows_per_file=min_rows_per_file,
-            max_rows_per_file=max_rows_per_file, filesystem=filesystem,
+            path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
+            max_rows_per_file=max_rows_per_file, filesystem=filesystem, mode=mode, filename_provider=filename_provider,
         ))
 
     def write_lance(

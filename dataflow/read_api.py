@@ -86,25 +86,37 @@ def read_parquet(
     partitioning: Any = "hive",
     include_paths: bool = False,
     override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
     **kwargs: Any,
 ) -> Dataset:
     """Parquet files: a file, a folder (recursive), a glob or a list; local or ``s3://``.
 
     ``columns`` and ``filter`` (a ``pyarrow.compute`` expression) are pushed into the reader;
-    row groups whose statistics rule the filter out are never read.
+    row groups whose statistics rule the filter out are never read. Hive partition columns are
+    strings (as Ray); ``partition_filter`` (a ``PathPartitionFilter``) skips files by their
+    partition values before reading; ``shuffle="files"`` or ``FileShuffleConfig(seed=...)``
+    reads the files in a random order.
     """
     from connectors.parquet_format import ParquetDatasource
 
     source = ParquetDatasource(paths, columns=columns, filter=filter, filesystem=filesystem,
-                               partitioning=partitioning, include_paths=include_paths, **kwargs)
+                               partitioning=partitioning, include_paths=include_paths,
+                               partition_filter=partition_filter, shuffle=shuffle, **kwargs)
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
 
 def _file_kwargs(
-    filesystem: Any, partitioning: Any, include_paths: bool, file_extensions: Sequence[str] | None
+    filesystem: Any,
+    partitioning: Any,
+    include_paths: bool,
+    file_extensions: Sequence[str] | None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
 ) -> dict[str, Any]:
     """The arguments every ``FileDatasource`` takes; ``None`` extensions keep the format's own."""
-    kwargs: dict[str, Any] = {"filesystem": filesystem, "include_paths": include_paths}
+    kwargs: dict[str, Any] = {"filesystem": filesystem, "include_paths": include_paths,
+                              "partition_filter": partition_filter, "shuffle": shuffle}
     if partitioning != "default":
         kwargs["partitioning"] = partitioning
     if file_extensions is not None:
@@ -123,6 +135,8 @@ def read_csv(
     read_options: Any = None,
     parse_options: Any = None,
     convert_options: Any = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
 ) -> Dataset:
     """CSV files (a file, folder, glob or list; local or ``s3://``), one row per line.
 
@@ -134,7 +148,7 @@ def read_csv(
 
     source = CSVDatasource(
         paths, read_options=read_options, parse_options=parse_options, convert_options=convert_options,
-        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions),
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
     )
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
@@ -142,6 +156,7 @@ def read_csv(
 def read_json(
     paths: str | list[str],
     *,
+    lines: bool = False,
     filesystem: Any = None,
     partitioning: Any = "hive",
     include_paths: bool = False,
@@ -149,8 +164,11 @@ def read_json(
     override_num_blocks: int | None = None,
     read_options: Any = None,
     parse_options: Any = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
 ) -> Dataset:
-    """JSON Lines files (one object per line), or files holding one JSON array of objects.
+    """JSON Lines files (one object per line), or files holding one JSON array of objects (or
+    one object, a row), as Ray's ``lines=False``; ``lines=True``: JSON Lines only.
 
     ``read_options``/``parse_options`` are ``pyarrow.json``'s. Folders are read for ``.json``,
     ``.jsonl`` and ``.ndjson`` files unless ``file_extensions`` says otherwise.
@@ -158,8 +176,8 @@ def read_json(
     from connectors.json_format import JSONDatasource
 
     source = JSONDatasource(
-        paths, read_options=read_options, parse_options=parse_options,
-        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions),
+        paths, read_options=read_options, parse_options=parse_options, lines=lines,
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
     )
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
@@ -174,13 +192,15 @@ def read_text(
     include_paths: bool = False,
     file_extensions: Sequence[str] | None = None,
     override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
 ) -> Dataset:
     """Lines of text files, one row per line in column ``text`` (empty lines dropped by default)."""
     from connectors.text_format import TextDatasource
 
     source = TextDatasource(
         paths, encoding=encoding, drop_empty_lines=drop_empty_lines,
-        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions),
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
     )
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
@@ -193,11 +213,13 @@ def read_binary_files(
     partitioning: Any = None,
     file_extensions: Sequence[str] | None = None,
     override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
 ) -> Dataset:
     """Whole files, one row each: their bytes in column ``bytes`` (and ``path`` if asked)."""
     from connectors.binary_format import BinaryDatasource
 
-    source = BinaryDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions))
+    source = BinaryDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle))
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
 
@@ -211,6 +233,8 @@ def read_images(
     partitioning: Any = None,
     file_extensions: Sequence[str] | None = None,
     override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
 ) -> Dataset:
     """Images decoded into ``uint8`` tensors of shape ``(height, width, channels)`` in column ``image``.
 
@@ -220,7 +244,7 @@ def read_images(
     from connectors.image_format import ImageDatasource
 
     source = ImageDatasource(
-        paths, size=size, mode=mode, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions)
+        paths, size=size, mode=mode, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle)
     )
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
@@ -233,6 +257,8 @@ def read_numpy(
     include_paths: bool = False,
     file_extensions: Sequence[str] | None = None,
     override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
 ) -> Dataset:
     """``.npy`` files: one row per entry of each array's first axis, in column ``data``.
 
@@ -240,7 +266,7 @@ def read_numpy(
     """
     from connectors.numpy_format import NumpyDatasource
 
-    source = NumpyDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions))
+    source = NumpyDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle))
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
 
@@ -333,9 +359,27 @@ def _torch_value(value: Any) -> Any:
     return value
 
 
+def _tensor_lists(samples: list[Any]) -> pa.Array | None:
+    """Samples that are tuples of tensors of one shape and dtype, as a list column of tensors
+    (rows give lists of numpy arrays), or None for other samples."""
+    first = samples[0] if samples else None
+    if not isinstance(first, list) or not first or not isinstance(first[0], np.ndarray) or first[0].ndim == 0:
+        return None
+    kind = (first[0].shape, first[0].dtype)
+    if not all(isinstance(s, list) and all(isinstance(v, np.ndarray) and (v.shape, v.dtype) == kind for v in s)
+               for s in samples):
+        return None
+    values = pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack([v for s in samples for v in s]))
+    offsets = np.cumsum([0] + [len(s) for s in samples], dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), values)
+
+
 def _torch_chunk_table(samples: list[Any], first_index: int) -> pa.Table:
     from engine.block_format import to_block
 
+    tensors = _tensor_lists(samples)
+    if tensors is not None:
+        return pa.table({"item": tensors})
     try:
         return to_block({"item": samples})
     except (TypeError, ValueError) as exc:
@@ -359,7 +403,8 @@ def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> Datas
 
     The samples are read here, in this process (``dataset[i]`` for a map-style dataset, iteration
     for an iterable one). Tensors become NumPy arrays (same-shape ones a tensor column, scalars
-    plain values), PIL images ``uint8`` arrays and dicts struct values. Unlike Ray, which can keep
+    plain values; a tuple of same-shape tensors a list of arrays), PIL images ``uint8`` arrays
+    and dicts struct values. Unlike Ray, which can keep
     any Python object, a column must be Arrow-typed: a tuple of mixed types, such as
     ``(image, label)``, cannot be stored, and the error says to return a dict instead.
     """

@@ -141,10 +141,44 @@ def to_block(batch: Any) -> pa.Table:
     raise TypeError(msg)
 
 
+def table_to_pandas(table: pa.Table, arrow_backed: bool = True) -> Any:
+    """``table`` as a pandas DataFrame, as Ray Data 2.60's ``to_pandas`` makes it.
+
+    With ``arrow_backed`` (Ray's default since 2.56), standard Arrow types become
+    ``pd.ArrowDtype`` columns (``int64[pyarrow]``, ``string[pyarrow]``...); tensor columns are
+    ``object`` columns of n-d numpy arrays, one per row; dictionary, null and other extension
+    types convert as pyarrow converts them. A table made from pandas frames (its schema keeps
+    pandas' metadata, as Ray keeps pandas blocks) gets its pandas dtypes back.
+    """
+    import pandas as pd
+
+    tensors = [i for i, f in enumerate(table.schema) if isinstance(f.type, pa.FixedShapeTensorType)
+               or pa.types.is_fixed_size_list(f.type)]
+    from_pandas = bool(table.schema.metadata and b"pandas" in table.schema.metadata)
+
+    def mapper(typ: pa.DataType) -> Any:
+        if isinstance(typ, pa.BaseExtensionType) or pa.types.is_dictionary(typ) or pa.types.is_null(typ):
+            return None
+        if pa.types.is_fixed_size_list(typ):
+            return None
+        return pd.ArrowDtype(typ)
+
+    plain = table.drop_columns([table.column_names[i] for i in tensors]) if tensors else table
+    frame = plain.to_pandas(types_mapper=mapper if arrow_backed and not from_pandas else None)
+    for i in tensors:
+        cells = np.empty(table.num_rows, dtype=object)
+        for row, cell in enumerate(column_to_numpy(table.column(i)) if table.num_rows else []):
+            cells[row] = cell
+        frame.insert(i, table.column_names[i], cells)
+    return frame
+
+
 def _python_column(column: pa.ChunkedArray) -> list[Any]:
     typ = column.type
     if isinstance(typ, pa.FixedShapeTensorType) or pa.types.is_fixed_size_list(typ):
         return list(column_to_numpy(column))
+    if pa.types.is_list(typ) and isinstance(typ.value_type, pa.FixedShapeTensorType):  # lists of tensors
+        return [None if cell is None else list(cell) for cell in column.to_numpy(zero_copy_only=False)]
     return column.to_pylist()  # type: ignore[no-any-return]
 
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.backpressure import WAIT_BUDGET, OpLoad, blocked_reason, op_budget
+from engine.backpressure import WAIT_BUDGET, WAIT_RESOURCES, OpLoad, blocked_reason, op_budget
 from engine.errors import DataflowError, EngineError, WorkerDiedError, make_user_error
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.operators.base import OperatorContext, PhysicalOperator
@@ -101,6 +101,11 @@ class Execution:
         self._free_block = free
         self.store = store
         self.store_capacity = store_capacity if store_capacity is not None else options.resolved_store_capacity()
+        store_limit = options.resource_limits.object_store_memory
+        if store_limit is not None:  # Ray's resource_limits: this execution's share of the store
+            self.store_capacity = min(self.store_capacity, int(store_limit))
+        self.cpu_limit = options.cpu_limit()
+        """``resource_limits.cpu``: the CPUs this execution's running tasks may use at once."""
         self._owner: dict[str, PhysicalOperator | None] = {}
         """The one ownership table: every block this execution produced and has not freed, and
         the task-running operator whose budget it counts against. Blocks not in it (a
@@ -258,7 +263,15 @@ class Execution:
             self.route()
         if not ready:
             return False, None
+        if self.cpu_limit is not None and not self._within_cpu_limit(op):
+            return True, WAIT_RESOURCES
         return True, blocked_reason(self.load(op))
+
+    def _within_cpu_limit(self, op: MapOperator) -> bool:
+        """One more task of ``op`` keeps this execution within ``resource_limits.cpu`` (a task
+        may always start when none of the execution's runs, whatever it asks for)."""
+        running = sum(o.in_flight() * o.resources.num_cpus for o in self._task_ops)
+        return running == 0 or running + op.resources.num_cpus <= (self.cpu_limit or 0.0) + 1e-9
 
     def _budget_bound(self, op: PhysicalOperator) -> bool:
         """``op`` runs tasks, none is running, and its budget keeps the next one from starting."""
@@ -312,7 +325,9 @@ class Execution:
             self.task_discarded(op, task_id, [])
             return
         pending = op.task_lost(task_id)
-        if pending.spec.attempt + 1 >= self.options.max_task_attempts:
+        retries = getattr(op.transform, "max_retries", None)  # the UDFs' own max_retries (-1: no limit)
+        attempts = self.options.max_task_attempts if retries is None else (retries + 1 if retries >= 0 else None)
+        if attempts is not None and pending.spec.attempt + 1 >= attempts:
             msg = (
                 f"task {pending.spec.task_index} of {op.name} failed {pending.spec.attempt + 1} times "
                 f"because its worker died ({why}); giving up"

@@ -120,7 +120,7 @@ class InProcessBackend(Backend):
         return _STORE.private_views
 
     def execution_options(self, wanted: ExecutionOptions) -> ExecutionOptions:
-        return wanted
+        return wanted.with_()  # its own copy: the caller's options object is mutable
 
     def execute(self, ops: list[PhysicalOperator], options: ExecutionOptions) -> ExecutionHandle:
         local = LocalExecutor(options)

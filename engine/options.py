@@ -1,13 +1,19 @@
-"""Every engine knob and its default, as frozen dataclasses.
+"""Every engine knob and its default, as dataclasses.
 
 Nothing here reads the environment: ``dataflow.context`` does that, in one place, and passes
 the result down. Sizes are bytes.
+
+``ExecutionOptions`` is mutable, as Ray Data's is (``ctx.execution_options.preserve_order =
+True``), and refuses names it does not have. The engine never holds the caller's object: a
+backend copies the options it starts with (``Session``) and every execution runs with its own
+copy (``Backend.execution_options``), so a change made while a job runs applies to the next one.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -21,6 +27,33 @@ def _total_memory() -> int:
 
 
 @dataclass(frozen=True)
+class ExecutionResources:
+    """Ray Data's ``ExecutionResources``, as ``ExecutionOptions.resource_limits``: None is no limit.
+
+    ``cpu`` caps the CPUs the tasks of one execution use at once (the sum of the ``num_cpus``
+    of its running tasks); ``object_store_memory`` caps the bytes of blocks it holds before
+    operators wait (the store budget its backpressure shares out). ``gpu`` and ``memory``
+    limits are refused when an execution starts: cap GPUs with ``dataflow.init(num_gpus=...)``.
+    """
+
+    cpu: float | None = None
+    gpu: float | None = None
+    object_store_memory: float | None = None
+    memory: float | None = None
+
+    @classmethod
+    def for_limits(
+        cls,
+        cpu: float | None = None,
+        gpu: float | None = None,
+        object_store_memory: float | None = None,
+        memory: float | None = None,
+    ) -> ExecutionResources:
+        """Limits (Ray's spelling); an unset field is no limit."""
+        return cls(cpu, gpu, object_store_memory, memory)
+
+
+@dataclass
 class ExecutionOptions:
     """How the engine runs plans. Defaults follow Ray Data where it is sound and say so."""
 
@@ -55,6 +88,14 @@ class ExecutionOptions:
     output and ``limit``; tasks still run in parallel, finished ones wait for earlier ones."""
     inline_cold_start: bool = True
     """Run tasks in the driver until the first worker process is ready (fast small jobs)."""
+    resource_limits: ExecutionResources = field(default_factory=ExecutionResources)
+    """Ray's ``resource_limits``: what one execution may use at once (see ``ExecutionResources``)."""
+    locality_with_output: bool = False
+    """Ray's setting; on one machine every block is local to the consumer, so nothing to do."""
+    actor_locality_enabled: bool = True
+    """Ray's setting; on one machine every actor is local to its input, so nothing to do."""
+    verbose_progress: bool | None = None
+    """Ray's setting; dataflow shows no progress bars (``Dataset.stats()`` reports per operator)."""
 
     PER_EXECUTION = (
         "target_max_block_size",
@@ -64,8 +105,45 @@ class ExecutionOptions:
         "max_task_attempts",
         "task_timeout_s",
         "preserve_order",
+        "resource_limits",
+        "locality_with_output",
+        "actor_locality_enabled",
+        "verbose_progress",
     )
     """Fields that may differ between executions of one session (the rest shape the session)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _FIELD_NAMES:
+            hint = _RAY_HINTS.get(name, "")
+            msg = f"ExecutionOptions has no setting {name!r}{hint}; its settings are {sorted(_FIELD_NAMES)}"
+            raise AttributeError(msg, name=name, obj=self)
+        object.__setattr__(self, name, value)
+
+    def check(self) -> None:
+        """Raise ``ValueError`` for a setting that cannot be honoured (before anything runs)."""
+        limits = self.resource_limits
+        if not isinstance(limits, ExecutionResources):
+            msg = f"resource_limits must be an ExecutionResources, got {type(limits).__name__}"
+            raise TypeError(msg)
+        if limits.gpu is not None or limits.memory is not None:
+            msg = (
+                "resource_limits.gpu and resource_limits.memory are not supported: GPUs are given to "
+                "actor pools for their lifetime, so cap them with dataflow.init(num_gpus=...); "
+                "cpu and object_store_memory limits are"
+            )
+            raise ValueError(msg)
+        for name in ("cpu", "object_store_memory"):
+            value = getattr(limits, name)
+            if value is not None and not value > 0:
+                msg = f"resource_limits.{name} must be > 0 or None, got {value!r}"
+                raise ValueError(msg)
+        if not isinstance(self.target_max_block_size, int) or self.target_max_block_size <= 0:
+            msg = f"target_max_block_size must be a positive number of bytes, got {self.target_max_block_size!r}"
+            raise ValueError(msg)
+
+    def cpu_limit(self) -> float | None:
+        """The CPUs one execution's running tasks may use at once (``resource_limits.cpu``), or None."""
+        return None if self.resource_limits.cpu is None else float(self.resource_limits.cpu)
 
     def for_execution(self, wanted: ExecutionOptions) -> ExecutionOptions:
         """This session's options with ``wanted``'s per-execution fields."""
@@ -89,3 +167,10 @@ class ExecutionOptions:
         if self.object_store_memory is not None:
             return self.object_store_memory
         return int(_total_memory() * 0.3)
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(ExecutionOptions))
+_RAY_HINTS = {
+    "exclude_resources": " (Ray's deprecated exclude_resources: lower resource_limits instead)",
+    "label_selector": " (Ray's label_selector: dataflow runs on one machine, which has no node labels)",
+}

@@ -94,6 +94,7 @@ class Session(Backend):
     backend."""
 
     def __init__(self, options: ExecutionOptions, transport: str = "ipc") -> None:
+        options = options.with_()  # its own copy: the caller's options object is mutable
         self.options = options
         self.session_id = uuid.uuid4().hex[:12]
         shm_root = _shm_root()

@@ -9,11 +9,14 @@ that is what makes a map over a class an actor.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from engine.block_format import rows_of, rows_to_block, to_batch, to_block
@@ -60,6 +63,17 @@ class Stage:
     batch_format: str = "default"
     user_code: bool = True
     """False for engine-provided steps (select_columns...), whose errors are not UDF errors."""
+    zero_copy_batch: bool = True
+    """False: every batch handed to the function is its own writable copy (numpy, pandas)."""
+    max_retries: int | None = None
+    """Ray's ``max_retries``: retries of a call raising one of ``retry_exceptions`` (-1: no
+    limit), and of a task whose worker died; None: no retry of calls, the execution's
+    ``max_task_attempts`` for dead workers."""
+    retry_exceptions: bool | tuple[type[BaseException], ...] = False
+    """Ray's ``retry_exceptions``: True (any exception) or the exception types whose calls are
+    retried, on the same input, up to ``max_retries`` times."""
+    env_vars: tuple[tuple[str, str], ...] = ()
+    """Ray's ``runtime_env={"env_vars": ...}``: set in ``os.environ`` while the function runs."""
     _callable: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -68,22 +82,107 @@ class Stage:
         return state
 
     def prepare(self) -> Callable[..., Any]:
-        """The callable to invoke: constructs a callable class once (per worker) and keeps it."""
+        """The callable to invoke: constructs a callable class once (per worker) and keeps it.
+
+        With ``retry_exceptions`` or ``env_vars`` it is wrapped to retry calls and to set the
+        environment around each one (a generator's outputs are then produced inside the call).
+        """
         if self._callable is None:
             if isinstance(self.fn, type):
                 try:
-                    self._callable = self.fn(*self.fn_constructor_args, **self.fn_constructor_kwargs)
+                    with _environment(self.env_vars):
+                        instance = self.fn(*self.fn_constructor_args, **self.fn_constructor_kwargs)
                 except USER_ERRORS as err:
                     raise UDFFailure(f"{self.name} (constructor of {udf_name(self.fn)})", err) from err
             else:
-                self._callable = self.fn
+                instance = self.fn
+            retried = _retried_types(self.retry_exceptions)
+            self._callable = _wrap_call(instance, self.env_vars, retried, self.max_retries) if retried or self.env_vars else instance
         return self._callable  # type: ignore[no-any-return]
+
+
+def _retried_types(retry_exceptions: bool | tuple[type[BaseException], ...]) -> tuple[type[BaseException], ...]:
+    if retry_exceptions is True:
+        return (Exception,)
+    return tuple(retry_exceptions or ())
+
+
+@contextlib.contextmanager
+def _environment(env_vars: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """``env_vars`` set in ``os.environ`` inside the block, the previous values restored after."""
+    if not env_vars:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name, _ in env_vars}
+    os.environ.update(dict(env_vars))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _wrap_call(
+    fn: Callable[..., Any],
+    env_vars: tuple[tuple[str, str], ...],
+    retried: tuple[type[BaseException], ...],
+    max_retries: int | None,
+) -> Callable[..., Any]:
+    """``fn`` called with ``env_vars`` set, again on the same input (up to ``max_retries``
+    times, -1: no limit) while it raises one of ``retried``. A generator's outputs are
+    collected inside the call, so a retry never repeats outputs already handed on."""
+    limit = 3 if max_retries is None else max_retries
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                with _environment(env_vars):
+                    result = fn(*args, **kwargs)
+                    if inspect.isgenerator(result):
+                        return _replay(list(result))
+                    return result
+            except retried:
+                if 0 <= limit <= attempt:
+                    raise
+                attempt += 1
+
+    return call
+
+
+def _writable_array(values: Any) -> Any:
+    if not isinstance(values, np.ndarray):
+        return values
+    if values.dtype != object:
+        return np.array(values, copy=True)
+    copied = np.empty(len(values), dtype=object)  # ragged cells are arrays of their own
+    for i, cell in enumerate(values):
+        copied[i] = np.array(cell, copy=True) if isinstance(cell, np.ndarray) else cell
+    return copied
+
+
+def _replay(outputs: list[Any]) -> Iterator[Any]:
+    yield from outputs
+
+
+def writable_batch(batch: Any) -> Any:
+    """A copy of ``batch`` whose arrays the function may write into (``zero_copy_batch=False``)."""
+    if isinstance(batch, dict):
+        return {name: _writable_array(values) for name, values in batch.items()}
+    if type(batch).__module__.split(".")[0] == "pandas":
+        return batch.copy(deep=True)
+    return batch  # Arrow tables and polars frames are immutable: nothing to write into
 
 
 class TaskTransform:
     """What a task runs over its input blocks; pickled once per operator, cached by workers."""
 
     name: str = "Transform"
+    max_retries: int | None = None
+    """Retries of a task whose worker died (-1: no limit); None: the execution's ``max_task_attempts``."""
 
     def prepare(self) -> None:
         """Construct what is costly once per worker (an actor's callable class)."""
@@ -102,6 +201,14 @@ class BlockTransform(TaskTransform):
     @property
     def name(self) -> str:
         return "->".join(s.name for s in self.stages) or "Identity"
+
+    @property
+    def max_retries(self) -> int | None:  # type: ignore[override]
+        """The most ``max_retries`` any stage asks for (-1, no limit, wins); None if none does."""
+        asked = [s.max_retries for s in self.stages if s.max_retries is not None]
+        if not asked:
+            return None
+        return -1 if -1 in asked else max(asked)
 
     def prepare(self) -> None:
         """Construct callable classes now (an actor's constructor runs before its first batch)."""
@@ -232,6 +339,8 @@ def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Ta
     fn = stage.prepare()
     for batch in _rebatch(blocks, stage.batch_size):
         formatted = to_batch(batch, stage.batch_format)
+        if not stage.zero_copy_batch:
+            formatted = writable_batch(formatted)
         result = call_stage(stage, fn, formatted)
         outputs = result if inspect.isgenerator(result) else (result,)
         try:

@@ -40,7 +40,7 @@ def test_csv_round_trip_with_partitions_and_gzip(tmp_path: Path) -> None:
     (tmp_path / "k=2" / "notes.txt").write_text("skipped: not .csv")
     out = read_all(CSVDatasource(str(tmp_path)))
     rows = sorted(zip(out["x"].to_pylist(), out["y"].to_pylist(), out["k"].to_pylist()))
-    assert rows == [(1, "a", 1), (2, "b", 1), (3, "c", 2)]
+    assert rows == [(1, "a", "1"), (2, "b", "1"), (3, "c", "2")]
 
 
 def test_csv_column_numeric_at_first_then_strings_becomes_string(tmp_path: Path) -> None:

@@ -1,0 +1,125 @@
+"""Ray Data's write arguments: ``mode`` (SaveMode), ``filename_provider``, ``num_rows_per_file``,
+``min_bytes_per_file``, ``arrow_parquet_args``/``arrow_parquet_args_fn``, each with Ray's meaning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+from dataflow import FilenameProvider, SaveMode
+
+
+@pytest.fixture(autouse=True)
+def _local():
+    with dataflow.options(execution_mode="local"):
+        yield
+
+
+def _data_files(path: Path, ext: str = ".parquet") -> list[Path]:
+    return sorted(p for p in path.rglob(f"*{ext}") if not any(part.startswith("_") for part in p.parts))
+
+
+def _ids(path: Path) -> list[int]:
+    return sorted(dataflow.read_parquet(str(path)).to_arrow()["id"].to_pylist())
+
+
+def test_save_modes(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+    dataflow.range(3).write_parquet(str(dest))  # APPEND, the default, into a new folder
+    dataflow.range(3).write_parquet(str(dest), mode=SaveMode.APPEND)
+    assert _ids(dest) == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="already exists"):
+        dataflow.range(3).write_parquet(str(dest), mode="error")
+    with pytest.raises(ValueError, match="already exists"):
+        dataflow.range(3).write_csv(str(dest), mode=SaveMode.CREATE)
+    before = _data_files(dest)
+
+    def boom(batch):
+        raise RuntimeError("never runs")
+
+    dataflow.range(3).map_batches(boom).write_parquet(str(dest), mode="ignore")  # nothing runs
+    assert _data_files(dest) == before
+    dataflow.from_items([{"id": i} for i in range(10, 15)]).write_parquet(str(dest), mode=SaveMode.OVERWRITE)
+    assert _ids(dest) == [10, 11, 12, 13, 14]
+    with pytest.raises(RuntimeError, match="never runs"):  # a failed overwrite keeps the old data
+        dataflow.range(3).map_batches(boom).write_parquet(str(dest), mode="overwrite")
+    assert _ids(dest) == [10, 11, 12, 13, 14]
+    with pytest.raises(ValueError, match="mode must be one of"):
+        dataflow.range(3).write_json(str(tmp_path / "j"), mode="replace")
+    with pytest.raises(ValueError, match="UPSERT"):
+        dataflow.range(3).write_parquet(str(tmp_path / "u"), mode=SaveMode.UPSERT)
+
+
+class Named(FilenameProvider):
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        return f"part-{task_index:03d}-{{i}}.parquet"
+
+
+def test_filename_provider_names_the_files(tmp_path: Path) -> None:
+    dataflow.range(100, override_num_blocks=1).write_parquet(
+        str(tmp_path / "a"), filename_provider=Named(), max_rows_per_file=40
+    )
+    assert [p.name for p in _data_files(tmp_path / "a")] == ["part-000-0.parquet", "part-000-1.parquet", "part-000-2.parquet"]
+    dataflow.range(5).write_csv(str(tmp_path / "b"), filename_provider=FilenameProvider(dataset_uuid="ds", file_format="csv"))
+    names = [p.name for p in _data_files(tmp_path / "b", ".csv")]
+    assert len(names) == 1 and names[0].startswith("ds_") and names[0].endswith("_000000-0.csv")
+
+    class Same(FilenameProvider):
+        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+            return "same.parquet"
+
+    with pytest.raises(ValueError, match="same file name"):
+        dataflow.range(10, override_num_blocks=2).repartition(2).write_parquet(str(tmp_path / "c"), filename_provider=Same())
+    assert not (tmp_path / "c").exists() or _data_files(tmp_path / "c") == []
+
+
+def test_num_rows_per_file_is_ray_s_deprecated_min_rows(tmp_path: Path) -> None:
+    with pytest.warns(DeprecationWarning, match="num_rows_per_file"):
+        dataflow.range(100, override_num_blocks=10).write_parquet(str(tmp_path / "a"), num_rows_per_file=50)
+    rows = sorted((pq.read_metadata(p).num_rows for p in _data_files(tmp_path / "a")), reverse=True)
+    assert sum(rows) == 100 and all(r >= 50 for r in rows[:-1]) and len(rows) <= 2
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="Cannot specify both"):
+        dataflow.range(3).write_json(str(tmp_path / "b"), num_rows_per_file=1, min_rows_per_file=1)
+
+
+def test_min_bytes_per_file_groups_blocks(tmp_path: Path) -> None:
+    ds = dataflow.range(10_000, override_num_blocks=10).materialize()
+    blocks = ds.num_blocks()
+    assert blocks > 2 and ds.size_bytes() == 80_000
+    ds.write_parquet(str(tmp_path / "a"))
+    assert len(_data_files(tmp_path / "a")) == 1  # small blocks share a task (4 MiB of input)
+    ds.write_parquet(str(tmp_path / "a2"), min_bytes_per_file=40_000)
+    per_file = 40_000 // (80_000 // blocks)  # whole blocks, up to 40 KB of them
+    assert len(_data_files(tmp_path / "a2")) == -(-blocks // per_file)
+    assert _ids(tmp_path / "a2") == list(range(10_000))
+    with pytest.raises(ValueError, match="cannot be used with"):
+        ds.write_parquet(str(tmp_path / "b"), min_bytes_per_file=10, max_rows_per_file=5)
+
+
+def test_arrow_parquet_args(tmp_path: Path) -> None:
+    dataflow.range(100).write_parquet(str(tmp_path / "a"), compression="zstd", use_dictionary=False)
+    meta = pq.read_metadata(_data_files(tmp_path / "a")[0])
+    assert meta.row_group(0).column(0).compression == "ZSTD"
+    dataflow.range(100).write_parquet(
+        str(tmp_path / "b"), arrow_parquet_args_fn=lambda: {"row_group_size": 10, "compression": "gzip"}
+    )
+    meta = pq.read_metadata(_data_files(tmp_path / "b")[0])
+    assert meta.num_row_groups == 10 and meta.row_group(0).column(0).compression == "GZIP"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'concurrency_x'"):
+        dataflow.range(3).write_parquet(str(tmp_path / "c"), concurrency_x=2)
+    with pytest.raises(TypeError, match=r"not an argument of pyarrow\.parquet\.write_table"):
+        dataflow.range(3).write_parquet(str(tmp_path / "d"), arrow_parquet_args_fn=lambda: {"bogus": 1})
+
+
+def test_partition_cols_with_mode_and_provider(tmp_path: Path) -> None:
+    table = pa.table({"id": list(range(6)), "k": ["a", "b"] * 3})
+    dataflow.from_arrow(table).write_parquet(str(tmp_path / "p"), partition_cols=["k"], filename_provider=Named())
+    assert sorted(str(p.relative_to(tmp_path / "p")) for p in _data_files(tmp_path / "p")) == [
+        "k=a/part-000-0.parquet", "k=b/part-000-0.parquet",
+    ]
+    dataflow.from_arrow(table).write_parquet(str(tmp_path / "p"), partition_cols=["k"], mode="overwrite")
+    assert len(_data_files(tmp_path / "p")) == 2 and _ids(tmp_path / "p") == list(range(6))

@@ -1,0 +1,353 @@
+"""The keyword arguments and settings Ray Data scripts pass, with their Ray meaning, on both modes.
+
+Each is honoured, or refused with the reason; none is silently dropped. What Ray 2.60 does was
+read from its source (and, for partitions and ``to_pandas``, seen running it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+from dataflow import ActorPoolStrategy, ExecutionResources, FileShuffleConfig, PathPartitionFilter
+from dataflow.errors import ResourceError
+
+
+def _ids(rows):
+    return sorted(r["id"] for r in rows)
+
+
+# ----- UDF keywords: what is accepted, refused, unknown -----------------------------------------
+
+
+@pytest.mark.parametrize("method", ["map", "map_batches", "flat_map", "filter"])
+def test_an_unknown_keyword_is_a_type_error_naming_it(method):
+    ds = dataflow.range(3)
+    with pytest.raises(TypeError, match=rf"^{method}\(\) got an unexpected keyword argument 'num_cpu'$"):
+        getattr(ds, method)(lambda x: x, num_cpu=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
+        getattr(ds, method)(lambda x: x, batchsize=8)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"placement_group": "pg"}, "placement groups"),
+        ({"scheduling_strategy": object()}, "one machine"),
+        ({"label_selector": {"zone": "a"}}, "no node labels"),
+        ({"runtime_env": {"pip": ["requests"]}}, r"runtime_env \['pip'\] is not supported"),
+        ({"num_returns": 2}, "stream"),
+        ({"resources": {"CPU": 2}}, "num_cpus"),
+        ({"retry_exceptions": ["not an exception"]}, "retry_exceptions"),
+    ],
+)
+def test_ray_options_without_a_meaning_here_are_refused_with_the_reason(kwargs, reason):
+    with pytest.raises(ValueError, match=reason):
+        dataflow.range(3).map_batches(lambda b: b, **kwargs)
+
+
+def test_remote_args_become_plan_resources():
+    ds = dataflow.range(3)
+    plan = ds.map(lambda r: r, num_cpus=0.5, accelerator_type="A100", resources={"TPU": 1})._plan
+    assert plan.resources.num_cpus == 0.5
+    assert dict(plan.resources.custom) == {"TPU": 1.0, "accelerator_type:A100": 0.001}  # as Ray
+    # named arguments win over **ray_remote_args, what ray_remote_args_fn returns over both
+    plan = ds.map_batches(lambda b: b, num_cpus=2, ray_remote_args_fn=lambda: {"num_cpus": 0.25})._plan
+    assert plan.resources.num_cpus == 0.25
+    with pytest.raises(TypeError, match=r"'num_cpu'.*ray_remote_args_fn"):
+        ds.map(lambda r: r, ray_remote_args_fn=lambda: {"num_cpu": 1})
+    with pytest.raises(TypeError, match="must return a dict"):
+        ds.map(lambda r: r, ray_remote_args_fn=lambda: 3)
+    # harmless on one machine: accepted
+    ds.map(lambda r: r, scheduling_strategy="SPREAD", name="x", max_restarts=2, enable_task_events=False)
+
+
+def test_memory_caps_how_many_run_at_once():
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    plan = dataflow.range(3).map(lambda r: r, memory=total // 4)._plan
+    assert plan.max_concurrency == 2  # 70% of RAM holds two tasks of a quarter each
+    with pytest.raises(ValueError, match="could never run"):
+        dataflow.range(3).map(lambda r: r, memory=total)
+
+
+def test_max_calls_is_not_silently_ignored(caplog):
+    with caplog.at_level(logging.WARNING, logger="dataflow.udf"):
+        dataflow.range(3).map(lambda r: r, max_calls=1)
+    assert "reuses worker processes" in caplog.text
+
+
+def test_an_accelerator_type_must_be_offered(mode):
+    ds = dataflow.range(4).map(lambda r: r, accelerator_type="A100")
+    with pytest.raises(ResourceError, match="accelerator_type:A100"):
+        ds.take_all()
+    if mode == "local":  # the in-process backend offers what each execution's options say
+        with dataflow.options(resources=(("accelerator_type:A100", 1.0),)):
+            assert _ids(ds.take_all()) == [0, 1, 2, 3]
+
+
+def test_remote_args_run(mode):
+    ds = dataflow.range(20, override_num_blocks=4).map_batches(
+        lambda b: {"id": b["id"] + 1}, num_cpus=0.5, memory=1 << 20, scheduling_strategy="DEFAULT",
+        runtime_env={"env_vars": {}}, label_selector={},
+    )
+    assert _ids(ds.take_all()) == list(range(1, 21))
+
+
+def test_runtime_env_vars_are_set_while_the_function_runs(mode):
+    os.environ.pop("DATAFLOW_TEST_VAR", None)
+    ds = dataflow.range(4, override_num_blocks=2).map(
+        lambda r: {"id": r["id"], "v": os.environ.get("DATAFLOW_TEST_VAR")},
+        runtime_env={"env_vars": {"DATAFLOW_TEST_VAR": "set"}},
+    )
+    assert {r["v"] for r in ds.take_all()} == {"set"}
+    assert "DATAFLOW_TEST_VAR" not in os.environ  # restored after each call
+
+
+def test_retry_exceptions_retries_the_call(mode, tmp_path):
+    def flaky(batch):
+        seen = tmp_path / f"seen-{batch['id'][0]}"
+        if not seen.exists():  # fails the first time it sees a batch, in any process
+            seen.touch()
+            raise OSError("transient")
+        return batch
+
+    ds = dataflow.range(8, override_num_blocks=4)
+    assert _ids(ds.map_batches(flaky, retry_exceptions=[OSError], max_retries=1).take_all()) == list(range(8))
+    for seen in tmp_path.iterdir():
+        seen.unlink()
+    with pytest.raises(OSError, match="transient"):  # not a listed exception type: no retry
+        ds.map_batches(flaky, retry_exceptions=[KeyError], max_retries=3).take_all()
+
+    def always(batch):
+        raise OSError("always")
+
+    with pytest.raises(OSError, match="always"):  # retries run out
+        ds.map_batches(always, retry_exceptions=True, max_retries=2).take_all()
+
+
+def test_zero_copy_batch_false_hands_writable_batches(mode):
+    def bump(batch):
+        batch["id"] += 1  # in place
+        return batch
+
+    ds = dataflow.range(10, override_num_blocks=2)
+    assert _ids(ds.map_batches(bump, zero_copy_batch=False).take_all()) == list(range(1, 11))
+    assert _ids(ds.map_batches(bump, batch_format="pandas", zero_copy_batch=False).take_all()) == list(range(1, 11))
+    with pytest.raises(ValueError, match="read-only"):  # the default: zero-copy views, as Ray
+        ds.map_batches(bump).take_all()
+
+
+class AddOne:
+    def __call__(self, batch):
+        return {"id": batch["id"] + 1}
+
+
+def test_compute_strategies(mode):
+    ds = dataflow.range(12, override_num_blocks=3)
+    expected = list(range(1, 13))
+    assert _ids(ds.map_batches(AddOne, compute="actors").take_all()) == expected
+    pool = ActorPoolStrategy(min_size=1, max_size=2, initial_size=1, max_tasks_in_flight_per_actor=2)
+    assert _ids(ds.map_batches(AddOne, compute=pool).take_all()) == expected
+    assert _ids(ds.map_batches(AddOne, concurrency=(1, 2, 1)).take_all()) == expected  # Ray's (min, max, initial)
+    assert _ids(ds.map_batches(lambda b: {"id": b["id"] + 1}, compute="tasks").take_all()) == expected
+    with pytest.raises(ValueError, match="cannot run with compute='tasks'"):
+        ds.map_batches(AddOne, compute="tasks")
+    with pytest.raises(ValueError, match="only a callable class runs on an actor pool"):
+        ds.map_batches(lambda b: b, compute=ActorPoolStrategy(size=2))
+    with pytest.raises(ValueError, match="initial_size"):
+        ActorPoolStrategy(min_size=2, max_size=3, initial_size=5)
+    with pytest.raises(ValueError, match="cannot be set at the same time"):
+        ActorPoolStrategy(size=2, min_size=1)
+
+
+def test_filter_expr_takes_the_remote_args(mode):
+    ds = dataflow.range(10).filter(expr="id > 5", num_cpus=0.5, concurrency=2)
+    assert ds._plan.resources.num_cpus == 0.5 and ds._plan.max_concurrency == 2
+    assert _ids(ds.take_all()) == [6, 7, 8, 9]
+    with pytest.raises(ValueError, match="are for fn, not expr"):
+        dataflow.range(10).filter(expr="id > 5", fn_kwargs={"x": 1})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        dataflow.range(10).filter(expr="id > 5", bogus=1)
+
+
+# ----- settings ---------------------------------------------------------------------------------
+
+
+def test_execution_options_are_mutable_as_in_ray(mode):
+    ctx = dataflow.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # Ray's idiom; no FrozenInstanceError
+
+    def shuffled_delay(batch):
+        time.sleep(0.02 * (3 - int(batch["id"][0]) % 4))
+        return batch
+
+    rows = dataflow.range(400, override_num_blocks=8).map_batches(shuffled_delay).take_all()
+    assert [r["id"] for r in rows] == list(range(400))
+    ctx.execution_options.locality_with_output = True  # Ray's, and true on one machine anyway
+    with pytest.raises(AttributeError, match="has no setting 'preserve_ordr'"):
+        ctx.execution_options.preserve_ordr = True
+    with pytest.raises(AttributeError, match="label_selector"):
+        ctx.execution_options.label_selector = {"a": "b"}
+
+
+def test_data_context_settings_are_honoured_or_refused(mode, caplog):
+    ctx = dataflow.DataContext.get_current()
+    ctx.target_max_block_size = 8_000  # 1000 int64 rows
+    assert ctx.execution_options.target_max_block_size == 8_000
+    assert dataflow.range(10_000, override_num_blocks=1).materialize().num_blocks() >= 10
+    with pytest.raises(ValueError, match="positive number of bytes"):
+        ctx.target_max_block_size = None
+    ctx.enable_progress_bars = False  # what Ray scripts set to quiet the bars: there are none
+    with caplog.at_level(logging.WARNING, logger="dataflow.context"):
+        dataflow.context.DataContext._progress_bars_noted = False
+        ctx.enable_progress_bars = True
+    assert "draws no progress bars" in caplog.text and ctx.enable_progress_bars is False
+    with pytest.raises(AttributeError, match="has no setting 'use_push_based_shuffle'"):
+        ctx.use_push_based_shuffle = True
+
+
+def test_resource_limits_cap_cpus_and_store(mode):
+    def timed(batch):
+        start = time.monotonic()
+        time.sleep(0.15)
+        return {"start": [start], "end": [time.monotonic()]}
+
+    ctx = dataflow.DataContext.get_current()
+    ctx.execution_options.resource_limits = ExecutionResources(cpu=1, object_store_memory=64 << 20)
+    ds = dataflow.range(4, override_num_blocks=4).map_batches(timed)
+    spans = sorted((r["start"], r["end"]) for r in ds.take_all())
+    assert all(later[0] >= earlier[1] - 0.01 for earlier, later in itertools.pairwise(spans))
+    assert ds._last_handle.execution.store_capacity <= 64 << 20
+    ctx.execution_options.resource_limits = ExecutionResources.for_limits(gpu=1)
+    with pytest.raises(ValueError, match=r"resource_limits\.gpu"):
+        dataflow.range(3).take_all()
+
+
+# ----- reads --------------------------------------------------------------------------------------
+
+
+def _files_of_ten(path):
+    path.mkdir()
+    for i in range(10):
+        pq.write_table(pa.table({"id": list(range(i * 10, i * 10 + 10))}), path / f"f{i:02d}.parquet")
+
+
+def _first_ids(ds):
+    return [r["id"] for r in ds.take_all()][::10]
+
+
+def test_read_shuffles_files(mode, tmp_path):
+    _files_of_ten(tmp_path / "d")
+    dataflow.DataContext.get_current().execution_options.preserve_order = True
+    fixed = dataflow.read_parquet(str(tmp_path / "d"), shuffle=FileShuffleConfig(seed=7, reseed_after_execution=False))
+    order = _first_ids(fixed)
+    assert sorted(order) == list(range(0, 100, 10)) and order != sorted(order)
+    assert _first_ids(fixed) == order  # the same seed, the same order, every execution
+    reseeded = dataflow.read_parquet(str(tmp_path / "d"), shuffle=FileShuffleConfig(seed=7))
+    assert _first_ids(reseeded) != _first_ids(reseeded)  # a new order each execution (Ray's default)
+    assert _ids(dataflow.read_parquet(str(tmp_path / "d"), shuffle="files").take_all()) == list(range(100))
+    with pytest.raises(ValueError, match="Invalid value for 'shuffle'"):
+        dataflow.read_parquet(str(tmp_path / "d"), shuffle="rows")
+    with pytest.raises(ValueError, match="Seed must be an integer"):
+        FileShuffleConfig(seed="7")
+
+
+def test_partition_filter_picks_files_before_reading(mode, tmp_path):
+    table = pa.table({"id": list(range(30)), "year": [2020 + i % 3 for i in range(30)]})
+    dataflow.from_arrow(table).write_parquet(str(tmp_path / "p"), partition_cols=["year"])
+    keep = PathPartitionFilter.of(lambda values: values["year"] == "2021")  # values are strings
+    ds = dataflow.read_parquet(str(tmp_path / "p"), partition_filter=keep)
+    assert ds.count() == 10
+    assert _ids(ds.take_all()) == [i for i in range(30) if i % 3 == 1]
+    assert all("year=2021" in f for f in ds.input_files())
+    with pytest.raises(TypeError, match="PathPartitionFilter"):
+        dataflow.read_parquet(str(tmp_path / "p"), partition_filter=lambda d: True)
+
+
+def test_read_json_lines(mode, tmp_path):
+    (tmp_path / "rows.jsonl").write_text('{"a": 1}\n{"a": 2}\n')
+    (tmp_path / "one.json").write_text('{\n  "a": 3,\n  "b": [1, 2]\n}\n')
+    (tmp_path / "array.json").write_text('[{"a": 4}, {"a": 5}]')
+    assert dataflow.read_json(str(tmp_path / "rows.jsonl"), lines=True).take_all() == [{"a": 1}, {"a": 2}]
+    assert dataflow.read_json(str(tmp_path / "one.json")).take_all() == [{"a": 3, "b": [1, 2]}]  # one row, as Ray
+    assert dataflow.read_json(str(tmp_path / "array.json")).take_all() == [{"a": 4}, {"a": 5}]
+    with pytest.raises(dataflow.DataflowError, match=r"array\.json"):  # lines=True: JSON Lines only
+        dataflow.read_json(str(tmp_path / "array.json"), lines=True).take_all()
+
+
+# ----- results as Ray gives them ----------------------------------------------------------------
+
+
+def test_hive_partition_columns_are_strings(mode, tmp_path):
+    (tmp_path / "year=2022" / "month=09").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "year=2022" / "month=09" / "f.parquet")
+    (tmp_path / "year=2022" / "month=09" / "f.csv").write_text("x\n1\n")
+    assert dataflow.read_parquet(str(tmp_path)).take_all() == [{"x": 1, "year": "2022", "month": "09"}]
+    assert dataflow.read_csv(str(tmp_path)).take_all() == [{"x": 1, "year": "2022", "month": "09"}]
+    typed = dataflow.read_parquet(str(tmp_path), partitioning=pa.schema([("year", pa.int64()), ("month", pa.int64())]))
+    assert typed.take_all() == [{"x": 1, "year": 2022, "month": 9}]
+
+
+def test_to_pandas_dtypes_are_ray_s(mode):
+    frame = dataflow.from_items([{"i": 1, "f": 1.5, "s": "a"}, {"i": 2, "f": 2.5, "s": "b"}]).to_pandas()
+    assert {name: str(dtype) for name, dtype in frame.dtypes.items()} == {
+        "i": "int64[pyarrow]", "f": "double[pyarrow]", "s": "string[pyarrow]",
+    }
+    tensors = dataflow.from_numpy(np.ones((3, 2, 2))).to_pandas()
+    assert tensors["data"].dtype == object and tensors["data"][0].shape == (2, 2)
+    df = pd.DataFrame({"x": [1.0, 2.0]})
+    pd.testing.assert_frame_equal(dataflow.from_pandas(df).to_pandas(), df)  # pandas in, pandas' dtypes out
+    ctx = dataflow.DataContext.get_current()
+    ctx.enable_arrow_backed_pandas_conversion = False
+    try:
+        assert str(dataflow.range(3).to_pandas()["id"].dtype) == "int64"
+    finally:
+        ctx.enable_arrow_backed_pandas_conversion = True
+
+
+def test_from_torch_keeps_tensor_values(mode):
+    torch = pytest.importorskip("torch")
+    rows = dataflow.from_torch(torch.utils.data.TensorDataset(torch.arange(6.0).reshape(2, 3))).take_all()
+    assert len(rows[0]["item"]) == 1 and isinstance(rows[0]["item"][0], np.ndarray)
+    np.testing.assert_array_equal(rows[1]["item"][0], [3.0, 4.0, 5.0])
+    plain = dataflow.from_torch([torch.ones(2, 2) for _ in range(3)]).take(1)
+    assert isinstance(plain[0]["item"], np.ndarray) and plain[0]["item"].shape == (2, 2)
+
+
+def test_json_round_trip_of_a_written_dataset(mode, tmp_path):
+    dataflow.range(5).write_json(str(tmp_path / "j"), mode="overwrite")
+    lines = [json.loads(line) for p in sorted((tmp_path / "j").glob("*.json")) for line in p.read_text().splitlines()]
+    assert sorted(row["id"] for row in lines) == list(range(5))
+
+
+def test_comparing_a_partition_column_with_a_number_says_why(mode, tmp_path):
+    dataflow.from_arrow(pa.table({"id": [1, 2], "k": [1, 2]})).write_parquet(str(tmp_path / "p"), partition_cols=["k"])
+    with pytest.raises(TypeError, match="partition columns are strings"):
+        dataflow.read_parquet(str(tmp_path / "p")).filter(expr=dataflow.col("k") == 1).take_all()
+
+
+def test_max_retries_bounds_the_attempts_of_a_task_whose_worker_dies(streaming):
+    from engine import session as engine_session
+
+    assert engine_session.current_session().executor.wait_for_workers()  # not in the driver
+    driver = os.getpid()
+
+    def die(batch):
+        if batch["id"][0] == 0 and os.getpid() != driver:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
+
+    with pytest.raises(dataflow.WorkerDiedError, match="failed 2 times"):
+        dataflow.range(100, override_num_blocks=4).map_batches(die, max_retries=1).take_all()
+    assert dataflow.range(10).map(lambda r: r).count() == 10  # still usable

@@ -175,6 +175,11 @@ class FileDatasink(Datasink):
 
     EXTENSION = ""
 
+    @property
+    def writes_local_files(self) -> bool:
+        """True when the destination is this machine's file system (not shared with other nodes)."""
+        return isinstance(self._fs, pafs.LocalFileSystem)
+
     def __init__(
         self,
         path: str,

@@ -70,16 +70,28 @@ def init(
     num_gpus: int | None = None,
     object_store_memory: int | None = None,
     execution_mode: str | None = None,
+    runner: str | None = None,
+    address: str | None = None,
     **engine_options: Any,
 ) -> None:
     """Start the engine now with these settings (otherwise the first consuming call starts it).
 
     ``execution_mode="local"`` runs everything synchronously in this process (for debugging).
+    ``runner="ray"`` runs the same plans on a Ray cluster: ``address`` None (a Ray instance this
+    process already initialized, or a new local one), ``"auto"`` or ``"ray://host:10001"``
+    (also ``DATAFLOW_RUNNER=ray`` and ``DATAFLOW_RAY_ADDRESS``).
     """
     from dataclasses import replace
 
-    from engine import runner
+    from engine import runner as engine_runner
 
+    if runner is not None:
+        if runner not in ("ray", "local", "streaming"):
+            msg = f"runner must be 'ray', 'streaming' or 'local', got {runner!r}"
+            raise ValueError(msg)
+        execution_mode = runner
+    if address is not None or runner == "ray":
+        engine_runner.use_ray(address)
     ctx = DataContext.get_current()
     if execution_mode is not None:
         ctx.execution_mode = execution_mode
@@ -95,12 +107,12 @@ def init(
         changes["object_store_memory"] = object_store_memory
     if changes:
         wanted = replace(ctx.execution_options, **changes)
-        running = runner.current()
+        running = engine_runner.current()
         if running is not None and running.options != wanted:
             msg = "dataflow is already running with other settings; call dataflow.shutdown() first"
             raise RuntimeError(msg)
         ctx.execution_options = wanted
-    runner.init(ctx.execution_options, ctx.execution_mode)
+    engine_runner.init(ctx.execution_options, ctx.execution_mode)
 
 
 _CONNECTOR_NAMES = {

@@ -23,7 +23,7 @@ from typing import Any
 
 from engine.options import ExecutionOptions
 
-EXECUTION_MODES = ("streaming", "local")
+EXECUTION_MODES = ("streaming", "local", "ray")
 logger = logging.getLogger(__name__)
 
 
@@ -40,7 +40,9 @@ def _env_options() -> ExecutionOptions:
 class DataContext:
     """What the next execution will use."""
 
-    execution_mode: str = field(default_factory=lambda: os.environ.get("DATAFLOW_EXECUTION_MODE", "streaming"))
+    execution_mode: str = field(
+        default_factory=lambda: os.environ.get("DATAFLOW_RUNNER") or os.environ.get("DATAFLOW_EXECUTION_MODE", "streaming")
+    )
     execution_options: ExecutionOptions = field(default_factory=_env_options)
     cap_torch_threads: bool = True
     """While worker processes feed ``iter_torch_batches``, give torch's intra-op threads only the

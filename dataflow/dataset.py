@@ -52,6 +52,10 @@ class Dataset:
         options = ctx.execution_options
         runner.reclaim_abandoned(options.spill_dir)  # a killed driver's blocks: first run only
         backend = runner.backend(options, ctx.execution_mode)
+        if sink is not None and getattr(sink, "writes_local_files", False) and getattr(backend, "multi_node", lambda: False)():
+            msg = ("this Ray cluster has several nodes: write to storage they all reach (s3://..., a shared "
+                   f"mount), not to a local path ({getattr(sink, 'path', '') or 'a local folder'})")
+            raise ValueError(msg)
         options = backend.execution_options(options)
         ops = compile_plan(optimize(plan or self._plan), options, output, sink)
         handle = backend.execute(ops, options)

@@ -37,6 +37,8 @@ class BlockRef:
     partitions: bytes | None = None
     """For an exchange's map output: the rows of each partition, as little-endian uint32
     counts (the block's rows are grouped by partition, in partition order)."""
+    node: str | None = None
+    """The cluster node holding it (the Ray backend); None on one machine."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,14 @@ iterator in another process reaches its coordinator, is decided here and nowhere
 
 * ``"streaming"``: the multi-process backend of this machine (``engine.session``), started on
   first use, one per process, stopped by ``shutdown`` (and at exit);
-* ``"local"``: the synchronous in-process backend (``engine.local``).
+* ``"local"``: the synchronous in-process backend (``engine.local``);
+* ``"ray"``: a Ray cluster (``engine.ray_backend``, the only module that imports ray), at the
+  address given to ``use_ray`` (``dataflow.init(runner="ray", address=...)``).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 from engine.backend import Backend, Capacity, ExecutionHandle, SplitSource
@@ -22,7 +25,31 @@ from engine.operators.base import PhysicalOperator
 from engine.options import ExecutionOptions
 from engine.split import SplitCoordinator
 
-MODES = ("streaming", "local")
+MODES = ("streaming", "local", "ray")
+
+_ray_address: str | None = os.environ.get("DATAFLOW_RAY_ADDRESS") or None
+_ray: Backend | None = None
+_ray_lock = threading.Lock()
+
+
+def use_ray(address: str | None) -> None:
+    """Where the ``"ray"`` mode connects: None (a Ray instance already initialized in this
+    process, or a new local one), ``"auto"``, or ``"ray://host:10001"``."""
+    global _ray_address
+    _ray_address = address
+
+
+def _ray_backend(options: ExecutionOptions | None) -> Backend:
+    global _ray
+    with _ray_lock:
+        if _ray is None or _ray.closed:
+            try:
+                from engine.ray_backend import RayBackend
+            except ImportError as err:
+                msg = "the ray runner needs Ray: pip install 'dataflow[ray]'"
+                raise ImportError(msg) from err
+            _ray = RayBackend(options or ExecutionOptions(), _ray_address)
+        return _ray
 
 _in_process: InProcessBackend | None = None
 _in_process_lock = threading.Lock()
@@ -45,6 +72,8 @@ def backend(options: ExecutionOptions | None = None, mode: str = "streaming") ->
         from engine.session import get_session
 
         return get_session(options)
+    if mode == "ray":
+        return _ray_backend(options)
     msg = f"execution mode must be one of {MODES}, got {mode!r}"
     raise ValueError(msg)
 
@@ -63,10 +92,15 @@ def current() -> Backend | None:
 
 
 def shutdown() -> None:
-    """Stop the running backend's workers and free its shared memory (idempotent)."""
+    """Stop the running backends' workers and free their blocks (idempotent)."""
+    global _ray
     from engine.session import shutdown as stop_session
 
     stop_session()
+    with _ray_lock:
+        ray_backend, _ray = _ray, None
+    if ray_backend is not None:
+        ray_backend.shutdown()
 
 
 def reclaim_abandoned(spill_dir: str | None = None) -> None:

@@ -1,6 +1,9 @@
 """Batch inference with a torch model: Parquet in, an MLP on an actor pool, Parquet out.
 
     python -m dataflow.examples.batch_inference [--rows N] [--batch-size B] [--out DIR]
+    python -m dataflow.examples.batch_inference --runner ray --address auto \
+        --source s3://bucket/embeddings/ --out s3://bucket/scores/
+
 
 The model is a callable class, so ``map_batches`` runs it on a pool of ``concurrency`` actors,
 each constructing it once; every call gets ``batch_size`` rows (the last of a task may be
@@ -82,11 +85,19 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--out", default=None, help="output folder (default: a temporary one)")
+    parser.add_argument("--source", default=None, help="input Parquet (default: generated)")
+    parser.add_argument("--runner", default=None, choices=["streaming", "local", "ray"])
+    parser.add_argument("--address", default=None, help='with --runner ray: "auto", "ray://host:10001"...')
     args = parser.parse_args()
+    if args.runner is not None:
+        dataflow.init(runner=args.runner, address=args.address)
     with tempfile.TemporaryDirectory() as tmp:
-        source = os.path.join(tmp, "in")
+        source = args.source or os.path.join(tmp, "in")
         out = args.out or os.path.join(tmp, "out")
-        generate(source, args.rows)
+        if args.source is None:
+            generate(source, args.rows)
+        else:
+            args.rows = dataflow.read_parquet(source).count()
         start = time.perf_counter()
         written = run(source, out, batch_size=args.batch_size)
         elapsed = time.perf_counter() - start

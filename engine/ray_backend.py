@@ -1,0 +1,626 @@
+"""The Ray backend: the same plans, operators and backpressure, on a Ray cluster.
+
+Past one machine dataflow runs on a Ray cluster its users already operate; it never manages a
+cluster itself. This is the only module that imports ``ray``. What stays dataflow's: the plan,
+fusion, the operators (maps, exchanges, limits), byte budgets and the choice of what runs next
+(``engine.execution``, ``engine.scheduler``), error types and stats. What Ray does: placing
+processes on nodes, moving objects between them, spilling, restarting crashed workers and
+rebuilding lost blocks from lineage.
+
+* A task is a Ray task with streaming returns: it runs ``engine.task.run_task`` (the code every
+  backend runs), yields its output blocks one by one, then its result record. The blocks are
+  task return values, so the driver owns them and Ray can spill them and rebuild them from
+  lineage when a node dies (``max_retries`` is the engine's attempt count). Inputs are passed as
+  object refs, so Ray fetches them to the task's node.
+* An actor pool is a set of Ray actors (``max_restarts``, ``max_task_retries``) that construct the
+  UDF once; a task goes to an idle actor.
+* A block ref's id is its object's id; the driver keeps the object refs (``RayStore``) and frees a
+  block by dropping its ref.
+* Completion is an event: a thread per running task waits on its generator and hands the result
+  to the loop thread, which alone touches executions.
+
+Budgets scale with the cluster's object store; a request no node can ever fit fails at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from engine import serialization
+from engine.backend import Backend, Capacity, ExecutionHandle
+from engine.errors import EngineError, ResourceError, WorkerDiedError
+from engine.execution import Execution
+from engine.object_store import BlockRef, BlockSlice, BlockStore
+from engine.operators.base import PhysicalOperator
+from engine.operators.map import MapOperator, Pending
+from engine.options import ExecutionOptions
+from engine.resources import ResourceLedger
+from engine.scheduler import Candidate, pick
+from engine.task import TaskResult, TaskSpec, describe_error, run_task
+from engine.transform import UDFFailure
+
+log = logging.getLogger("dataflow.ray")
+
+STORE_SHARE = 0.5
+"""The part of the cluster's object store the engine budgets for its blocks."""
+WAIT_PLACEMENT = "pending placement (the cluster has no free slot that fits)"
+
+
+# what runs on the cluster -------------------------------------------------------------------
+_transforms: dict[str, Any] = {}
+"""Transforms unpickled in this Ray worker process, by operator digest."""
+
+
+class _TaskStore(BlockStore):
+    """A task's view of the store on a Ray worker: its inputs (resolved by Ray) and its outputs
+    (yielded back as task returns)."""
+
+    private_views = False
+
+    def __init__(self, inputs: dict[str, pa.Table]) -> None:
+        self.inputs = inputs
+        self.outputs: dict[str, pa.Table] = {}
+        self._ids = itertools.count()
+
+    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+        block_id = f"out{next(self._ids)}"
+        self.outputs[block_id] = table
+        return BlockRef(block_id, None, table.num_rows, table.nbytes)
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        return self.inputs[ref.block_id] if ref.block_id in self.inputs else self.outputs[ref.block_id]
+
+    def free(self, ref: BlockRef) -> None:
+        self.outputs.pop(ref.block_id, None)
+
+
+def _load(digest: str, transform: bytes) -> Any:
+    if digest not in _transforms:
+        from engine.worker import load_transform
+
+        _transforms[digest] = load_transform(transform)
+    return _transforms[digest]
+
+
+def _use_path(sys_path: list[str]) -> None:
+    """The driver's import path, where it exists here: UDFs defined in the driver's modules
+    (a test file, a script's folder) unpickle as they do in the local engine's workers."""
+    for entry in sys_path:
+        if entry not in sys.path and os.path.isdir(entry or "."):
+            sys.path.append(entry)
+
+
+def _failed(task_id: int, what: str, err: BaseException) -> TaskResult:
+    return TaskResult(task_id, error=describe_error(UDFFailure(what, err)))
+
+
+def _execute(spec_bytes: bytes, transform: Callable[[], Any], block_ids: list[str], tables: tuple[pa.Table, ...]) -> Iterator[Any]:
+    """Run one task where Ray placed it: yield its blocks, then its result record."""
+    try:
+        spec: TaskSpec = serialization.loads(spec_bytes)
+    except Exception as err:  # a read task or input from a module this worker cannot import
+        yield _failed(-1, "deserializing the task's inputs", err)
+        return
+    try:
+        loaded = transform()
+    except Exception as err:
+        yield _failed(spec.task_id, "deserializing the UDF", err)
+        return
+    store = _TaskStore(dict(zip(block_ids, tables, strict=True)))
+    result = run_task(spec, loaded, store)
+    for ref in result.refs:
+        yield store.outputs.pop(ref.block_id)
+    result.value = (result.value, ray.get_runtime_context().get_node_id())
+    yield result
+
+
+def _remote_task(spec: bytes, digest: str, transform: bytes, sys_path: list[str], block_ids: list[str],
+                 *tables: pa.Table) -> Iterator[Any]:
+    _use_path(sys_path)
+    yield from _execute(spec, lambda: _load(digest, transform), block_ids, tables)
+
+
+class _PoolActor:
+    """One member of an actor pool: the operator's transform, constructed once."""
+
+    def __init__(self, digest: str, transform: bytes, sys_path: list[str]) -> None:
+        _use_path(sys_path)
+        self.error: BaseException | None = None
+        try:
+            self.transform = _load(digest, transform)
+            self.transform.prepare()
+        except Exception as err:  # reported with the first task, as the UDF's own error
+            self.error = err
+
+    def ready(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def _transform(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.transform
+
+    def run(self, spec: bytes, block_ids: list[str], *tables: pa.Table) -> Iterator[Any]:
+        yield from _execute(spec, self._transform, block_ids, tables)
+
+
+# the driver side -----------------------------------------------------------------------------
+class RayStore(BlockStore):
+    """Block ids to the object refs the driver owns; freeing a block drops its ref."""
+
+    private_views = False
+
+    def __init__(self) -> None:
+        self._refs: dict[str, ray.ObjectRef] = {}
+        self._lock = threading.Lock()
+
+    def register(self, object_ref: ray.ObjectRef, meta: BlockRef, node: str | None = None) -> BlockRef:
+        ref = BlockRef(object_ref.hex(), None, meta.num_rows, meta.size_bytes, partitions=meta.partitions, node=node)
+        with self._lock:
+            self._refs[ref.block_id] = object_ref
+        return ref
+
+    def object_ref(self, block_id: str) -> ray.ObjectRef:
+        with self._lock:
+            return self._refs[block_id]
+
+    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+        return self.register(ray.put(table), BlockRef("", None, table.num_rows, table.nbytes))
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        table: pa.Table = ray.get(self.object_ref(ref.block_id))
+        return table
+
+    def free(self, ref: BlockRef) -> None:
+        with self._lock:
+            self._refs.pop(ref.block_id, None)
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
+@dataclass
+class _Running:
+    execution: Execution
+    op: MapOperator
+    pending: Pending
+    actor: Any = None
+
+
+@dataclass
+class _Pool:
+    """The actors of one operator's pool and which of them are busy."""
+
+    actors: list[Any] = field(default_factory=list)
+    busy: set[int] = field(default_factory=set)
+
+    def idle(self) -> int | None:
+        return next((i for i in range(len(self.actors)) if i not in self.busy), None)
+
+
+class RayExecutor:
+    """The loop thread: runs executions' operators as Ray tasks, one event at a time."""
+
+    def __init__(self, options: ExecutionOptions, store: RayStore, cluster: dict[str, float], store_capacity: int) -> None:
+        self.options = options
+        self.store = store
+        self.store_capacity = store_capacity
+        custom = {k: v for k, v in cluster.items() if k not in ("CPU", "GPU", "memory", "object_store_memory")}
+        self._ledger = ResourceLedger(cluster.get("CPU", 0.0), custom)
+        self._gpus_total = cluster.get("GPU", 0.0)
+        self._gpus_used = 0.0
+        self._events: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._executions: list[Execution] = []
+        self._running: dict[int, _Running] = {}
+        self._pools: dict[str, _Pool] = {}
+        self._transforms: dict[str, ray.ObjectRef] = {}
+        self._waiters = ThreadPoolExecutor(max_workers=256, thread_name_prefix="dataflow-ray-wait")
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="dataflow-ray-executor", daemon=True)
+        self.tasks_submitted = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopping or not self._thread.is_alive()
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        self._events.put(fn)
+
+    def submit(self, execution: Execution) -> None:
+        self.call_soon(lambda: self._add(execution))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        def begin() -> None:
+            self._stopping = True
+            for execution in list(self._executions):
+                execution.cancel()
+            for pool in self._pools.values():
+                for actor in pool.actors:
+                    ray.kill(actor)
+            self._pools.clear()
+
+        self.call_soon(begin)
+        self._events.put(None)
+        self._thread.join(timeout)
+        self._waiters.shutdown(wait=False, cancel_futures=True)
+
+    def busy_cpus(self) -> float:
+        return self._ledger.used_cpus
+
+    # the loop ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            fn = self._events.get()
+            if fn is None:
+                return
+            self._guarded(fn)
+            while True:  # everything that arrived meanwhile, then one scheduling round
+                try:
+                    more = self._events.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    return
+                self._guarded(more)
+            if not self._stopping:
+                self._guarded(self._schedule)
+
+    def _guarded(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as err:  # the loop outlives any one failure; the jobs it hits fail
+            log.exception("dataflow ray executor: a step failed")
+            for execution in list(self._executions):
+                execution.fail(EngineError(f"the ray executor failed (this is a bug in dataflow): {err!r}"))
+
+    def _add(self, execution: Execution) -> None:
+        if self._stopping:
+            execution.fail(EngineError("the ray backend was shut down"))
+            return
+        self._executions.append(execution)
+        execution.route()
+
+    def _reap(self, execution: Execution) -> None:
+        if execution.done and execution in self._executions:
+            self._executions.remove(execution)
+            execution.stopped.set()
+            for op in execution.map_ops():
+                pool = self._pools.pop(f"actor:{op.key}", None)
+                for actor in pool.actors if pool else ():
+                    ray.kill(actor)
+
+    # scheduling ------------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        for execution in list(self._executions):
+            waits: dict[int, str] = {}
+            try:
+                while self._dispatch_one(execution, waits):
+                    pass
+            except Exception as err:
+                log.exception("dataflow ray executor: scheduling failed")
+                execution.fail(EngineError(f"scheduling failed (this is a bug in dataflow): {err!r}"))
+            execution.note_waits(waits)
+            self._reap(execution)
+
+    def _fits(self, op: MapOperator) -> bool:
+        res = op.resources
+        if res.num_gpus and self._gpus_used + res.num_gpus > self._gpus_total + 1e-9:
+            return False
+        return self._ledger.fits(res.num_cpus, res.custom)
+
+    def _dispatch_one(self, execution: Execution, waits: dict[int, str]) -> bool:
+        candidates: list[Candidate] = []
+        ops: list[MapOperator] = []
+        for op in execution.map_ops():
+            ready, reason = execution.dispatchable(op)
+            if not ready:
+                waits.pop(id(op), None)
+                continue
+            if reason is not None:
+                waits[id(op)] = reason
+                continue
+            if op.actor_pool is not None and self._pool(op).idle() is None:
+                waits[id(op)] = "every actor busy"
+                continue
+            if op.actor_pool is None and not self._fits(op):
+                waits[id(op)] = WAIT_PLACEMENT
+                continue
+            waits.pop(id(op), None)
+            candidates.append(Candidate(op.key, execution.depth[id(op)], op.held_bytes, op.in_flight()))
+            ops.append(op)
+        index = pick(candidates)
+        if index is None:
+            return False
+        self._dispatch(execution, ops[index])
+        return True
+
+    def _pool(self, op: MapOperator) -> _Pool:
+        key = f"actor:{op.key}"
+        pool = self._pools.get(key)
+        if pool is None:
+            assert op.actor_pool is not None
+            res = op.resources
+            cls = ray.remote(_PoolActor).options(
+                num_cpus=res.num_cpus, num_gpus=res.num_gpus or None, resources=dict(res.custom) or None,
+                max_restarts=-1, max_task_retries=max(0, self.options.max_task_attempts - 1),
+            )
+            pool = _Pool([cls.remote(op.digest, op.transform_bytes, sys.path) for _ in range(op.actor_pool.max_size)])
+            self._pools[key] = pool
+        return pool
+
+    def _transform(self, op: MapOperator) -> ray.ObjectRef:
+        if op.digest not in self._transforms:
+            self._transforms[op.digest] = ray.put(op.transform_bytes)
+        return self._transforms[op.digest]
+
+    def _dispatch(self, execution: Execution, op: MapOperator) -> None:
+        try:
+            transform = self._transform(op)
+        except Exception as err:
+            from engine.executor import unpicklable_error
+
+            execution.fail(unpicklable_error(op.name, "its function", err))
+            return
+        pending = op.next_task()
+        spec = pending.spec
+        try:
+            spec_bytes = serialization.dumps(spec)
+        except Exception as err:
+            from engine.executor import unpicklable_error
+
+            op.pending.pop(spec.task_id, None)
+            execution.fail(unpicklable_error(op.name, "a task's inputs (its read task or arguments)", err))
+            return
+        block_ids = list(dict.fromkeys(_block_id(item) for item in spec.inputs if _block_id(item)))
+        try:
+            args = [self.store.object_ref(b) for b in block_ids]
+        except KeyError as err:
+            op.pending.pop(spec.task_id, None)
+            execution.fail(EngineError(f"a block of {op.name}'s input is gone: {err}"))
+            return
+        res = op.resources
+        running = _Running(execution, op, pending)
+        if op.actor_pool is not None:
+            pool = self._pool(op)
+            slot = pool.idle()
+            assert slot is not None
+            pool.busy.add(slot)
+            running.actor = slot
+            generator = pool.actors[slot].run.options(num_returns="streaming").remote(spec_bytes, block_ids, *args)
+        else:
+            self._ledger.take(res.num_cpus, res.custom)
+            self._gpus_used += res.num_gpus
+            generator = (
+                ray.remote(_remote_task)
+                .options(
+                    num_cpus=res.num_cpus,
+                    num_gpus=res.num_gpus or None,
+                    resources=dict(res.custom) or None,
+                    num_returns="streaming",
+                    max_retries=max(0, self.options.max_task_attempts - 1),
+                    retry_exceptions=False,
+                )
+                .remote(spec_bytes, op.digest, transform, sys.path, block_ids, *args)
+            )
+        self._running[spec.task_id] = running
+        self.tasks_submitted += 1
+        self._waiters.submit(self._wait, spec.task_id, generator)
+
+    def _wait(self, task_id: int, generator: Any) -> None:
+        """On a waiter thread: collect the task's returns, then hand them to the loop."""
+        refs: list[ray.ObjectRef] = []
+        try:
+            for ref in generator:
+                refs.append(ref)
+            result: TaskResult = ray.get(refs[-1])
+            outcome: Any = (refs[:-1], result)
+        except Exception as err:  # the task's worker or node died beyond Ray's retries
+            outcome = err
+        self.call_soon(lambda: self._finished(task_id, outcome))
+
+    def _finished(self, task_id: int, outcome: Any) -> None:
+        running = self._running.pop(task_id, None)
+        if running is None:
+            return
+        execution, op = running.execution, running.op
+        res = op.resources
+        if running.actor is not None:
+            pool = self._pools.get(f"actor:{op.key}")
+            if pool is not None:
+                pool.busy.discard(running.actor)
+        else:
+            self._ledger.give(res.num_cpus, res.custom)
+            self._gpus_used = max(0.0, self._gpus_used - res.num_gpus)
+        if isinstance(outcome, BaseException):
+            if execution.cancelled:
+                execution.task_discarded(op, task_id, [])
+            else:
+                op.pending.pop(task_id, None)
+                op.stats.tasks_failed += 1
+                for value in running.pending.bundle:
+                    execution.release_input(value, op)
+                execution.fail(WorkerDiedError(f"a task of {op.name} failed on the cluster: {outcome}"))
+            self._reap(execution)
+            return
+        object_refs, result = outcome
+        result.task_id = task_id
+        value, node = result.value if result.error is None else (None, None)
+        result.value = value
+        result.refs = [self.store.register(o, meta, node) for o, meta in zip(object_refs, result.refs, strict=True)]
+        if execution.cancelled:
+            execution.task_discarded(op, task_id, result.refs)
+        else:
+            execution.task_finished(op, result)
+        self._reap(execution)
+
+
+def _block_id(item: Any) -> str | None:
+    if isinstance(item, BlockRef):
+        return item.block_id
+    if isinstance(item, BlockSlice):
+        return item.ref.block_id
+    return None
+
+
+class RayHandle(ExecutionHandle):
+    """An execution running on the Ray executor; state changes go through its loop."""
+
+    def __init__(self, execution: Execution, backend: RayBackend) -> None:
+        super().__init__(execution, backend.store)
+        self.executor = backend.executor
+
+    def busy_cpus(self) -> float:
+        return 0.0  # the consumer's machine is not the cluster's
+
+    def iter_refs(self) -> Iterator[BlockRef]:
+        try:
+            while True:
+                ref = self.execution.buffer.get()
+                if ref is None:
+                    return
+                self.executor.call_soon(lambda ref=ref: self.execution.handed_to_consumer(ref))  # type: ignore[misc]
+                yield ref
+        finally:
+            if not self.execution.buffer.done or self.execution.buffer.error is None:
+                self.cancel()
+
+    def release(self, ref: BlockRef) -> None:
+        self.executor.call_soon(lambda: self.execution.release_consumed(ref))
+
+    def detach(self, ref: BlockRef) -> bool:
+        self.executor.call_soon(lambda: self.execution.detach(ref))
+        return ref.block_id not in self.execution.borrowed
+
+    def free_detached(self, ref: BlockRef) -> None:
+        self.store.free(ref)
+
+    def cancel(self) -> None:
+        if not self._closed:
+            self._closed = True
+            execution = self.execution
+
+            def stop() -> None:
+                execution.cancel()
+                execution.release_undelivered()
+
+            self.executor.call_soon(stop)
+
+
+class RayBackend(Backend):
+    """Runs executions on a Ray cluster (``dataflow.init(runner="ray", address=...)``)."""
+
+    def __init__(self, options: ExecutionOptions, address: str | None = None, connect_timeout_s: float = 30.0) -> None:
+        self._started_ray = False
+        if not ray.is_initialized():
+            _connect(address, connect_timeout_s)
+            self._started_ray = True
+        cluster = ray.cluster_resources()
+        self.nodes = [n for n in ray.nodes() if n.get("Alive")]
+        store_bytes = int(cluster.get("object_store_memory", 0)) or options.resolved_store_capacity()
+        capacity = int(store_bytes * STORE_SHARE)
+        if options.object_store_memory is not None:
+            capacity = min(capacity, options.object_store_memory)
+        self.options = options.with_(
+            num_cpus=max(1, int(cluster.get("CPU", 1))),
+            num_gpus=int(cluster.get("GPU", 0)),
+            object_store_memory=capacity,
+            resources=tuple(sorted((k, v) for k, v in cluster.items()
+                                   if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:"))),
+        )
+        self.store = RayStore()
+        self.executor = RayExecutor(self.options, self.store, cluster, capacity)
+        self.executor.start()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def private_views(self) -> bool:
+        return False
+
+    def execute(self, ops: list[PhysicalOperator], options: ExecutionOptions) -> ExecutionHandle:
+        execution = Execution(ops, self.options.for_execution(options), self.store.free, self.store,
+                              store_capacity=self.executor.store_capacity)
+        self._check_fits(execution)
+        self.executor.submit(execution)
+        return RayHandle(execution, self)
+
+    def _check_fits(self, execution: Execution) -> None:
+        """A task no single node could ever run fails now, not after waiting forever."""
+        for op in execution.map_ops():
+            res = op.resources
+            if not any(_node_fits(node, res.num_cpus, res.num_gpus, res.custom) for node in self.nodes):
+                msg = (f"{op.name} asks for num_cpus={res.num_cpus}, num_gpus={res.num_gpus}"
+                       f"{', ' + str(dict(res.custom)) if res.custom else ''}; no node of this Ray cluster has that")
+                raise ResourceError(msg)
+
+    def get(self, ref: BlockRef) -> pa.Table:
+        return self.store.get(ref)
+
+    def free(self, ref: BlockRef) -> None:
+        self.store.free(ref)
+
+    def capacity(self) -> Capacity:
+        return Capacity(float(self.options.resolved_num_cpus()), self.options.resolved_num_gpus(),
+                        self.executor.store_capacity, tuple(self.options.resources))
+
+    def busy_cpus(self) -> float:
+        return 0.0
+
+    def multi_node(self) -> bool:
+        return len(self.nodes) > 1
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.executor.stop()
+        if self._started_ray:
+            ray.shutdown()
+
+
+def _node_fits(node: dict[str, Any], cpus: float, gpus: float, custom: tuple[tuple[str, float], ...]) -> bool:
+    have = node.get("Resources", {})
+    if cpus > have.get("CPU", 0) + 1e-9 or gpus > have.get("GPU", 0) + 1e-9:
+        return False
+    return all(have.get(name, 0) + 1e-9 >= amount for name, amount in custom)
+
+
+def _connect(address: str | None, timeout_s: float) -> None:
+    """``ray.init`` that fails within ``timeout_s`` with a clear error on a wrong address."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    failure: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True)
+        except BaseException as err:  # reported to the caller below
+            failure.append(err)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive() or failure:
+        why = f"{failure[0]}" if failure else f"no answer within {timeout_s:.0f} s"
+        msg = f"cannot reach the Ray cluster at {address or 'a new local instance'!r}: {why}"
+        raise ConnectionError(msg) from (failure[0] if failure else None)
+    log.info("connected to Ray at %s in %.1f s", address, time.monotonic() - started)

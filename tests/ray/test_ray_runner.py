@@ -1,0 +1,193 @@
+"""The same plans on a multi-node Ray cluster (``tests/ray/conftest.py``): results, placement,
+all-to-all steps, writes, and the faults Ray recovers from."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dataflow
+from engine.errors import ResourceError
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _node(_: object = None) -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def _node_of_resource(name: str) -> str:
+    return next(n["NodeID"] for n in ray.nodes() if n["Alive"] and name in n["Resources"])
+
+
+def test_maps_filters_and_consumers(on_ray):
+    ds = dataflow.range(20_000, override_num_blocks=12)
+    out = ds.map(lambda r: {"id": r["id"], "sq": r["id"] ** 2}).filter(lambda r: r["id"] % 2 == 0)
+    out = out.flat_map(lambda r: [r, r]).map_batches(lambda b: {"id": b["id"], "sq": b["sq"] + 1}, batch_size=500)
+    assert out.count() == 20_000
+    rows = out.take_all()
+    assert sorted({r["id"] for r in rows}) == list(range(0, 20_000, 2))
+    assert all(r["sq"] == r["id"] ** 2 + 1 for r in rows)
+    batches = list(out.iter_batches(batch_size=1000, batch_format="numpy"))
+    assert sum(len(b["id"]) for b in batches) == 20_000 and all(len(b["id"]) == 1000 for b in batches)
+    m = out.materialize()
+    assert m.count() == 20_000 and m.count() == 20_000
+
+
+def test_tasks_spread_over_nodes(on_ray):
+    nodes = dataflow.range(4000, override_num_blocks=24).map_batches(
+        lambda b: {"node": [_node()] * len(b["id"])}
+    ).unique("node")
+    assert len(nodes) >= 2
+
+
+def test_pinning_by_custom_resource(on_ray):
+    target = _node_of_resource("node1")
+    nodes = dataflow.range(2000, override_num_blocks=8).map(lambda r: {"node": _node()}, resources={"node1": 0.25}).unique("node")
+    assert nodes == [target]
+
+
+def test_fractional_gpus_go_to_the_gpu_node(on_ray):
+    target = _node_of_resource("GPU")
+    nodes = dataflow.range(1000, override_num_blocks=4).map(lambda r: {"node": _node()}, num_gpus=0.5).unique("node")
+    assert nodes == [target]
+
+
+def test_a_request_no_node_fits_fails_at_once(on_ray):
+    started = time.monotonic()
+    with pytest.raises(ResourceError, match="no node"):
+        dataflow.range(10).map(lambda r: r, num_gpus=3).take_all()
+    with pytest.raises(ResourceError):
+        dataflow.range(10).map(lambda r: r, resources={"node1": 2}).take_all()
+    assert time.monotonic() - started < 5
+
+
+class _Tag:
+    def __init__(self):
+        self.pid = os.getpid()
+        self.calls = 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        n = len(batch["id"])
+        return {"id": batch["id"], "pid": np.full(n, self.pid), "calls": np.full(n, self.calls)}
+
+
+def test_actor_pool_constructs_once_per_actor(on_ray):
+    out = dataflow.range(6000, override_num_blocks=12).map_batches(_Tag, concurrency=2, batch_size=500).take_all()
+    assert sorted(r["id"] for r in out) == list(range(6000))
+    assert len({r["pid"] for r in out}) <= 2
+    assert max(r["calls"] for r in out) > 1  # the same instance served several batches
+
+
+def test_udf_errors_keep_their_type(on_ray):
+    def bad(row):
+        if row["id"] == 77:
+            raise KeyError("missing thing")
+        return row
+
+    with pytest.raises(KeyError, match="missing thing"):
+        dataflow.range(200).map(bad).take_all()
+
+
+def test_all_to_all_steps(on_ray):
+    ds = dataflow.range(30_000, override_num_blocks=10).map(lambda r: {"id": r["id"], "k": r["id"] % 11})
+    assert [r["id"] for r in ds.sort("id", descending=True).take(3)] == [29_999, 29_998, 29_997]
+    ids = [r["id"] for r in ds.random_shuffle(seed=5).take_all()]
+    assert sorted(ids) == list(range(30_000)) and ids == [r["id"] for r in ds.random_shuffle(seed=5).take_all()]
+    counts = {r["k"]: r["count()"] for r in ds.groupby("k").count().take_all()}
+    assert counts == {k: len(range(k, 30_000, 11)) for k in range(11)}
+    other = dataflow.range(1000).map(lambda r: {"id": r["id"] * 3, "x": r["id"]})
+    assert ds.join(other, "inner", on=("id",)).count() == 1000
+    assert ds.repartition(4).materialize().num_blocks() == 4
+
+
+def test_seeded_shuffle_matches_the_local_engine(on_ray):
+    ds = dataflow.range(5000, override_num_blocks=5)
+    on_cluster = [r["id"] for r in ds.random_shuffle(seed=9).take_all()]
+    with dataflow.options(execution_mode="local"):
+        assert [r["id"] for r in ds.random_shuffle(seed=9).take_all()] == on_cluster
+
+
+def test_writes_need_shared_storage(on_ray, tmp_path, s3):
+    ds = dataflow.range(1000, override_num_blocks=4)
+    with pytest.raises(ValueError, match="several nodes"):
+        ds.write_parquet(str(tmp_path / "out"))
+    import pyarrow.fs as pafs
+
+    # the cluster's workers do not share the test's environment: the credentials travel with the sink
+    fs = pafs.S3FileSystem(endpoint_override=s3.endpoint, access_key="testing", secret_key="testing",
+                           region="us-east-1", scheme="http")
+    ds.write_parquet("test-bucket/ray-out", filesystem=fs)
+    assert dataflow.read_parquet("s3://test-bucket/ray-out").count() == 1000
+
+
+def test_spills_past_the_object_store(on_ray):
+    # ~720 MiB through a shuffle on three 80 MiB object stores: Ray spills, results are exact
+    def wide(batch):
+        n = len(batch["id"])
+        return {"id": batch["id"], "pad": np.ones((n, 1024), dtype=np.float64)}
+
+    ds = dataflow.range(90_000, override_num_blocks=60).map_batches(wide)
+    ids = ds.random_shuffle(seed=1).map_batches(lambda b: {"id": b["id"]}).take_all()
+    assert sorted(r["id"] for r in ids) == list(range(90_000))
+
+
+def test_a_crashed_worker_is_retried(on_ray, tmp_path):
+    marker = tmp_path / "crashed"
+
+    def crash_once(batch):
+        if batch["id"][0] == 0 and not marker.exists():
+            marker.write_text("x")
+            os._exit(1)
+        return batch
+
+    out = dataflow.range(5000, override_num_blocks=10).map_batches(crash_once).take_all()
+    assert marker.exists()
+    assert sorted(r["id"] for r in out) == list(range(5000))
+
+
+def test_node_removed_mid_job(on_ray):
+    cluster = on_ray
+    extra = cluster.add_node(num_cpus=2, resources={"doomed": 4}, object_store_memory=80 << 20)
+    cluster.wait_for_nodes()
+    try:
+        def slow(batch):
+            time.sleep(0.3)
+            return {"id": batch["id"], "v": batch["id"] * 2}
+
+        with dataflow.options(execution_mode="ray"):
+            ds = dataflow.range(12_000, override_num_blocks=40).map_batches(slow)
+            killer = threading.Timer(2.0, lambda: cluster.remove_node(extra, allow_graceful=False))
+            killer.start()
+            rows = ds.take_all()
+            killer.join()
+        assert sorted(r["id"] for r in rows) == list(range(12_000))
+        assert sum(r["v"] for r in rows) == 2 * sum(range(12_000))
+    finally:
+        if extra in cluster.worker_nodes:
+            cluster.remove_node(extra)
+
+
+def test_unreachable_cluster_fails_within_seconds(tmp_path):
+    code = (
+        "import dataflow, time\n"
+        "t = time.monotonic()\n"
+        "try:\n"
+        "    dataflow.init(runner='ray', address='127.0.0.1:1')\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, round(time.monotonic() - t, 1), e)\n"
+    )
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
+    assert line.startswith("ConnectionError"), line
+    assert float(line.split()[1]) < 40, line

@@ -11,6 +11,7 @@ Modules, in the order a row meets them on its way in and out:
 * ``parquet_format``, ``csv_format``, ``json_format``, ``text_format``, ``binary_format``,
   ``image_format``, ``numpy_format``: one format each (source, and sink where there is one).
 * ``file_datasink``   write tasks stage files; the driver commits them or removes them.
+* ``error_sink``      the Parquet files of rows ``on_error="skip"`` dropped, written by tasks.
 * ``errors``          errors that name the file, row and column; ``io_stats`` per-process counters.
 
 ``SOURCES`` and ``SINKS`` map a format name to its class, for ``read_*``/``write_*`` wrappers.

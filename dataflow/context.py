@@ -88,6 +88,21 @@ class DataContext:
         self.execution_options.target_max_block_size = value
 
     @property
+    def max_errored_blocks(self) -> int:
+        """Ray's setting: how many failed tasks (a UDF's or a reader's exception) a job lets go,
+        dropping their output, before an error fails it; -1: no limit; 0 (the default): none
+        (``execution_options.max_errored_blocks``). Writes always fail on an error. To drop
+        single rows instead of whole blocks, pass ``on_error="skip"`` to the map."""
+        return self.execution_options.max_errored_blocks
+
+    @max_errored_blocks.setter
+    def max_errored_blocks(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            msg = f"max_errored_blocks must be an int >= -1 (-1: no limit), got {value!r}"
+            raise ValueError(msg)
+        self.execution_options.max_errored_blocks = value
+
+    @property
     def enable_progress_bars(self) -> bool:
         """Ray's setting. dataflow draws no progress bars: this is False, and setting it to True
         logs that once; ``Dataset.stats()`` reports each operator's progress after a run."""

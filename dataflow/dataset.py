@@ -83,14 +83,21 @@ class Dataset:
         resources: dict[str, float] | None = None,
         task_timeout_s: float | None = None,
         memory: float | None = None,
+        on_error: str = "raise",
+        error_sink: str | None = None,
         **ray_remote_args: Any,
     ) -> Dataset:
-        """Apply ``fn`` to each row (a dict) and keep the row it returns."""
+        """Apply ``fn`` to each row (a dict) and keep the row it returns.
+
+        ``on_error="skip"`` drops the rows ``fn`` raises on instead of failing the job (counted
+        in ``stats()``); ``error_sink`` (a folder path or URL) then receives them as Parquet
+        rows with their errors. Same for ``map_batches``, ``flat_map`` and ``filter``.
+        """
         return self._derive(
             map_node(self._plan, "map", fn, compute=compute, kind="rows", row_mode="map", fn_args=fn_args, fn_kwargs=fn_kwargs,
                      fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
                      num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s,
-                     preserves_rows=True, memory=memory, ray_remote_args=ray_remote_args)
+                     preserves_rows=True, memory=memory, ray_remote_args=ray_remote_args, on_error=on_error, error_sink=error_sink)
         )
 
     def map_batches(
@@ -112,12 +119,17 @@ class Dataset:
         task_timeout_s: float | None = None,
         udf_modifying_row_count: bool = True,
         memory: float | None = None,
+        on_error: str = "raise",
+        error_sink: str | None = None,
         **ray_remote_args: Any,
     ) -> Dataset:
         """Apply ``fn`` to batches of ``batch_size`` rows (None: whole blocks).
 
         ``fn`` may be a function or a callable class (run on an actor pool: constructed once per
         actor); it may return a batch or yield several; the row count may change.
+        ``on_error="skip"``: a batch ``fn`` raises on is split in halves and retried until the
+        failing rows are alone, and those are dropped (see ``map``); ``fn`` may then see a row
+        more than once.
         """
         return self._derive(
             map_node(self._plan, "map_batches", fn, compute=compute, kind="batches", batch_size=batch_size,
@@ -125,7 +137,7 @@ class Dataset:
                      fn_constructor_args=fn_constructor_args, fn_constructor_kwargs=fn_constructor_kwargs,
                      num_cpus=num_cpus, num_gpus=num_gpus, concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s,
                      preserves_rows=not udf_modifying_row_count, zero_copy_batch=zero_copy_batch, memory=memory,
-                     ray_remote_args=ray_remote_args)
+                     ray_remote_args=ray_remote_args, on_error=on_error, error_sink=error_sink)
         )
 
     def flat_map(
@@ -143,15 +155,17 @@ class Dataset:
         resources: dict[str, float] | None = None,
         task_timeout_s: float | None = None,
         memory: float | None = None,
+        on_error: str = "raise",
+        error_sink: str | None = None,
         **ray_remote_args: Any,
     ) -> Dataset:
-        """Apply ``fn`` to each row; it returns a list (or iterable) of rows."""
+        """Apply ``fn`` to each row; it returns a list (or iterable) of rows (``on_error``: see ``map``)."""
         return self._derive(
             map_node(self._plan, "flat_map", fn, compute=compute, kind="rows", row_mode="flat_map", fn_args=fn_args,
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                      fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
                      concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s, memory=memory,
-                     ray_remote_args=ray_remote_args)
+                     ray_remote_args=ray_remote_args, on_error=on_error, error_sink=error_sink)
         )
 
     def filter(
@@ -170,6 +184,8 @@ class Dataset:
         resources: dict[str, float] | None = None,
         task_timeout_s: float | None = None,
         memory: float | None = None,
+        on_error: str = "raise",
+        error_sink: str | None = None,
         **ray_remote_args: Any,
     ) -> Dataset:
         """Keep rows for which ``fn(row)`` is true, or which match ``expr``.
@@ -177,6 +193,7 @@ class Dataset:
         ``expr`` is an expression (``dataflow.col("x") > 3``, see ``dataflow.expressions``), a
         string such as ``"x > 3 and y == 'a'"``, or a ``pyarrow.compute`` expression; it is
         pushed into readers that support it (Parquet skips row groups by their statistics).
+        ``on_error="skip"`` drops the rows ``fn`` raises on (see ``map``).
         """
         if (fn is None) == (expr is None):
             msg = "filter() takes exactly one of fn or expr"
@@ -184,6 +201,9 @@ class Dataset:
         if expr is not None:
             if fn_args or fn_kwargs or fn_constructor_args or fn_constructor_kwargs:
                 msg = "fn_args, fn_kwargs, fn_constructor_args and fn_constructor_kwargs are for fn, not expr"
+                raise ValueError(msg)
+            if on_error != "raise" or error_sink is not None:
+                msg = "on_error and error_sink are for fn: an expression raises on no single row"
                 raise ValueError(msg)
             name, step, pushable = ex.filter_step(expr)
             node = builtin_node(self._plan, name, step, preserves_rows=False, filter_expr=pushable)
@@ -195,7 +215,7 @@ class Dataset:
                      fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                      fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
                      concurrency=concurrency, resources=resources, task_timeout_s=task_timeout_s, memory=memory,
-                     ray_remote_args=ray_remote_args)
+                     ray_remote_args=ray_remote_args, on_error=on_error, error_sink=error_sink)
         )
 
     def add_column(self, col: str, fn: Callable[[Any], Any], *, batch_format: str = "pandas") -> Dataset:

@@ -17,6 +17,7 @@ from typing import Any
 
 from dataflow.plan import ActorPool, LogicalNode, MapStages, Resources
 from engine.block_format import BATCH_FORMATS
+from engine.row_errors import ON_ERROR, ErrorSink
 from engine.transform import Stage, udf_name
 
 logger = logging.getLogger(__name__)
@@ -394,10 +395,14 @@ def map_node(
     memory: float | None = None,
     zero_copy_batch: bool = True,
     ray_remote_args: dict[str, Any] | None = None,
+    on_error: str = "raise",
+    error_sink: str | os.PathLike[str] | None = None,
 ) -> MapStages:
     """The plan node of one ``map``/``map_batches``/``flat_map``/``filter`` call, its arguments
-    checked (``ray_remote_args``: Ray's remote arguments, see ``remote_args``)."""
+    checked (``ray_remote_args``: Ray's remote arguments, see ``remote_args``; ``on_error``
+    and ``error_sink``: see ``error_handling``)."""
     check_callable(fn, method)
+    sink = error_handling(method, on_error, error_sink)
     concurrency = concurrency_from_compute(compute, concurrency, fn)
     if batch_format not in BATCH_FORMATS:
         msg = f"batch_format must be one of {BATCH_FORMATS}, got {batch_format!r}"
@@ -438,6 +443,8 @@ def map_node(
         max_retries=remote.max_retries,
         retry_exceptions=remote.retry_exceptions,
         env_vars=remote.env_vars,
+        on_error=on_error,
+        error_sink=sink,
     )
     return MapStages(
         input=input_node,
@@ -445,9 +452,25 @@ def map_node(
         resources=resources_needed,
         actor_pool=actor_pool,
         max_concurrency=max_concurrency,
-        preserves_rows=preserves_rows,
+        preserves_rows=preserves_rows and on_error == "raise",  # skipping drops rows
         task_timeout_s=task_timeout_s,
     )
+
+
+def error_handling(method: str, on_error: str, error_sink: str | os.PathLike[str] | None) -> ErrorSink | None:
+    """Check ``on_error`` ("raise" or "skip") and return the sink for ``error_sink`` (a folder
+    path or URL where the skipped rows are written as Parquet, with their errors), or None."""
+    if on_error not in ON_ERROR:
+        msg = f'{method}(on_error=...) must be "raise" (the first error fails the job) or "skip" (drop the rows it raises on), got {on_error!r}'
+        raise ValueError(msg)
+    if error_sink is None:
+        return None
+    if on_error != "skip":
+        msg = f'{method}(error_sink=...) is where the rows on_error="skip" drops are written; pass on_error="skip" too'
+        raise ValueError(msg)
+    from connectors.error_sink import ParquetErrorSink
+
+    return ParquetErrorSink(error_sink)
 
 
 def builtin_node(

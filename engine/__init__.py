@@ -25,8 +25,10 @@ The data path, in order:
                       processes talk to the coordinator over ipc
 * ``resources``       GPUs: detection and the ledger behind CUDA_VISIBLE_DEVICES
 * ``transform``       the fused chain of row/batch functions a task runs
+* ``row_errors``      rows an ``on_error="skip"`` stage drops: counts, and records for the error sink
 * ``block_format``    blocks <-> numpy / pandas / pyarrow / polars batches and rows
 * ``task``            TaskSpec / TaskResult, and run_task (same code in workers and inline)
+* ``tracebacks``      a UDF's frames without the engine's, rendered by the driver with source lines
 * ``protocol``        typed, versioned messages; ``transport``: pyzmq sockets only
 * ``wakeup``          the pipe other threads use to rouse the executor's and split server's loops
 * ``serialization``   the only module that pickles

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from engine import row_errors
 from engine.backpressure import WAIT_BUDGET, WAIT_RESOURCES, OpLoad, blocked_reason, op_budget
 from engine.errors import DataflowError, EngineError, WorkerDiedError, make_user_error
 from engine.object_store import BlockRef, BlockSlice, BlockStore
@@ -137,6 +138,8 @@ class Execution:
         """Set once no task of this execution runs anymore (it finished, failed or was cancelled)."""
         self._last_wait_check = time.perf_counter()
         self._waiting: dict[int, str] = {}
+        self.errored_blocks = 0
+        """Failed tasks whose output was dropped under ``max_errored_blocks``."""
 
     # ownership -----------------------------------------------------------------------------
     def own(self, ref: BlockRef, producer: PhysicalOperator | None) -> None:
@@ -287,10 +290,12 @@ class Execution:
             op.stats.tasks_failed += 1
             for ref in result.refs:
                 self.release(ref)
-            for value in pending.bundle:
-                self.release_input(value, op)
-            self.fail(_user_error(op, result))
-            return
+            if not self._error_tolerated(op, result):
+                for value in pending.bundle:
+                    self.release_input(value, op)
+                self.fail(_user_error(op, result))
+                return
+            result = TaskResult(result.task_id)  # its output is dropped; it finished with none
         for value in pending.bundle:
             self.release_input(value, op)
         if op.output == "count":
@@ -308,6 +313,19 @@ class Execution:
             for ref in op.in_order(pending.spec.task_index, result.refs) if ordered else result.refs:
                 op.emit(ref)
         self.route()
+
+    def _error_tolerated(self, op: MapOperator, result: TaskResult) -> bool:
+        """The failed task's error is one of the ``max_errored_blocks`` this execution may
+        ignore (a UDF's or a reader's, in a task that does not write): counted and logged."""
+        err = result.error
+        limit = self.options.max_errored_blocks
+        if err is None or not err.user_code or op.output not in ("blocks", "count") or 0 <= limit <= self.errored_blocks:
+            return False
+        self.errored_blocks += 1
+        op.stats.blocks_errored += 1
+        op.stats.errors[err.exc_type] = op.stats.errors.get(err.exc_type, 0) + 1
+        row_errors.log_errored_block(op.name, _user_error(op, result), self.errored_blocks, limit)
+        return True
 
     def task_discarded(self, op: MapOperator, task_id: int, refs: list[BlockRef]) -> None:
         """A task of a cancelled execution came back, or its worker died: free its outputs and
@@ -399,8 +417,10 @@ def _user_error(op: MapOperator, result: TaskResult) -> BaseException:
         if isinstance(cause, DataflowError):  # e.g. ObjectStoreFullError: ours, but not a bug
             return cause
         return EngineError(f"internal error in {op.name} (this is a bug in dataflow):\n{err.traceback}")
-    context = err.context or f"(operator {op.name})"
-    return make_user_error(err.udf_name, cause, err.exc_type, err.traceback, context)
+    files = err.input_files
+    reading = f", input file{'s' if len(files) > 1 else ''} {', '.join(files[:3])}{'...' if len(files) > 3 else ''}" if files else ""
+    context = err.context or f"(operator {op.name}{reading})"
+    return make_user_error(err.udf_name, cause, err.exc_type, err.rendered_traceback(), context)
 
 
 def check_resources(execution: Execution, options: ExecutionOptions) -> None:

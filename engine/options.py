@@ -77,6 +77,9 @@ class ExecutionOptions:
     """Bytes produced ahead of a consumer (iter_batches) before the engine waits for it."""
     max_task_attempts: int = 3
     """Attempts per task when a worker dies (user exceptions are not retried)."""
+    max_errored_blocks: int = 0
+    """Ray's setting: how many failed tasks (a UDF's or a reader's exception) an execution lets
+    go, their output dropped, before an error fails it; -1: no limit. Not for writes."""
     task_timeout_s: float | None = None
     """A task running longer than this fails its job with ``TaskTimeoutError`` and its worker
     is killed (a hung UDF); None: no limit. Tasks running long show in ``stats()`` either way."""
@@ -103,6 +106,7 @@ class ExecutionOptions:
         "op_output_budget",
         "consumer_buffer_bytes",
         "max_task_attempts",
+        "max_errored_blocks",
         "task_timeout_s",
         "preserve_order",
         "resource_limits",
@@ -137,6 +141,10 @@ class ExecutionOptions:
             if value is not None and not value > 0:
                 msg = f"resource_limits.{name} must be > 0 or None, got {value!r}"
                 raise ValueError(msg)
+        blocks = self.max_errored_blocks
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < -1:
+            msg = f"max_errored_blocks must be an int >= -1 (-1: no limit), got {blocks!r}"
+            raise ValueError(msg)
         if not isinstance(self.target_max_block_size, int) or self.target_max_block_size <= 0:
             msg = f"target_max_block_size must be a positive number of bytes, got {self.target_max_block_size!r}"
             raise ValueError(msg)

@@ -7,16 +7,42 @@ tcp sockets use CurveZMQ), see ``transport``.
 
 from __future__ import annotations
 
+import collections
+import functools
 import hashlib
+import io
 import pickle
+import types
 from typing import Any
 
 
 def dumps(obj: Any) -> bytes:
-    """Serialize anything, closures and classes included."""
-    import cloudpickle
+    """Serialize anything, closures and classes included.
 
-    return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    Code pickled by value (a function or class defined in ``__main__`` or a notebook cell)
+    keeps its file name: a traceback from a worker then names the user's file and line, where
+    cloudpickle alone writes ``<dynamic-code>``.
+    """
+    buffer = io.BytesIO()
+    _pickler_class()(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+@functools.cache
+def _pickler_class() -> type:
+    """cloudpickle's pickler, with code objects reduced with their ``co_filename``."""
+    import cloudpickle
+    from cloudpickle import cloudpickle as internals
+
+    def reduce_code(code: types.CodeType) -> tuple[Any, tuple[Any, ...]]:
+        constructor, args = internals._code_reduce(code)
+        named = [i for i, arg in enumerate(args[:-1]) if arg == "<dynamic-code>" and args[i + 1] == code.co_name]
+        if named:  # cloudpickle's placeholder, followed by co_name as in every CodeType signature
+            args = (*args[: named[0]], code.co_filename, *args[named[0] + 1 :])
+        return constructor, args
+
+    table = collections.ChainMap({types.CodeType: reduce_code}, cloudpickle.Pickler.dispatch_table)
+    return type("FilenameKeepingPickler", (cloudpickle.Pickler,), {"dispatch_table": table})
 
 
 def dumps_data(obj: Any) -> bytes:

@@ -31,6 +31,17 @@ LONG_TASK_S = 10.0
 """A task running this long (and five times its operator's mean) is named in ``stats()``."""
 
 
+def _errors_line(s: OpStats) -> str:
+    """``skipped 3 rows (on_error="skip"), dropped 1 block (max_errored_blocks): ValueError 4``."""
+    parts = []
+    if s.rows_skipped:
+        parts.append(f'skipped {s.rows_skipped} row{"s" if s.rows_skipped != 1 else ""} (on_error="skip")')
+    if s.blocks_errored:
+        parts.append(f'dropped {s.blocks_errored} block{"s" if s.blocks_errored != 1 else ""} (max_errored_blocks)')
+    kinds = ", ".join(f"{name} {n}" for name, n in sorted(s.errors.items(), key=lambda kv: -kv[1]))
+    return f"    errors: {', '.join(parts)}: {kinds}"
+
+
 @dataclass
 class ExecutionStats:
     wall_s: float
@@ -70,6 +81,9 @@ class ExecutionStats:
                     "worker_deaths": list(s.worker_deaths),
                     "waits": dict(s.waits),
                     "io": dict(s.io),
+                    "rows_skipped": s.rows_skipped,
+                    "blocks_errored": s.blocks_errored,
+                    "errors": dict(s.errors),
                 }
                 for s in self.operators
             ],
@@ -89,6 +103,8 @@ class ExecutionStats:
                 lines.append(f"    {death}")
             if s.io:
                 lines.append("    I/O: " + ", ".join(_fmt_io(name, n) for name, n in s.io.items()))
+            if s.errors:
+                lines.append(_errors_line(s))
             for reason, seconds in sorted(s.waits.items(), key=lambda kv: -kv[1]):
                 if seconds >= 0.0005:
                     lines.append(f"    held back {seconds:.3f} s: {reason}")

@@ -9,7 +9,6 @@ inline slot, which is what keeps the two execution modes semantically identical.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 import traceback
@@ -19,7 +18,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from engine import row_errors
 from engine.object_store import BlockRef, BlockSlice, BlockStore
+from engine.tracebacks import Frame, format_frames, user_frames
 from engine.transform import TaskTransform, UDFFailure
 
 OUTPUT_BLOCKS = "blocks"
@@ -59,6 +60,19 @@ class TaskError:
     exception: bytes | None
     user_code: bool
     context: str = ""
+    frames: list[Frame] = field(default_factory=list)
+    """The user's frames (engine frames removed), for the driver to render (``rendered_traceback``)."""
+    exception_text: str = ""
+    """The last lines of the traceback: the exception's type and message."""
+    input_files: tuple[str, ...] = ()
+    """The files the task was reading when it failed, when it read files."""
+
+    def rendered_traceback(self) -> str:
+        """The traceback as this process prints it: a source line the worker could not read
+        (a notebook cell's) is looked up here, and a notebook cell is named as IPython does."""
+        if not self.frames:
+            return self.traceback
+        return format_frames(self.frames) + self.exception_text
 
 
 @dataclass
@@ -73,6 +87,8 @@ class TaskResult:
     error: TaskError | None = None
     io: dict[str, int] = field(default_factory=dict)
     """What the task's readers and writers did (``connectors.io_stats`` deltas, non-zero only)."""
+    rows_skipped: dict[str, int] = field(default_factory=dict)
+    """Rows its ``on_error="skip"`` stages dropped, per exception type."""
 
 
 def _io_counters() -> dict[str, int]:
@@ -91,6 +107,7 @@ def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
         elif isinstance(item, BlockSlice):
             yield store.get(item.ref).slice(item.offset, item.length)
         else:
+            row_errors.note_input_files(getattr(getattr(item, "metadata", None), "input_files", ()) or ())
             try:
                 yield from item()
             except UDFFailure:
@@ -107,6 +124,7 @@ def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Tas
     io_start = _io_counters()
     result = TaskResult(spec.task_id)
     written: list[BlockRef] = []
+    skips = row_errors.start(spec.task_index)
     try:
         if spec.output == OUTPUT_COUNT:
             result.num_rows = transform.count_rows(_input_blocks(spec, store))
@@ -129,11 +147,15 @@ def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Tas
                 result.num_rows += ref.num_rows
                 result.size_bytes += ref.size_bytes
             result.refs = written
+        skips.flush()
     except BaseException as err:  # everything is reported (SystemExit too); nothing escapes a task
         for ref in written:
             store.free(ref)
         result.refs = []
         result.error = describe_error(err)
+        result.error.input_files = skips.input_files
+    row_errors.stop()
+    result.rows_skipped = skips.counts
     result.wall_s = time.perf_counter() - start
     result.cpu_s = time.process_time() - cpu_start
     io_end = _io_counters()
@@ -150,18 +172,9 @@ def _counting(blocks: Iterator[pa.Table], result: TaskResult) -> Iterator[pa.Tab
         yield block
 
 
-_ENGINE_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m)) + os.sep
-    for m in (__file__, os.path.join(os.path.dirname(__file__), "..", "dataflow", "x"))
-)
-
-
 def trimmed_traceback(err: BaseException) -> str:
     """The traceback of ``err`` without engine and API frames: only the user's own code."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(_ENGINE_DIRS)]
-    lines = traceback.format_list(frames)
-    lines += traceback.format_exception_only(type(err), err)
-    return "".join(lines)
+    return format_frames(user_frames(err)) + "".join(traceback.format_exception_only(type(err), err))
 
 
 def describe_error(err: BaseException) -> TaskError:
@@ -173,7 +186,9 @@ def describe_error(err: BaseException) -> TaskError:
         context = err.context
     else:
         original, name, user, context = err, "the engine", False, ""
-    tb = trimmed_traceback(original) if user else "".join(traceback.format_exception(original))
+    frames = user_frames(original) if user else []
+    last = "".join(traceback.format_exception_only(type(original), original)) if user else ""
+    tb = format_frames(frames) + last if user else "".join(traceback.format_exception(original))
     return TaskError(
         udf_name=name,
         exc_type=type(original).__name__,
@@ -182,5 +197,7 @@ def describe_error(err: BaseException) -> TaskError:
         exception=dumps_exception(original),
         user_code=user,
         context=context,
+        frames=frames,
+        exception_text=last,
     )
 

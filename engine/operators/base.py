@@ -41,6 +41,12 @@ class OpStats:
     """How each worker that died running its tasks ended (signal or exit code, memory)."""
     io: dict[str, int] = field(default_factory=dict)
     """Summed I/O counters of its tasks (files and bytes read, row groups skipped, retries...)."""
+    rows_skipped: int = 0
+    """Rows its ``on_error="skip"`` steps dropped because the UDF raised on them."""
+    blocks_errored: int = 0
+    """Failed tasks whose output was dropped under ``max_errored_blocks``."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """Skipped rows and dropped tasks, per exception type."""
 
     def add_wait(self, reason: str, seconds: float) -> None:
         self.waits[reason] = self.waits.get(reason, 0.0) + seconds

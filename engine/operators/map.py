@@ -335,6 +335,9 @@ class MapOperator(PhysicalOperator):
         self.stats.task_cpu_s += result.cpu_s
         for name, amount in result.io.items():
             self.stats.io[name] = self.stats.io.get(name, 0) + amount
+        for name, rows in result.rows_skipped.items():
+            self.stats.rows_skipped += rows
+            self.stats.errors[name] = self.stats.errors.get(name, 0) + rows
         out = float(result.size_bytes)
         self._out_bytes_per_task = out if self._out_bytes_per_task is None else 0.8 * self._out_bytes_per_task + 0.2 * out
         return pending

@@ -9,12 +9,15 @@ Modules, in the order a row meets them on its way in and out:
 * ``partitioning``    hive ``key=value`` folders <-> typed columns.
 * ``file_datasource`` listing -> tasks by bytes (driver); file -> tables (workers).
 * ``parquet_format``, ``csv_format``, ``json_format``, ``text_format``, ``binary_format``,
-  ``image_format``, ``numpy_format``: one format each (source, and sink where there is one).
+  ``image_format``, ``numpy_format``, ``orc_format``: one format each (source, and sink where
+  there is one).
+* ``sql``             any DB-API 2 database: a query read in shards, rows written by executemany.
 * ``file_datasink``   write tasks stage files; the driver commits them or removes them.
 * ``error_sink``      the Parquet files of rows ``on_error="skip"`` dropped, written by tasks.
 * ``errors``          errors that name the file, row and column; ``io_stats`` per-process counters.
 
-``SOURCES`` and ``SINKS`` map a format name to its class, for ``read_*``/``write_*`` wrappers.
+``SOURCES`` and ``SINKS`` map a file format's name to its class, for ``read_*``/``write_*``
+wrappers (``sql``'s classes are reached by name: they read no files).
 """
 
 from __future__ import annotations
@@ -30,12 +33,18 @@ _LAZY: dict[str, str] = {
     "BinaryDatasource": "connectors.binary_format",
     "CSVDatasink": "connectors.csv_format",
     "CSVDatasource": "connectors.csv_format",
+    "ImageDatasink": "connectors.image_format",
     "ImageDatasource": "connectors.image_format",
     "JSONDatasink": "connectors.json_format",
     "JSONDatasource": "connectors.json_format",
+    "NumpyDatasink": "connectors.numpy_format",
     "NumpyDatasource": "connectors.numpy_format",
+    "ORCDatasink": "connectors.orc_format",
+    "ORCDatasource": "connectors.orc_format",
     "ParquetDatasink": "connectors.parquet_format",
     "ParquetDatasource": "connectors.parquet_format",
+    "SQLDatasink": "connectors.sql",
+    "SQLDatasource": "connectors.sql",
     "TextDatasource": "connectors.text_format",
     "AccessDeniedError": "connectors.errors",
     "FileFormatError": "connectors.errors",
@@ -52,8 +61,16 @@ _SOURCE_NAMES = {
     "binary": "BinaryDatasource",
     "images": "ImageDatasource",
     "numpy": "NumpyDatasource",
+    "orc": "ORCDatasource",
 }
-_SINK_NAMES = {"parquet": "ParquetDatasink", "csv": "CSVDatasink", "json": "JSONDatasink"}
+_SINK_NAMES = {
+    "parquet": "ParquetDatasink",
+    "csv": "CSVDatasink",
+    "json": "JSONDatasink",
+    "numpy": "NumpyDatasink",
+    "images": "ImageDatasink",
+    "orc": "ORCDatasink",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -80,15 +97,21 @@ __all__ = [
     "Datasink",
     "Datasource",
     "FileFormatError",
+    "ImageDatasink",
     "ImageDatasource",
     "JSONDatasink",
     "JSONDatasource",
+    "NumpyDatasink",
     "NumpyDatasource",
+    "ORCDatasink",
+    "ORCDatasource",
     "ParquetDatasink",
     "ParquetDatasource",
     "PathNotFoundError",
     "ReadTask",
     "RetriesExhaustedError",
+    "SQLDatasink",
+    "SQLDatasource",
     "SchemaMismatchError",
     "TaskContext",
     "TextDatasource",

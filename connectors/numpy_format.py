@@ -3,6 +3,12 @@
 A ``(n, ...)`` array gives ``n`` rows; rows of more than one dimension are stored as a fixed-shape
 tensor column (``pa.fixed_shape_tensor``), zero-copy to NumPy. Pickled object arrays are refused
 (``allow_pickle=False``): a data file must not be able to run code.
+
+``NumpyDatasink`` writes one column back: one ``.npy`` file per write task (the rows of the blocks
+that task received, or ``max_rows_per_file`` at most), staged and committed by ``file_datasink``.
+Numbers and booleans, strings (a fixed-width unicode array), and tensors (fixed-shape tensor,
+fixed-size list or equal-length list columns, as an ``(n, ...)`` array) can be written; anything
+that would need pickling (ragged arrays, structs) is refused with the column's name and type.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from connectors.errors import FileFormatError
+from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import FileDatasource, FilePiece
 from connectors.filesystem import read_file_bytes
 from connectors.retry import Retrier
@@ -42,3 +49,82 @@ class NumpyDatasource(FileDatasource):
         if array.ndim == 0:
             array = array.reshape(1)
         yield pa.table({"data": tensor_column(array)})
+
+
+def column_to_ndarray(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
+    """``column`` as one NumPy array without object dtype: rows along axis 0, tensors n-d.
+
+    Raises ``TypeError`` naming the column for values that only an object array (pickled in a
+    ``.npy``) could hold: ragged lists, structs, maps, or strings with nulls.
+    """
+    if isinstance(column, pa.ChunkedArray):
+        column = pa.concat_arrays(column.chunks) if column.num_chunks != 1 else column.chunk(0)
+    typ = column.type
+    if isinstance(typ, pa.FixedShapeTensorType):
+        return column.to_numpy_ndarray()  # type: ignore[attr-defined,no-any-return]
+    if pa.types.is_fixed_size_list(typ) and column.null_count == 0:
+        inner = column_to_ndarray(column.flatten(), name)
+        return inner.reshape(len(column), typ.list_size, *inner.shape[1:])
+    if (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and column.null_count == 0:
+        lengths = np.diff(column.offsets.to_numpy())
+        if lengths.size and (lengths == lengths[0]).all():
+            inner = column_to_ndarray(column.flatten(), name)
+            return inner.reshape(len(column), int(lengths[0]), *inner.shape[1:])
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        if column.null_count == 0:
+            return np.array(column.to_pylist(), dtype=str)
+    elif pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        if column.null_count == 0:
+            return np.array(column.to_pylist(), dtype=bytes)
+    else:
+        array = column.to_numpy(zero_copy_only=False)
+        if array.dtype != object:
+            return array
+    msg = (
+        f"column {name!r} ({typ}) cannot be written to .npy without pickling: write numbers, strings "
+        "or equal-shaped tensors (nulls only in number columns, where they become NaN)"
+    )
+    raise TypeError(msg)
+
+
+class NumpyDatasink(FileDatasink):
+    """One column as ``.npy`` files under ``path`` (local or ``s3://``), committed atomically.
+
+    ``column``: the column to write. One file per write task; ``min_rows_per_file`` makes the
+    engine bundle blocks; ``max_rows_per_file`` caps each file; ``file_options`` go to
+    ``FileDatasink``.
+    """
+
+    EXTENSION = ".npy"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        column: str,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        filesystem: Any = None,
+        **file_options: Any,
+    ) -> None:
+        super().__init__(
+            path,
+            min_rows_per_file=min_rows_per_file,
+            max_rows_per_file=max_rows_per_file,
+            filesystem=filesystem,
+            **file_options,
+        )
+        self._column = column
+
+    def get_name(self) -> str:
+        """``WriteNumpy``."""
+        return "WriteNumpy"
+
+    def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
+        table = combine(tables)
+        if self._column not in table.column_names:
+            raise ValueError(f"write_numpy: no column {self._column!r}; the data has {table.column_names}")
+        array = column_to_ndarray(table.column(self._column), self._column)
+        out = io.BytesIO()
+        np.save(out, array, allow_pickle=False)
+        return pa.py_buffer(out.getvalue())

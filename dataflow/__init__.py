@@ -55,7 +55,9 @@ from dataflow.read_api import (
     read_json,
     read_lance,
     read_numpy,
+    read_orc,
     read_parquet,
+    read_sql,
     read_text,
 )
 from dataflow.udf import ActorPoolStrategy, TaskPoolStrategy
@@ -183,7 +185,9 @@ __all__ = [
     "read_json",
     "read_lance",
     "read_numpy",
+    "read_orc",
     "read_parquet",
+    "read_sql",
     "read_text",
     "shutdown",
 ]

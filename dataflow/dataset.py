@@ -742,6 +742,90 @@ class Dataset:
             overwrite_filter=overwrite_filter,
         ))
 
+    def write_orc(
+        self,
+        path: str,
+        *,
+        filesystem: Any = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        mode: Any = "append",
+        filename_provider: Any = None,
+        num_rows_per_file: int | None = None,
+        arrow_orc_args_fn: Callable[[], dict[str, Any]] | None = None,
+        **arrow_orc_args: Any,
+    ) -> None:
+        """Write ORC files under ``path``, atomically, as ``write_parquet``.
+
+        ``arrow_orc_args`` (``compression="zstd"``, ``stripe_size``...) and what
+        ``arrow_orc_args_fn()`` returns go to ``pyarrow.orc.write_table``. See
+        ``connectors.orc_format.ORCDatasink``.
+        """
+        from connectors.file_datasink import rows_per_file
+        from connectors.orc_format import ORCDatasink
+
+        self.write_datasink(ORCDatasink(
+            path, filesystem=filesystem, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
+            max_rows_per_file=max_rows_per_file, mode=mode, filename_provider=filename_provider,
+            arrow_orc_args_fn=arrow_orc_args_fn, **arrow_orc_args,
+        ))
+
+    def write_numpy(
+        self,
+        path: str,
+        *,
+        column: str,
+        filesystem: Any = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        mode: Any = "append",
+        filename_provider: Any = None,
+        num_rows_per_file: int | None = None,
+    ) -> None:
+        """Write ``column`` as ``.npy`` files under ``path``, one per write task, atomically.
+
+        Tensor columns become ``(n, ...)`` arrays; ``mode`` and ``filename_provider`` as for
+        ``write_parquet``. See ``connectors.numpy_format.NumpyDatasink``.
+        """
+        from connectors.file_datasink import rows_per_file
+        from connectors.numpy_format import NumpyDatasink
+
+        self.write_datasink(NumpyDatasink(
+            path, column=column, filesystem=filesystem, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
+            max_rows_per_file=max_rows_per_file, mode=mode, filename_provider=filename_provider,
+        ))
+
+    def write_images(
+        self,
+        path: str,
+        column: str,
+        file_format: str = "png",
+        *,
+        filesystem: Any = None,
+        mode: Any = "append",
+        filename_provider: Any = None,
+    ) -> None:
+        """Write one image file per row of ``column`` (``uint8`` arrays) under ``path``, atomically.
+
+        ``file_format`` is any format Pillow writes (``png``, ``jpg``...). Needs Pillow.
+        """
+        from connectors.image_format import ImageDatasink
+
+        self.write_datasink(ImageDatasink(
+            path, column=column, file_format=file_format, filesystem=filesystem, mode=mode,
+            filename_provider=filename_provider,
+        ))
+
+    def write_sql(self, sql: str, connection_factory: Callable[[], Any]) -> None:
+        """Insert every row with ``sql`` (``INSERT ... VALUES (?, ?)``, one placeholder per column).
+
+        Each write task runs ``executemany`` on its own connection and commits once; see
+        ``connectors.sql.SQLDatasink``.
+        """
+        from connectors.sql import SQLDatasink
+
+        self.write_datasink(SQLDatasink(sql, connection_factory))
+
     # aggregates -----------------------------------------------------------------------------
     def groupby(self, key: str | list[str] | None) -> GroupedData:
         """Rows grouped by ``key`` (a column or several; None: one group of all rows)."""

@@ -342,6 +342,59 @@ def read_iceberg(
     return read_datasource(source, override_num_blocks=override_num_blocks)
 
 
+def read_orc(
+    paths: str | list[str],
+    *,
+    columns: list[str] | None = None,
+    filesystem: Any = None,
+    partitioning: Any = None,
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
+) -> Dataset:
+    """ORC files (a file, folder, glob or list; local or ``s3://``), read stripe by stripe.
+
+    ``columns`` (and a later ``select_columns``) is pushed into the reader: other columns are
+    never decoded. Large files are split by stripes across tasks. ``partitioning``: None (as
+    Ray), or ``"hive"``; ``partition_filter`` and ``shuffle`` as for ``read_parquet``.
+    """
+    from connectors.orc_format import ORCDatasource
+
+    source = ORCDatasource(
+        paths, columns=columns,
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
+    )
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_sql(
+    sql: str,
+    connection_factory: Any,
+    *,
+    shard_keys: list[str] | None = None,
+    shard_hash_fn: str = "MD5",
+    parallelism: int = -1,
+    override_num_blocks: int | None = None,
+) -> Dataset:
+    """The rows of a SQL query, over any DB-API 2 connection (``lambda: sqlite3.connect(path)``).
+
+    Without ``shard_keys`` one task runs the query; with them the query is split into shards
+    by a hash of the keys (``shard_hash_fn``, as Ray), one task each: ``override_num_blocks``
+    (or ``parallelism``) of them, by default one per CPU, and never fewer than 50 rows per
+    shard. Rows stream into Arrow blocks. See ``connectors.sql``.
+    """
+    from connectors.sql import SQLDatasource
+    from dataflow.context import DataContext
+
+    shards = override_num_blocks or (parallelism if parallelism > 0 else None)
+    if shards is None and shard_keys:
+        shards = DataContext.get_current().execution_options.resolved_num_cpus()
+    source = SQLDatasource(sql, connection_factory, shard_keys=shard_keys, shard_hash_fn=shard_hash_fn, num_shards=shards)
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
 _TORCH_CHUNK = 4096
 
 

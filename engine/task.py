@@ -132,7 +132,12 @@ def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Tas
             from connectors.base import TaskContext
 
             counted = _counting(transform(_input_blocks(spec, store)), result)
-            result.value = spec.sink.write(counted, TaskContext(spec.task_index, spec.attempt))
+            try:
+                result.value = spec.sink.write(counted, TaskContext(spec.task_index, spec.attempt))
+            except UDFFailure:
+                raise
+            except Exception as err:  # the sink's own failure (a database's, a file's): the user's to see
+                raise UDFFailure(spec.sink.get_name(), err) from err
         elif spec.output == OUTPUT_PARTITIONS:
             for block, counts in transform.partition(_input_blocks(spec, store), spec.params):  # type: ignore[attr-defined]
                 ref = dataclasses.replace(store.put(block, spill=spec.spill), partitions=counts)

@@ -20,6 +20,9 @@ Modules, in the order a dataset meets them:
 * ``sources``     which datasources and files a plan reads (``input_files``)
 * ``ray_api``     Ray Data's public names; the error for those dataflow does not provide
 * ``context``     DataContext and options(); the environment is read there only
+* ``progress``    live progress of running executions (rich bars, notebook text, log lines)
+* ``logs``        the ``dataflow.*`` loggers and the log file of each process
+* ``metrics``     the opt-in Prometheus endpoint (``init(metrics_port=...)``)
 * ``errors``      the exceptions users catch
 
 Everything that runs goes through ``engine.runner``, the engine's one entry point: it picks the
@@ -74,6 +77,8 @@ def init(
     execution_mode: str | None = None,
     runner: str | None = None,
     address: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
     **engine_options: Any,
 ) -> None:
     """Start the engine now with these settings (otherwise the first consuming call starts it).
@@ -82,6 +87,9 @@ def init(
     ``runner="ray"`` runs the same plans on a Ray cluster: ``address`` None (a Ray instance this
     process already initialized, or a new local one), ``"auto"`` or ``"ray://host:10001"``
     (also ``DATAFLOW_RUNNER=ray`` and ``DATAFLOW_RAY_ADDRESS``).
+
+    ``metrics_port`` serves Prometheus metrics on ``metrics_host:metrics_port`` (``dataflow.metrics``;
+    needs the ``metrics`` extra). Logs go to a file per process from now on (``dataflow.logs``).
     """
     from dataclasses import replace
 
@@ -115,6 +123,11 @@ def init(
             raise RuntimeError(msg)
         ctx.execution_options = wanted
     engine_runner.init(ctx.execution_options, ctx.execution_mode)
+    from dataflow import logs, metrics
+
+    logs.setup()
+    if metrics_port is not None:
+        metrics.serve(metrics_port, metrics_host)
 
 
 _CONNECTOR_NAMES = {

@@ -5,7 +5,9 @@ get_current()`` is the process-wide context (as in Ray Data); ``with dataflow.op
 overrides fields for a block of code.
 
 Environment variables: ``DATAFLOW_EXECUTION_MODE`` ("streaming" | "local"), ``DATAFLOW_NUM_CPUS``,
-``DATAFLOW_OBJECT_STORE_MEMORY`` (bytes).
+``DATAFLOW_OBJECT_STORE_MEMORY`` (bytes), ``DATAFLOW_PROGRESS`` ("auto" | "rich" | "log" | "off",
+``dataflow.progress``), ``DATAFLOW_LOG_DIR`` (``dataflow.logs``), ``DATAFLOW_METRICS_PORT`` and
+``DATAFLOW_METRICS_HOST`` (``dataflow.metrics``).
 
 Ray Data's settings that mean something here are honoured (``target_max_block_size``,
 ``execution_options.preserve_order``, ``execution_options.resource_limits``...); setting any
@@ -15,7 +17,6 @@ other name raises ``AttributeError`` instead of being silently kept and ignored.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
@@ -24,7 +25,7 @@ from typing import Any
 from engine.options import ExecutionOptions
 
 EXECUTION_MODES = ("streaming", "local", "ray")
-logger = logging.getLogger(__name__)
+PROGRESS_MODES = ("auto", "rich", "log", "off")
 
 
 def _env_options() -> ExecutionOptions:
@@ -34,6 +35,19 @@ def _env_options() -> ExecutionOptions:
     if os.environ.get("DATAFLOW_OBJECT_STORE_MEMORY"):
         changes["object_store_memory"] = int(os.environ["DATAFLOW_OBJECT_STORE_MEMORY"])
     return ExecutionOptions(**changes)
+
+
+def env_log_dir() -> str | None:
+    """``DATAFLOW_LOG_DIR``: the folder of the session log files (None: the default)."""
+    return os.environ.get("DATAFLOW_LOG_DIR") or None
+
+
+def env_metrics_address() -> tuple[str, int] | None:
+    """``DATAFLOW_METRICS_HOST`` (127.0.0.1 by default) and ``DATAFLOW_METRICS_PORT``, when set."""
+    port = os.environ.get("DATAFLOW_METRICS_PORT")
+    if not port:
+        return None
+    return os.environ.get("DATAFLOW_METRICS_HOST") or "127.0.0.1", int(port)
 
 
 @dataclass
@@ -50,6 +64,14 @@ class DataContext:
     iteration ends (``dataflow.torch_batches``): torch's OpenMP threads spin against busy
     workers otherwise (a ``x.sum()`` loop ran 1.6x slower on 2 cores). False leaves torch's
     thread count alone."""
+    progress_mode: str = field(default_factory=lambda: os.environ.get("DATAFLOW_PROGRESS") or "auto")
+    """How running executions are shown (``dataflow.progress``): "auto" (bars on a terminal,
+    text updated in place in Jupyter, a log line per operator every ``progress_log_interval_s``
+    otherwise), "rich", "log" or "off". ``enable_progress_bars = False`` sets "off"."""
+    enable_operator_progress_bars: bool = True
+    """Ray's setting: a line per operator under each execution's bar (False: the bar only)."""
+    progress_log_interval_s: float = 10.0
+    """In "log" mode, how often the lines of a running execution are logged."""
     enable_arrow_backed_pandas_conversion: bool = True
     """Ray's setting (True by default since Ray 2.56): ``Dataset.to_pandas`` gives
     ``pd.ArrowDtype`` columns; False gives numpy dtypes."""
@@ -69,6 +91,9 @@ class DataContext:
                 f"typo); its settings are {settings}, and execution_options' fields"
             )
             raise AttributeError(msg, name=name, obj=self)
+        if name == "progress_mode" and value not in PROGRESS_MODES:
+            msg = f"progress_mode (DATAFLOW_PROGRESS) must be one of {PROGRESS_MODES}, got {value!r}"
+            raise ValueError(msg)
         object.__setattr__(self, name, value)
 
     @property
@@ -104,18 +129,16 @@ class DataContext:
 
     @property
     def enable_progress_bars(self) -> bool:
-        """Ray's setting. dataflow draws no progress bars: this is False, and setting it to True
-        logs that once; ``Dataset.stats()`` reports each operator's progress after a run."""
-        return False
+        """Ray's setting (True by default, as in Ray): progress is shown as ``progress_mode``
+        says. False turns it off (``progress_mode = "off"``); True turns an "off" back to "auto"."""
+        return self.progress_mode != "off"
 
     @enable_progress_bars.setter
     def enable_progress_bars(self, value: bool) -> None:
-        if value and not DataContext._progress_bars_noted:
-            DataContext._progress_bars_noted = True
-            logger.warning("enable_progress_bars=True: dataflow draws no progress bars; Dataset.stats() "
-                           "reports each operator's rows, time and waits after a run")
-
-    _progress_bars_noted = False
+        if not value:
+            self.progress_mode = "off"
+        elif self.progress_mode == "off":
+            self.progress_mode = "auto"
 
     @staticmethod
     def get_current() -> DataContext:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal, overload
 
 import pyarrow as pa
 
-from dataflow import all_to_all, ray_api
+from dataflow import all_to_all, progress, ray_api
 from dataflow import builtins as bi
 from dataflow import expressions as ex
 from dataflow.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, Sum
@@ -60,6 +60,7 @@ class Dataset:
         ops = compile_plan(optimize(plan or self._plan), options, output, sink)
         handle = backend.execute(ops, options)
         self._last_handle = handle
+        progress.track(handle, self._dataset_name)  # bars or log lines, and the execution's log
         return handle
 
     def _derive(self, plan: LogicalNode) -> Dataset:
@@ -880,11 +881,26 @@ class Dataset:
         return [v for v in values if v is not None] if ignore_nulls else values
 
     # introspection --------------------------------------------------------------------------
-    def stats(self) -> str:
-        """Per-operator time, rows, bytes, tasks and why each operator waited (last execution)."""
+    @overload
+    def stats(self, format: Literal["text"] = "text") -> str: ...
+
+    @overload
+    def stats(self, format: Literal["dict"]) -> dict[str, Any]: ...
+
+    def stats(self, format: str = "text") -> str | dict[str, Any]:
+        """Per-operator time, rows, bytes, tasks and why each operator waited (last execution).
+
+        ``format="dict"``: the same as plain data for programs (``json.dumps`` takes it):
+        ``dataset``, ``wall_s``, ``operators`` (one dict each), ``long_running``; ``{}`` before
+        the first execution."""
+        if format not in ("text", "dict"):
+            msg = f"format must be 'text' or 'dict', got {format!r}"
+            raise ValueError(msg)
         handle = getattr(self, "_last_handle", None)
         if handle is not None:
             self._last_stats = handle.stats()
+        if format == "dict":
+            return {} if self._last_stats is None else {"dataset": self._dataset_name, **self._last_stats.to_dict()}
         if self._last_stats is None:
             return "This dataset has not been executed yet."
         heading = f"Dataset {self._dataset_name}:\n" if self._dataset_name else ""

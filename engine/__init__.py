@@ -39,7 +39,8 @@ The data path, in order:
 * ``worker``          a worker process's loop
 * ``object_store``    Arrow IPC files in /dev/shm, zero-copy reads, spill to disk
 * ``local``           the synchronous in-process mode (the in-process backend)
-* ``stats``           per-operator statistics and why each operator waited
+* ``stats``           per-operator statistics and why each operator waited; the live snapshot
+                      progress bars and metrics read (``ExecutionHandle.progress()``)
 * ``options``, ``errors``
 
 Departures from the design notes, and why:

@@ -27,7 +27,7 @@ from engine.execution import Execution
 from engine.object_store import BlockRef, BlockStore
 from engine.operators.base import PhysicalOperator
 from engine.options import ExecutionOptions
-from engine.stats import ExecutionStats
+from engine.stats import ExecutionProgress, ExecutionStats
 
 if TYPE_CHECKING:
     from engine.split import Piece, SplitCoordinator, SplitTransport
@@ -87,6 +87,20 @@ class ExecutionHandle:
 
     def stats(self) -> ExecutionStats:
         return ExecutionStats.of(self.execution)
+
+    def progress(self) -> ExecutionProgress:
+        """What each operator has done, runs, holds and waits for, now: plain data read
+        without locks from any thread (progress bars and metrics poll it)."""
+        return ExecutionProgress.of(self.execution, self.actors_of)
+
+    def actors_of(self, op: PhysicalOperator) -> int:
+        """Live actors of ``op``'s pool (0 where the backend does not say)."""
+        return 0
+
+    def when_ended(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once the execution has finished, failed or been cancelled (at once if it
+        has; otherwise from the thread that ends it: ``fn`` must be quick and never raise)."""
+        self.execution.buffer.add_done_callback(fn)
 
     def results(self) -> list[Any]:
         """Write results (for write plans) once finished."""
@@ -162,6 +176,12 @@ class Backend(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Stop everything it started and free every block it holds (idempotent)."""
+
+    def statistics(self) -> dict[str, Any]:
+        """Its processes and block store now (any thread): ``workers``, ``actors``,
+        ``store_used``, ``store_peak``, ``store_capacity``, ``spilled_blocks``,
+        ``spilled_bytes``, ``executions``; empty where it keeps none."""
+        return {}
 
     def split_transport(self) -> Callable[[SplitCoordinator], SplitTransport] | None:
         """How coordinators of this backend serve iterators in other processes: a factory of

@@ -9,6 +9,7 @@ The executor (the only writer) calls ``route`` after every event to move outputs
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -25,6 +26,7 @@ from engine.options import ExecutionOptions
 from engine.task import TaskResult
 
 _execution_ids = itertools.count(1)
+log = logging.getLogger("dataflow.execution")
 
 
 class OutputBuffer:
@@ -35,6 +37,7 @@ class OutputBuffer:
         self._cond = threading.Condition()
         self.done = False
         self.error: BaseException | None = None
+        self._on_finish: list[Callable[[], None]] = []
 
     def put(self, ref: BlockRef) -> None:
         with self._cond:
@@ -47,10 +50,23 @@ class OutputBuffer:
 
     def finish(self, error: BaseException | None = None) -> None:
         with self._cond:
-            if not self.done:
+            first = not self.done
+            if first:
                 self.done = True
                 self.error = error
             self._cond.notify_all()
+            callbacks, self._on_finish = self._on_finish, []
+        for fn in callbacks if first else ():
+            fn()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once the buffer is finished (now if it is; else in the finishing thread:
+        it must be quick and never raise)."""
+        with self._cond:
+            if not self.done:
+                self._on_finish.append(fn)
+                return
+        fn()
 
     def get(self, timeout: float | None = None) -> BlockRef | None:
         """The next ref; None at the end; raises the execution's error."""
@@ -133,6 +149,8 @@ class Execution:
         """Bytes handed to the consumer and not yet released by it."""
         self.started = time.perf_counter()
         self.finished_at: float | None = None
+        self.outcome: str | None = None
+        """How it ended: "finished", "failed" or "cancelled" (None while it runs)."""
         self.cancelled = False
         self.stopped = threading.Event()
         """Set once no task of this execution runs anymore (it finished, failed or was cancelled)."""
@@ -196,6 +214,7 @@ class Execution:
                 self._cancel_upstream(op)
         if self.output_op.completed() and not self.output_op.outputs and not self.buffer.done:
             self.finished_at = time.perf_counter()
+            self.outcome = self.outcome or "finished"
             self.buffer.finish()
 
     def _cancel_upstream(self, op: PhysicalOperator) -> None:
@@ -351,6 +370,11 @@ class Execution:
                 f"because its worker died ({why}); giving up"
             )
             self.fail(WorkerDiedError(msg))
+            return
+        log.info(
+            "task %d of %s will run again (attempt %d): its worker died (%s)",
+            pending.spec.task_index, op.name, pending.spec.attempt + 2, why,
+        )
 
     def release_consumed(self, ref: BlockRef) -> None:
         self.consumer_held -= ref.size_bytes
@@ -368,6 +392,7 @@ class Execution:
     def fail(self, error: BaseException) -> None:
         if self.buffer.done:
             return
+        self.outcome = self.outcome or "failed"
         self.cancel()
         self.buffer.finish(error)
 
@@ -376,6 +401,7 @@ class Execution:
         if self.cancelled:
             return
         self.cancelled = True
+        self.outcome = self.outcome or "cancelled"
         for op in self.ops:
             self._cancel_op(op)
         if self.finished_at is None:
@@ -388,6 +414,11 @@ class Execution:
     @property
     def done(self) -> bool:
         return self.buffer.done and all(op.in_flight() == 0 for op in self.ops)
+
+    def waiting_reason(self, op: PhysicalOperator) -> str | None:
+        """Why ``op`` was held back at the loop's last look, or None (any thread: the loop
+        replaces the whole table each turn)."""
+        return self._waiting.get(id(op))
 
     def note_waits(self, reasons: dict[int, str]) -> None:
         """Charge the time since the last call to the reasons each operator was waiting for

@@ -54,6 +54,9 @@ from engine.worker_pool import (
 )
 
 log = logging.getLogger("dataflow.engine")
+worker_log = logging.getLogger("dataflow.worker")
+SPILL_LOG_S = 10.0
+"""Spilling is logged when it starts, then at most this often (with the totals so far)."""
 
 INLINE = "inline"
 MAX_START_FAILURES = 5
@@ -95,6 +98,7 @@ class StreamingExecutor:
         """The most bytes the shared-memory store held at once (spilled blocks not counted)."""
         self.spilled_blocks = 0
         self.spilled_bytes = 0
+        self._spill_logged_at: float | None = None
         self.store_capacity = options.resolved_store_capacity()
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._curve = CurveKeys.generate(0) if transport == "tcp" else None
@@ -196,6 +200,17 @@ class StreamingExecutor:
         elif ref.spilled:
             self.spilled_blocks += 1
             self.spilled_bytes += ref.size_bytes
+            self._log_spill()
+
+    def _log_spill(self) -> None:
+        now = time.monotonic()
+        if self._spill_logged_at is None or now - self._spill_logged_at >= SPILL_LOG_S:
+            self._spill_logged_at = now
+            log.info(
+                "blocks spill to %s: the store (%s used of %s) cannot take the next outputs; %d blocks, %s spilled so far",
+                self.store.spill_dir, format_bytes(self.store_used), format_bytes(self.store_capacity),
+                self.spilled_blocks, format_bytes(self.spilled_bytes),
+            )
 
     def free(self, ref: BlockRef) -> None:
         """Free a block (loop thread only)."""
@@ -210,6 +225,10 @@ class StreamingExecutor:
     @property
     def address(self) -> str:
         return self._socket.address
+
+    def actors_of(self, op: MapOperator) -> int:
+        """Live actors of ``op``'s pool (any thread: a copy of one list)."""
+        return sum(1 for w in list(self._actors.get(f"actor:{op.key}", ())) if w.state != DEAD)
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -540,7 +559,7 @@ class StreamingExecutor:
         """Say how a worker died (the zygote's answer to ``reap``): logged and in ``stats()``."""
         worker_id, op, rss = self._deaths.pop(pid, ("?", None, 0))
         line = describe_exit(worker_id, pid, op.name if op is not None else None, code, rss)
-        log.warning("dataflow: %s", line)
+        worker_log.warning("dataflow: %s", line)
         if op is not None:
             op.stats.worker_deaths.append(line)
 
@@ -563,10 +582,12 @@ class StreamingExecutor:
             pool = self._actors[handle.kind]
             if handle in pool:
                 pool.remove(handle)
-            if self._actor_op(handle.kind) is not None:
+            op = self._actor_op(handle.kind)
+            if op is not None:
                 replacement = self._spawn_actor(handle.kind, handle.gpu_amount)
                 if replacement is not None:
                     pool.append(replacement)
+                    worker_log.info("actor %s of %s (pid %s) died; restarting it", handle.worker_id, op.name, handle.pid)
 
     # scheduling ----------------------------------------------------------------------------
     def _schedule(self) -> None:

@@ -166,6 +166,14 @@ class Session(Backend):
     def busy_cpus(self) -> float:
         return self.executor.busy_cpus()
 
+    def statistics(self) -> dict[str, Any]:
+        for _ in range(3):  # the loop may add a worker while its table is read: read again
+            try:
+                return self.executor.statistics()
+            except RuntimeError:
+                continue
+        return {}
+
     def split_transport(self) -> Callable[[SplitCoordinator], SplitTransport]:
         """A ROUTER socket in the session's 0700 folder, one per coordinator."""
         shm_dir = self.shm_dir
@@ -190,6 +198,9 @@ class StreamingHandle(ExecutionHandle):
 
     def busy_cpus(self) -> float:
         return self.executor.busy_cpus()
+
+    def actors_of(self, op: PhysicalOperator) -> int:
+        return self.executor.actors_of(op)
 
     def iter_refs(self) -> Iterator[BlockRef]:
         try:

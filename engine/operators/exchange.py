@@ -164,6 +164,10 @@ class ReduceOperator(MapOperator):
     def queued_bytes(self) -> int:
         return sum(size for _, _, size in self._planned)
 
+    def queued(self) -> int:
+        """Planned reduce tasks not started yet, and tasks waiting for a retry."""
+        return len(self._planned) + len(self.retry_queue)
+
     def has_pending_work(self) -> bool:
         return bool(not self._is_planned or self._planned or self.pending or self.retry_queue)
 

@@ -169,6 +169,11 @@ class MapOperator(PhysicalOperator):
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    def queued(self) -> int:
+        """Inputs waiting for a task (blocks, or read tasks of a source) and tasks waiting for
+        a retry (any thread may ask: lengths of deques)."""
+        return len(self._queue) + len(self.retry_queue)
+
     def has_ready_task(self, upstream_busy: bool) -> bool:
         """Is there a bundle worth dispatching now?"""
         if self.cancelled:

@@ -201,18 +201,17 @@ def test_execution_options_are_mutable_as_in_ray(mode):
         ctx.execution_options.label_selector = {"a": "b"}
 
 
-def test_data_context_settings_are_honoured_or_refused(mode, caplog):
+def test_data_context_settings_are_honoured_or_refused(mode):
     ctx = dataflow.DataContext.get_current()
     ctx.target_max_block_size = 8_000  # 1000 int64 rows
     assert ctx.execution_options.target_max_block_size == 8_000
     assert dataflow.range(10_000, override_num_blocks=1).materialize().num_blocks() >= 10
     with pytest.raises(ValueError, match="positive number of bytes"):
         ctx.target_max_block_size = None
-    ctx.enable_progress_bars = False  # what Ray scripts set to quiet the bars: there are none
-    with caplog.at_level(logging.WARNING, logger="dataflow.context"):
-        dataflow.context.DataContext._progress_bars_noted = False
-        ctx.enable_progress_bars = True
-    assert "draws no progress bars" in caplog.text and ctx.enable_progress_bars is False
+    ctx.enable_progress_bars = False  # what Ray scripts set to quiet the bars
+    assert ctx.progress_mode == "off" and ctx.enable_progress_bars is False
+    ctx.enable_progress_bars = True
+    assert ctx.progress_mode == "auto" and ctx.enable_progress_bars is True
     with pytest.raises(AttributeError, match="has no setting 'use_push_based_shuffle'"):
         ctx.use_push_based_shuffle = True
 

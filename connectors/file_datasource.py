@@ -11,6 +11,7 @@ partition and path columns, coalesces small outputs into blocks, and names the f
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -289,3 +290,32 @@ class FileDatasource(Datasource):
                 return None
             total += entry.size or 0
         return total
+
+
+class ProjectingFileDatasource(FileDatasource):
+    """A ``FileDatasource`` that can keep only some columns (``apply_projection``).
+
+    Rows come out with ``self._columns`` in that order (``path`` and partition columns allowed);
+    a column a block does not have comes out as nulls. A format reads ``self._columns`` to leave
+    out what nobody asked for before decoding it.
+    """
+
+    _columns: list[str] | None = None
+
+    def apply_projection(self, columns: list[str]) -> ProjectingFileDatasource:
+        """A copy keeping only ``columns``."""
+        clone = copy.copy(self)
+        clone._columns = list(columns)
+        return clone
+
+    def _iter_piece_tables(
+        self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None, retrier: Retrier
+    ) -> Iterator[pa.Table]:
+        tables = super()._iter_piece_tables(pieces, part_schema, retrier)
+        if self._columns is None:
+            yield from tables
+            return
+        names = self._columns
+        for table in tables:
+            arrays = [table[c] if c in table.column_names else pa.nulls(table.num_rows) for c in names]
+            yield pa.Table.from_arrays(arrays, names=names)

@@ -62,6 +62,8 @@ from dataflow.read_api import (
     read_parquet,
     read_sql,
     read_text,
+    read_tfrecords,
+    read_webdataset,
 )
 from dataflow.udf import ActorPoolStrategy, TaskPoolStrategy
 from engine.options import ExecutionOptions, ExecutionResources
@@ -202,5 +204,7 @@ __all__ = [
     "read_parquet",
     "read_sql",
     "read_text",
+    "read_tfrecords",
+    "read_webdataset",
     "shutdown",
 ]

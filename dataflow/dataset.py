@@ -827,6 +827,59 @@ class Dataset:
 
         self.write_datasink(SQLDatasink(sql, connection_factory))
 
+    def write_webdataset(
+        self,
+        path: str,
+        *,
+        filesystem: Any = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        encoder: Any = True,
+        **file_options: Any,
+    ) -> None:
+        """Write WebDataset ``.tar`` shards under ``path``, one sample per row, atomically.
+
+        A row's ``__key__`` names its members (``<key>.<column>``); ``encoder`` (as Ray Data's:
+        True encodes by each column's extension, ``jpg``/``png`` arrays as images, ``json``, ``npy``,
+        ``txt``, ``cls``...; a callable or list; False/None: bytes and strings as they are).
+        ``file_options`` are the file sinks' others (``mode``...). See
+        ``connectors.webdataset_format.WebDatasetDatasink``.
+        """
+        from connectors.webdataset_format import WebDatasetDatasink
+
+        self.write_datasink(WebDatasetDatasink(
+            path, encoder=encoder, filesystem=filesystem, min_rows_per_file=min_rows_per_file,
+            max_rows_per_file=max_rows_per_file, **file_options,
+        ))
+
+    def write_tfrecords(
+        self,
+        path: str,
+        *,
+        tf_schema: Any = None,
+        filesystem: Any = None,
+        min_rows_per_file: int | None = None,
+        max_rows_per_file: int | None = None,
+        compression: str | None = None,
+        arrow_open_stream_args: dict[str, Any] | None = None,
+        **file_options: Any,
+    ) -> None:
+        """Write ``tf.train.Example`` records (one per row) in ``.tfrecords`` files under ``path``, atomically.
+
+        Ints and bools become ``int64_list``, floats ``float_list``, bytes and strings
+        ``bytes_list``, list and tensor columns lists of those. ``compression="gzip"`` (or
+        ``arrow_open_stream_args={"compression": "gzip"}``, as Ray) writes ``.tfrecords.gz``.
+        TensorFlow is not needed. See ``connectors.tfrecords_format.TFRecordDatasink``.
+        """
+        from connectors.tfrecords_format import TFRecordDatasink
+
+        if compression is None and arrow_open_stream_args:
+            compression = arrow_open_stream_args.get("compression")
+        self.write_datasink(TFRecordDatasink(
+            path, tf_schema=tf_schema, compression=compression, filesystem=filesystem,
+            min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file, **file_options,
+        ))
+
     # aggregates -----------------------------------------------------------------------------
     def groupby(self, key: str | list[str] | None) -> GroupedData:
         """Rows grouped by ``key`` (a column or several; None: one group of all rows)."""

@@ -501,3 +501,65 @@ def from_huggingface(dataset: Any, *, override_num_blocks: int | None = None) ->
         raise TypeError(msg)
     table = dataset.with_format("arrow")[:]
     return read_datasource(ArrowDatasource([table], override_num_blocks, "FromHuggingFace"))
+
+
+def read_webdataset(
+    paths: str | list[str],
+    *,
+    filesystem: Any = None,
+    decoder: Any = True,
+    fileselect: Any = None,
+    filerename: Any = None,
+    suffixes: Any = None,
+    verbose_open: bool = False,
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+    **kwargs: Any,
+) -> Dataset:
+    """WebDataset tar shards (a file, folder, glob or list; local or ``s3://``), one row per sample.
+
+    Members are grouped into samples by key (``__key__``), one column per suffix, plus
+    ``__url__``. ``decoder`` (True: images to ``uint8`` arrays, ``npy``, ``json``, ``txt``,
+    ``cls``; a callable or list; False/None: bytes), ``fileselect``, ``filerename``, ``suffixes``
+    and ``verbose_open`` are Ray Data's. Shards are streamed, never held whole; a damaged one
+    fails naming the member. See ``connectors.webdataset_format``.
+    """
+    from connectors.webdataset_format import WebDatasetDatasource
+
+    source = WebDatasetDatasource(
+        paths, decoder=decoder, fileselect=fileselect, filerename=filerename, suffixes=suffixes,
+        verbose_open=verbose_open, **{**_file_kwargs(filesystem, None, include_paths, file_extensions), **kwargs},
+    )
+    return read_datasource(source, override_num_blocks=override_num_blocks)
+
+
+def read_tfrecords(
+    paths: str | list[str],
+    *,
+    filesystem: Any = None,
+    include_paths: bool = False,
+    tf_schema: Any = None,
+    compression: str | None = None,
+    arrow_open_stream_args: dict[str, Any] | None = None,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+    **kwargs: Any,
+) -> Dataset:
+    """TFRecord files of ``tf.train.Example`` records, one row per record; TensorFlow is not needed.
+
+    One column per feature, as Ray Data: a feature with one value in every record a scalar
+    column, others list columns; ``tf_schema`` fixes the types (then every feature is a list).
+    Both CRCs of every record are checked. ``compression`` (``"gzip"``, ``"zlib"``; also taken
+    from ``arrow_open_stream_args={"compression": ...}`` as in Ray) defaults to the extension
+    (``.gz``). See ``connectors.tfrecords_format``.
+    """
+    from connectors.tfrecords_format import TFRecordDatasource
+
+    if compression is None and arrow_open_stream_args:
+        compression = arrow_open_stream_args.get("compression")
+    source = TFRecordDatasource(
+        paths, tf_schema=tf_schema, compression=compression or "auto",
+        **{**_file_kwargs(filesystem, None, include_paths, file_extensions), **kwargs},
+    )
+    return read_datasource(source, override_num_blocks=override_num_blocks)

@@ -9,8 +9,9 @@ Modules, in the order a row meets them on its way in and out:
 * ``partitioning``    hive ``key=value`` folders <-> typed columns.
 * ``file_datasource`` listing -> tasks by bytes (driver); file -> tables (workers).
 * ``parquet_format``, ``csv_format``, ``json_format``, ``text_format``, ``binary_format``,
-  ``image_format``, ``numpy_format``, ``orc_format``: one format each (source, and sink where
-  there is one).
+  ``image_format``, ``numpy_format``, ``orc_format``, ``webdataset_format``, ``tfrecords_format``:
+  one format each (source, and sink where there is one); ``protobuf_wire`` is the wire format
+  of ``tf.train.Example``, for ``tfrecords_format``.
 * ``sql``             any DB-API 2 database: a query read in shards, rows written by executemany.
 * ``file_datasink``   write tasks stage files; the driver commits them or removes them.
 * ``error_sink``      the Parquet files of rows ``on_error="skip"`` dropped, written by tasks.
@@ -46,6 +47,10 @@ _LAZY: dict[str, str] = {
     "SQLDatasink": "connectors.sql",
     "SQLDatasource": "connectors.sql",
     "TextDatasource": "connectors.text_format",
+    "TFRecordDatasink": "connectors.tfrecords_format",
+    "TFRecordDatasource": "connectors.tfrecords_format",
+    "WebDatasetDatasink": "connectors.webdataset_format",
+    "WebDatasetDatasource": "connectors.webdataset_format",
     "AccessDeniedError": "connectors.errors",
     "FileFormatError": "connectors.errors",
     "PathNotFoundError": "connectors.errors",
@@ -62,6 +67,8 @@ _SOURCE_NAMES = {
     "images": "ImageDatasource",
     "numpy": "NumpyDatasource",
     "orc": "ORCDatasource",
+    "webdataset": "WebDatasetDatasource",
+    "tfrecords": "TFRecordDatasource",
 }
 _SINK_NAMES = {
     "parquet": "ParquetDatasink",
@@ -70,6 +77,8 @@ _SINK_NAMES = {
     "numpy": "NumpyDatasink",
     "images": "ImageDatasink",
     "orc": "ORCDatasink",
+    "webdataset": "WebDatasetDatasink",
+    "tfrecords": "TFRecordDatasink",
 }
 
 
@@ -113,6 +122,10 @@ __all__ = [
     "SQLDatasink",
     "SQLDatasource",
     "SchemaMismatchError",
+    "TFRecordDatasink",
+    "TFRecordDatasource",
     "TaskContext",
     "TextDatasource",
+    "WebDatasetDatasink",
+    "WebDatasetDatasource",
 ]

@@ -28,8 +28,8 @@ from connectors.text_format import TextDatasource
 
 
 def test_registry_names_every_format() -> None:
-    assert set(SOURCES) == {"parquet", "csv", "json", "text", "binary", "images", "numpy", "orc"}
-    assert set(SINKS) == {"parquet", "csv", "json", "numpy", "images", "orc"}
+    assert set(SOURCES) == {"parquet", "csv", "json", "text", "binary", "images", "numpy", "orc", "webdataset", "tfrecords"}
+    assert set(SINKS) == {"parquet", "csv", "json", "numpy", "images", "orc", "webdataset", "tfrecords"}
 
 
 def test_csv_round_trip_with_partitions_and_gzip(tmp_path: Path) -> None:

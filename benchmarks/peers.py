@@ -2,10 +2,12 @@
 
 Sides and their interpreters:
 
-* ``raw``, ``dataflow``: the interpreter running this module (the project venv), with the repo
-  root on ``PYTHONPATH`` so ``import dataflow`` finds the working tree.
+* ``raw``, ``dataflow``, ``polars``: the interpreter running this module (the project venv), with
+  the repo root on ``PYTHONPATH`` so ``import dataflow`` finds the working tree.
 * ``ray``:  ``benchmarks/.venvs/ray/bin/python``  (``pip install "ray[data]==2.60.0" ...``)
 * ``daft``: ``benchmarks/.venvs/daft/bin/python`` (``pip install daft``)
+
+``bash benchmarks/setup_peers.sh`` creates both peer venvs.
 
 A peer whose venv does not exist is reported as ``{"status": "not installed"}``, never raised.
 Worker failures come back as ``{"status": "error", "error": <stderr tail>}``; a worker past its
@@ -34,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 VENVS = HERE / ".venvs"
 RESULT_TAG = "@@BENCH@@"
+PROJECT_SIDES = ("raw", "dataflow", "baseline", "polars")
+"""Sides that run in the project venv (polars is one of the project's dependencies)."""
 
 WORKLOADS = {
     "read_parquet": HERE / "bench_read_parquet.py",
@@ -41,6 +45,7 @@ WORKLOADS = {
     "many_blocks": HERE / "bench_many_blocks.py",
     "startup": HERE / "bench_startup.py",
     "memory": HERE / "bench_memory.py",
+    "all_to_all": HERE / "bench_all_to_all.py",
 }
 
 # Quiet, offline-friendly settings for the peers (no usage reporting, no dashboards).
@@ -57,7 +62,7 @@ PEER_ENV = {
 
 def python_for(side: str) -> str | None:
     """Interpreter for ``side``, or None when that peer's venv is not installed."""
-    if side in ("raw", "dataflow", "baseline"):
+    if side in PROJECT_SIDES:
         return sys.executable
     py = VENVS / side / "bin" / "python"
     return str(py) if py.exists() else None
@@ -66,7 +71,7 @@ def python_for(side: str) -> str | None:
 def side_env(side: str, extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update(PEER_ENV)
-    if side in ("raw", "dataflow", "baseline"):
+    if side in PROJECT_SIDES:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     else:

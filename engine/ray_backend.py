@@ -57,6 +57,7 @@ log = logging.getLogger("dataflow.ray")
 STORE_SHARE = 0.5
 """The part of the cluster's object store the engine budgets for its blocks."""
 WAIT_PLACEMENT = "pending placement (the cluster has no free slot that fits)"
+AUTOSCALER_PERIOD_S = 5.0
 
 
 # what runs on the cluster -------------------------------------------------------------------
@@ -202,13 +203,35 @@ class _Running:
 
 @dataclass
 class _Pool:
-    """The actors of one operator's pool and which of them are busy."""
+    """The actors of one operator's pool, which of them are busy, and their nodes."""
 
     actors: list[Any] = field(default_factory=list)
     busy: set[int] = field(default_factory=set)
+    ready: list[Any] = field(default_factory=list)
+    """Each actor's ``ready()`` call: its node id once it has started."""
+    nodes: dict[int, str] = field(default_factory=dict)
 
-    def idle(self) -> int | None:
-        return next((i for i in range(len(self.actors)) if i not in self.busy), None)
+    def idle(self, near: str | None = None) -> int | None:
+        """An idle actor, one on node ``near`` if there is one."""
+        idle = [i for i in range(len(self.actors)) if i not in self.busy]
+        if near is not None and idle:
+            self._learn_nodes()
+            local = [i for i in idle if self.nodes.get(i) == near]
+            if local:
+                return local[0]
+        return idle[0] if idle else None
+
+    def _learn_nodes(self) -> None:
+        waiting = [r for i, r in enumerate(self.ready) if i not in self.nodes]
+        if not waiting:
+            return
+        done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+        for i, ref in enumerate(self.ready):
+            if i not in self.nodes and ref in done:
+                try:
+                    self.nodes[i] = ray.get(ref)
+                except Exception:  # a failed start shows when it runs a task
+                    pass
 
 
 class RayExecutor:
@@ -231,6 +254,7 @@ class RayExecutor:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="dataflow-ray-executor", daemon=True)
         self.tasks_submitted = 0
+        self._asked_at = 0.0
 
     def start(self) -> None:
         self._thread.start()
@@ -306,6 +330,27 @@ class RayExecutor:
                     ray.kill(actor)
 
     # scheduling ------------------------------------------------------------------------------
+    def _ask_autoscaler(self, waiting: list[MapOperator]) -> None:
+        """Tell Ray's autoscaler about tasks no node has room for now (it cannot see work not
+        submitted yet); at most every few seconds."""
+        now = time.monotonic()
+        if not waiting or now - self._asked_at < AUTOSCALER_PERIOD_S:
+            return
+        self._asked_at = now
+        bundles = []
+        for op in waiting:
+            res = op.resources
+            bundle = {"CPU": res.num_cpus, **dict(res.custom)}
+            if res.num_gpus:
+                bundle["GPU"] = res.num_gpus
+            bundles += [bundle] * max(1, min(op.slots(self.options.resolved_num_cpus()), 64))
+        try:
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=bundles)
+        except Exception:  # no autoscaler (a fixed cluster): nothing to ask
+            log.debug("no autoscaler to ask for %d bundles", len(bundles), exc_info=True)
+
     def _schedule(self) -> None:
         for execution in list(self._executions):
             waits: dict[int, str] = {}
@@ -316,6 +361,7 @@ class RayExecutor:
                 log.exception("dataflow ray executor: scheduling failed")
                 execution.fail(EngineError(f"scheduling failed (this is a bug in dataflow): {err!r}"))
             execution.note_waits(waits)
+            self._ask_autoscaler([op for op in execution.map_ops() if waits.get(id(op)) == WAIT_PLACEMENT])
             self._reap(execution)
 
     def _fits(self, op: MapOperator) -> bool:
@@ -360,9 +406,22 @@ class RayExecutor:
                 num_cpus=res.num_cpus, num_gpus=res.num_gpus or None, resources=dict(res.custom) or None,
                 max_restarts=-1, max_task_retries=max(0, self.options.max_task_attempts - 1),
             )
-            pool = _Pool([cls.remote(op.digest, op.transform_bytes, sys.path) for _ in range(op.actor_pool.max_size)])
+            pool = _Pool([cls.remote(op.digest, op.transform_bytes, sys.path) for _ in range(self._pool_size(op))])
+            pool.ready = [actor.ready.remote() for actor in pool.actors]
             self._pools[key] = pool
         return pool
+
+    def _pool_size(self, op: MapOperator) -> int:
+        """Its maximum size, or as many actors as the cluster can host at once if that is fewer
+        (a GPU function's pool is unbounded), never fewer than its minimum."""
+        assert op.actor_pool is not None
+        res = op.resources
+        fits = [self._ledger.cpus / res.num_cpus] if res.num_cpus > 0 else []
+        if res.num_gpus > 0:
+            fits.append(self._gpus_total / res.num_gpus)
+        fits += [self._ledger.custom.get(name, 0.0) / amount for name, amount in res.custom if amount > 0]
+        affordable = int(min(fits) + 1e-9) if fits else op.actor_pool.max_size
+        return max(op.actor_pool.min_size, min(op.actor_pool.max_size, affordable))
 
     def _transform(self, op: MapOperator) -> ray.ObjectRef:
         if op.digest not in self._transforms:
@@ -398,7 +457,7 @@ class RayExecutor:
         running = _Running(execution, op, pending)
         if op.actor_pool is not None:
             pool = self._pool(op)
-            slot = pool.idle()
+            slot = pool.idle(near=_busiest_node(spec.inputs))
             assert slot is not None
             pool.busy.add(slot)
             running.actor = slot
@@ -468,6 +527,16 @@ class RayExecutor:
         else:
             execution.task_finished(op, result)
         self._reap(execution)
+
+
+def _busiest_node(inputs: list[Any]) -> str | None:
+    """The node holding most of these input bytes (None when unknown)."""
+    size: dict[str, int] = {}
+    for item in inputs:
+        ref = item.ref if isinstance(item, BlockSlice) else item
+        if isinstance(ref, BlockRef) and ref.node is not None:
+            size[ref.node] = size.get(ref.node, 0) + item.size_bytes
+    return max(size, key=size.__getitem__) if size else None
 
 
 def _block_id(item: Any) -> str | None:

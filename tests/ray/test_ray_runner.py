@@ -191,3 +191,44 @@ def test_unreachable_cluster_fails_within_seconds(tmp_path):
     line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
     assert line.startswith("ConnectionError"), line
     assert float(line.split()[1]) < 40, line
+
+
+def test_a_killed_driver_leaves_nothing_on_the_cluster(ray_cluster, tmp_path):
+    from ray._private.state import actors
+
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import time, numpy as np, dataflow\n"
+        "def wide(b):\n"
+        "    return {'id': b['id'], 'pad': np.ones((len(b['id']), 131072))}\n"
+        "class Keep:\n"
+        "    def __call__(self, b):\n"
+        "        return b\n"
+        f"dataflow.init(runner='ray', address={ray_cluster.address!r})\n"
+        "# 1 MiB rows, 10 MiB blocks: the job fills its budget and waits for a consumer that never comes back\n"
+        "ds = dataflow.range(2000, override_num_blocks=200).map_batches(wide, num_cpus=0.5).map_batches(Keep, concurrency=2)\n"
+        "it = ds.iter_batches(batch_size=1)\n"
+        "batches = iter(it); next(batches); print('running', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        assert driver.stdout is not None
+        assert driver.stdout.readline().strip() == "running"
+
+        def alive() -> list:
+            return [a for a in actors().values() if a["State"] == "ALIVE" and a.get("ActorClassName", "").endswith("_PoolActor")]
+
+        assert alive(), [(a["State"], a["ActorClassName"]) for a in actors().values()]
+        driver.kill()
+        driver.wait(10)
+        deadline = time.monotonic() + 60
+        while alive() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not alive(), "the killed driver's actors are still alive"
+    finally:
+        driver.kill()
+        driver.wait(10)
+        if driver.stdout is not None:
+            driver.stdout.close()

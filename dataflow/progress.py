@@ -480,7 +480,6 @@ class ProgressManager:
             self._renderer.update(views)
 
     def _finish(self, execution_id: int, tracked: _Tracked, view: View) -> None:
-        del self._tracked[execution_id]
         p = view.progress
         self.outcomes[p.state] += 1
         self.recent.append((tracked.name, p))
@@ -490,6 +489,7 @@ class ProgressManager:
         execution_log.info("%s", summary, extra={"console": console})
         if tracked.draw and self._renderer is not None:
             self._renderer.finished(view, summary if shown else None)
+        del self._tracked[execution_id]  # last: tracked() counts it until its summary is out
 
     def _close_renderer(self) -> None:
         if self._renderer is not None:

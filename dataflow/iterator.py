@@ -35,6 +35,9 @@ class DataIterator:
         self._name = name
         self._dataset = dataset
         self._last_handle: Any = None
+        self._epoch = -1
+        self._rows_consumed = 0
+        self._skip_rows = 0
 
     def __repr__(self) -> str:
         return f"DataIterator({self._name})"
@@ -95,6 +98,45 @@ class DataIterator:
             unsqueeze_feature_tensors=unsqueeze_feature_tensors,
         )
 
+    # resuming an epoch -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current epoch stands: how many rows this iterator has handed out. Plain
+        data (save it with a training checkpoint); ``load_state_dict`` resumes from it."""
+        return {"epoch": max(self._epoch, 0), "rows_consumed": self._rows_consumed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next epoch starts after ``state["rows_consumed"]`` rows.
+
+        Exact (no row seen twice or skipped, batches as before) when the dataset's order is the
+        same on every run: ``preserve_order=True``, or what a seeded ``random_shuffle`` or a
+        ``sort`` outputs. The rows before that point are computed again and dropped; a local
+        shuffle buffer is applied after the skip.
+        """
+        rows = int(state.get("rows_consumed", 0))
+        if rows < 0:
+            msg = f"rows_consumed must be >= 0, got {rows}"
+            raise ValueError(msg)
+        self._skip_rows = rows
+        self._epoch = int(state.get("epoch", 0)) - 1
+
+    def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
+        """``items`` handed to the caller, counted for ``state_dict`` as the caller takes them."""
+        for item in items:
+            self._rows_consumed += _rows_of(item)
+            yield item
+
+    def _skipping(self, blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
+        """A new epoch: the blocks after the rows a loaded state says were consumed."""
+        self._epoch += 1
+        skip, self._skip_rows = self._skip_rows, 0
+        self._rows_consumed = skip
+        for block in blocks:
+            if skip >= block.num_rows:
+                skip -= block.num_rows
+                continue
+            yield block.slice(skip) if skip else block
+            skip = 0
+
     def iter_blocks(self, *, on_execute: Callable[[Any], None] | None = None) -> Iterator[pa.Table]:
         """Blocks as Arrow tables, each released once the caller moves to the next.
 
@@ -130,7 +172,7 @@ class DataIterator:
         check_batch_size(batch_size)
         tables = self.iter_tables(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed)
         batches = (to_batch(t, batch_format) for t in tables)
-        return prefetch(batches, prefetch_batches)
+        return self._counted(prefetch(batches, prefetch_batches))
 
     def iter_tables(
         self,
@@ -142,7 +184,7 @@ class DataIterator:
         on_execute: Callable[[Any], None] | None = None,
     ) -> Iterator[pa.Table]:
         """The stages every ``iter_*`` shares: fetch -> rebatch -> shuffle, as Arrow tables."""
-        tables = rebatch(self.iter_blocks(on_execute=on_execute), batch_size, drop_last)
+        tables = rebatch(self._skipping(self.iter_blocks(on_execute=on_execute)), batch_size, drop_last)
         if local_shuffle_buffer_size:
             tables = local_shuffle(tables, batch_size or 256, local_shuffle_buffer_size, local_shuffle_seed)
         return tables
@@ -163,16 +205,30 @@ class DataIterator:
         """Batches as dicts of torch tensors (see ``dataflow.torch_batches.iter_torch_batches``)."""
         from dataflow.torch_batches import iter_torch_batches
 
-        return iter_torch_batches(
+        return self._counted(iter_torch_batches(
             self, prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, device=device,
             collate_fn=collate_fn, drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
             local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
-        )
+        ))
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         """Rows as dicts."""
-        for table in self.iter_blocks():
-            yield from iter_rows(table)
+        for table in self._skipping(self.iter_blocks()):
+            for row in iter_rows(table):
+                self._rows_consumed += 1
+                yield row
+
+
+def _rows_of(batch: Any) -> int:
+    """Rows in a batch of any format (a dict of arrays or tensors, a table, a data frame)."""
+    if isinstance(batch, dict):
+        first = next(iter(batch.values()), None)
+        return len(first) if first is not None else 0
+    num_rows = getattr(batch, "num_rows", None)
+    if num_rows is not None:
+        return int(num_rows)
+    height = getattr(batch, "height", None)  # polars
+    return int(height) if isinstance(height, int) else len(batch)
 
 
 def check_batch_size(batch_size: int | None) -> None:

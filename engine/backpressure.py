@@ -32,6 +32,7 @@ WAIT_WORKER = "no free worker"
 WAIT_ACTORS = "actor pool starting"
 WAIT_RESOURCES = "its CPUs or custom resources are in use by other tasks"
 WAIT_ACTORS_BUSY = "every actor busy (the pool is at its maximum size)"
+WAIT_MEMORY = "workers' memory is high (one task at a time until it falls)"
 
 STORE_SHARE = 0.5
 """The part of the object store split between operators' budgets; the rest is shared headroom."""

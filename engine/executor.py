@@ -27,7 +27,7 @@ import zmq
 
 from engine import protocol
 from engine.autoscale import PoolState, target_size, to_retire
-from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_RESOURCES, WAIT_WORKER
+from engine.backpressure import WAIT_ACTORS, WAIT_ACTORS_BUSY, WAIT_MEMORY, WAIT_RESOURCES, WAIT_WORKER
 from engine.errors import EngineError, TaskTimeoutError, unpicklable_error
 from engine.execution import Execution, check_resources
 from engine.inline import InlineSlot
@@ -50,6 +50,7 @@ from engine.worker_pool import (
     WorkerPool,
     describe_exit,
     format_bytes,
+    private_bytes,
     resident_bytes,
 )
 
@@ -94,6 +95,10 @@ class StreamingExecutor:
         self.options = options
         self.store = store
         self.store_used = 0
+        self.workers_rss = 0
+        """The worker processes' own resident memory (not the blocks they map), at the last sample."""
+        self.memory_pressure = False
+        """``workers_rss`` is over ``worker_memory_limit``: one running task per operator."""
         self.store_peak = 0
         """The most bytes the shared-memory store held at once (spilled blocks not counted)."""
         self.spilled_blocks = 0
@@ -236,6 +241,8 @@ class StreamingExecutor:
             "actors": sum(len(v) for v in self._actors.values()),
             "store_used": self.store_used,
             "store_peak": self.store_peak,
+            "workers_rss": self.workers_rss,
+            "memory_pressure": self.memory_pressure,
             "store_capacity": self.store_capacity,
             "spilled_blocks": self.spilled_blocks,
             "spilled_bytes": self.spilled_bytes,
@@ -570,9 +577,21 @@ class StreamingExecutor:
         if now - self._last_rss_sample < RSS_SAMPLE_S:
             return
         self._last_rss_sample = now
-        for handle in self.pool.live():
-            if handle.state == BUSY and handle.pid is not None:
-                handle.rss = resident_bytes(handle.pid) or handle.rss
+        total = 0
+        for handle in self.pool.live():  # idle ones too: a UDF's heap stays with its process
+            if handle.pid is not None:
+                if handle.state == BUSY:
+                    handle.rss = resident_bytes(handle.pid) or handle.rss
+                total += private_bytes(handle.pid)
+        self.workers_rss = total
+        pressed = total > self.options.resolved_worker_memory_limit()
+        if pressed and not self.memory_pressure:
+            log.warning(
+                "dataflow: worker processes use %s of memory, over %s: one task per operator at a time "
+                "until it falls (a UDF holding memory across calls? see worker_memory_limit)",
+                format_bytes(total), format_bytes(self.options.resolved_worker_memory_limit()),
+            )
+        self.memory_pressure = pressed
 
     def _replace(self, handle: WorkerHandle) -> None:
         """Start a worker in place of a dead one (a task worker, or an actor of a running pool)."""
@@ -625,6 +644,9 @@ class StreamingExecutor:
                 continue
             if reason is not None:
                 waits[id(op)] = reason
+                continue
+            if self.memory_pressure and op.in_flight() > 0:
+                waits[id(op)] = WAIT_MEMORY
                 continue
             fits = self._ledger.fits(op.resources.num_cpus, op.resources.custom)
             slot = self._free_slot(op) if fits else None

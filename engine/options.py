@@ -83,6 +83,10 @@ class ExecutionOptions:
     task_timeout_s: float | None = None
     """A task running longer than this fails its job with ``TaskTimeoutError`` and its worker
     is killed (a hung UDF); None: no limit. Tasks running long show in ``stats()`` either way."""
+    worker_memory_limit: int | None = None
+    """Resident memory the worker processes may reach together before admission slows to one
+    running task per operator (a UDF whose heap grows is seen before the kernel kills workers);
+    None: 80% of the machine's memory less the object store."""
     worker_start_timeout_s: float = 60.0
     actor_idle_timeout_s: float = 5.0
     """An actor pool above its minimum size shrinks after this long with nothing queued."""
@@ -170,6 +174,11 @@ class ExecutionOptions:
         from engine.resources import detect_gpus
 
         return detect_gpus()
+
+    def resolved_worker_memory_limit(self) -> int:
+        if self.worker_memory_limit is not None:
+            return self.worker_memory_limit
+        return max(1 << 30, int(_total_memory() * 0.8) - self.resolved_store_capacity())
 
     def resolved_store_capacity(self) -> int:
         if self.object_store_memory is not None:

@@ -205,6 +205,17 @@ def resident_bytes(pid: int) -> int:
         return 0
 
 
+def private_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` that is its own (heap, stacks): resident less shared pages,
+    so blocks it maps from the store are not counted (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            fields = f.read().split()
+        return max(0, int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def format_bytes(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.0f} MiB"
 

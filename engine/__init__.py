@@ -8,17 +8,22 @@ The data path, in order:
                       a streaming_split iterator reaches its coordinator
 * ``backend``         the backend interface: execute, get, free, capacity, busy_cpus, split
                       coordinators (with their transport), shutdown; ExecutionHandle (iterate
-                      refs, get blocks, release). Implemented by ``session`` (multi-process) and
-                      ``local`` (in-process); ``dataflow`` never imports either
+                      refs, get blocks, release). Implemented by ``session`` (multi-process),
+                      ``local`` (in-process) and ``ray_backend``; ``dataflow`` imports none
 * ``session``         the multi-process backend: /dev/shm folder, executor, workers; cleanup
+* ``ray_backend``     the same executions on a Ray cluster (Ray tasks with streaming returns,
+                      Ray actors, blocks as driver-owned objects); the only module importing ray
 * ``executor``        the one event-driven scheduling loop (thread in the driver)
 * ``execution``       one running plan: operators wired together, the consumer's buffer, and
                       the one table of which blocks it produced (only it frees blocks)
 * ``scheduler``       pure: which runnable operator goes next
 * ``backpressure``    pure: each operator's byte budget (from the store's capacity, its
                       parallelism and its learned output size) and whether it may start a task
-* ``operators/``      input, map (tasks and actor pools, exact batch slicing), limit, union
-                      source (a listing pulled on its own thread, never the loop's)
+* ``operators/``      input, map (tasks and actor pools, exact batch slicing), limit, union,
+                      exchange (the partition and reduce sides of an all-to-all step), source
+                      (a listing pulled on its own thread, never the loop's)
+* ``exchange``        what an all-to-all step's tasks run: group rows by partition into one
+                      block per task, and hand a reducer one range of partitions
 * ``split``           streaming_split: the dealing policy (pure) and the per-epoch coordinator;
                       no transport of its own (the backend hands it one)
 * ``split_server``    the multi-process backend's split transport: iterators in other
@@ -67,6 +72,11 @@ Departures from the design notes, and why:
   written through a mapping. The invariant the design asks for holds either way (a full store
   is an ``ENOSPC`` error we answer by spilling, never a SIGBUS), and write(2) does not zero
   every page first: half the CPU per block (20 ms against 40 ms per 32 MiB).
+* All-to-all steps are map operators with a barrier, not operators of their own kind: a map
+  side writes one block per task with its partitions' row counts on the ref (no M x P small
+  objects), and the reduce side plans contiguous ranges of 256 fine partitions from the bytes
+  that arrived. Budgets, retries and ownership are the map operator's, and the barrier admits
+  what feeds it, so exchanges run out of core through the store's spilling.
 """
 
 from engine.options import ExecutionOptions

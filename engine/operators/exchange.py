@@ -87,8 +87,12 @@ class PartitionOperator(MapOperator):
     def upstream_finished(self, index: int) -> None:
         super().upstream_finished(index)
         if self.inputs_done and self.sampler is not None and self._samples is not None:  # (called again on every route)
-            self.transform.partitioner.fit(self._samples)  # type: ignore[attr-defined]
-            self._samples = None
+            samples, self._samples = self._samples, None
+            try:
+                self.transform.partitioner.fit(samples)  # type: ignore[attr-defined]
+            except Exception as err:  # keys that cannot be ordered together (mixed types)
+                assert self._ctx is not None
+                self._ctx.fail(err)
 
     def has_ready_task(self, upstream_busy: bool) -> bool:
         if self.sampler is not None and not self.inputs_done:

@@ -253,7 +253,6 @@ class RayExecutor:
         self._waiters = ThreadPoolExecutor(max_workers=256, thread_name_prefix="dataflow-ray-wait")
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="dataflow-ray-executor", daemon=True)
-        self.tasks_submitted = 0
         self._asked_at = 0.0
 
     def start(self) -> None:
@@ -478,7 +477,6 @@ class RayExecutor:
                 .remote(spec_bytes, op.digest, transform, sys.path, block_ids, *args)
             )
         self._running[spec.task_id] = running
-        self.tasks_submitted += 1
         self._waiters.submit(self._wait, spec.task_id, generator)
 
     def _wait(self, task_id: int, generator: Any) -> None:

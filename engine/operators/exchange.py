@@ -39,7 +39,7 @@ BY_ROWS = "rows"
 BLOCK_ORDER = "blocks"
 
 MIN_REDUCE_BYTES = 1 << 20
-"""Reduce tasks smaller than this are merged with their neighbours."""
+"""The smallest size a reduce task is planned for: smaller ranges of partitions are joined."""
 
 
 class PartitionOperator(MapOperator):

@@ -111,6 +111,8 @@ class TaskContext:
     task_index: int
     attempt: int = 0
     kwargs: dict[str, Any] = field(default_factory=dict)
+    unit: int | None = None
+    """The input unit (read task) whose rows it writes, in a resumable write; else None."""
 
 
 class Datasink:

@@ -42,12 +42,17 @@ removes what was there, at the commit, just before the new files are put in plac
 a job that fails leaves the old data as it was. A ``filename_provider`` (Ray's
 ``FilenameProvider``) names each task's files instead of the write id: a name with ``{i}`` gets
 the file's number in the task there, others get ``-<i>`` before the extension.
+
+``mode="resume"`` (dataflow's own ``SaveMode.RESUME``) changes the protocol: each write task
+writes one input unit and commits it itself, and the driver's commit only writes ``_SUCCESS``
+(see ``connectors.resumable_write``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import posixpath
 import uuid
 import warnings
@@ -64,7 +69,10 @@ from connectors import io_stats
 from connectors.base import Block, Datasink, TaskContext
 from connectors.filesystem import resolve_filesystem
 from connectors.partitioning import folder_name
+from connectors.resumable_write import ResumeManifest, ResumeState
 from connectors.retry import Retrier, RetryPolicy, default_retry_policy
+
+logger = logging.getLogger("dataflow.write")
 
 MAX_FILE_BYTES = 512 << 20
 COMMIT_THREADS = 16
@@ -93,6 +101,10 @@ class SaveMode(enum.StrEnum):
     """As ``CREATE``."""
     UPSERT = "upsert"
     """Ray's table-format mode; refused by file sinks (files have no keys to match)."""
+    RESUME = "resume"
+    """dataflow's own: continue an interrupted write where it stopped, skipping the input units
+    already committed (``connectors.resumable_write``); on a new destination, a write that can
+    be resumed."""
 
 
 class FilenameProvider:
@@ -206,6 +218,10 @@ class FileDatasink(Datasink):
         if self.mode is SaveMode.UPSERT:
             raise ValueError("mode=SaveMode.UPSERT is for table formats with keys; file sinks support "
                              "APPEND, OVERWRITE, IGNORE, ERROR and CREATE")
+        if self.mode is SaveMode.RESUME and (min_rows_per_file is not None or min_bytes_per_file is not None):
+            raise ValueError("mode='resume' writes each input unit (read task) into files of its own, so "
+                             "min_rows_per_file and min_bytes_per_file cannot group rows across units; use "
+                             "max_rows_per_file, or fewer, larger read tasks (override_num_blocks)")
         if filename_provider is not None and not callable(getattr(filename_provider, "get_filename_for_task", None)):
             raise TypeError(f"filename_provider must have a get_filename_for_task method, got {type(filename_provider).__name__}")
         self._filename_provider = filename_provider
@@ -229,6 +245,12 @@ class FileDatasink(Datasink):
         self.write_success_marker = write_success_marker
         """Write an empty ``_SUCCESS`` in the destination once every file is in place."""
         self.written_files: list[str] = []
+        self._resume: ResumeState | None = None
+
+    @property
+    def resumes(self) -> bool:
+        """A resumable write (``mode="resume"``): each task writes and commits one input unit."""
+        return self.mode is SaveMode.RESUME
 
     @property
     def staging_dir(self) -> str:
@@ -252,6 +274,9 @@ class FileDatasink(Datasink):
     def on_write_start(self) -> None:
         """Apply ``mode`` to an existing destination; create the destination and the staging folder."""
         retrier = Retrier(self._retry_policy)
+        if self.mode is SaveMode.RESUME:
+            self._start_resume()
+            return
         exists = retrier.call(
             lambda: self._fs.get_file_info(self._root).type != pafs.FileType.NotFound,
             path=self._display(self._root),
@@ -273,8 +298,11 @@ class FileDatasink(Datasink):
         )
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> WriteResult:
-        """Encode ``blocks`` into staged files; returns what was staged."""
+        """Encode ``blocks`` into staged files; returns what was staged. A resumable write's
+        task also puts its unit's files in place and records the unit as committed."""
         retrier = Retrier(self._retry_policy)
+        if self.resumes and ctx.unit is None:
+            raise RuntimeError("a resumable write task was given the rows of several input units or none")
         files: list[str] = []
         rows = 0
         size = 0
@@ -288,11 +316,15 @@ class FileDatasink(Datasink):
                 if writer is None:
                     writer = writers[folder] = _RollingFile(self, folder, ctx)
                 for finished in writer.add(part):
-                    size += self._upload(finished, retrier, files)
+                    size += self._upload(finished, retrier, files, ctx)
         for writer in writers.values():
             for finished in writer.finish():
-                size += self._upload(finished, retrier, files)
+                size += self._upload(finished, retrier, files, ctx)
         io_stats.record(files_written=len(files), rows_written=rows)
+        if self.resumes:
+            assert ctx.unit is not None
+            place = self._placer(retrier)
+            self._manifest(retrier).commit_unit(ctx.unit, self._task_staging(ctx), files, rows, size, place)
         return WriteResult(tuple(files), rows, size)
 
     def on_write_complete(self, write_results: list[Any]) -> None:
@@ -301,6 +333,9 @@ class FileDatasink(Datasink):
         Raises ``CommitError`` (after removing what it had placed) if any step fails.
         """
         retrier = Retrier(self._retry_policy)
+        if self.resumes:
+            self._finish_resume(write_results, retrier)
+            return
         relatives = [relative for result in write_results for relative in result.files]
         marker = f"{self._root}/{SUCCESS_MARKER}"
         placed: list[str] = []  # every target this commit may have created, even by a failed call
@@ -329,8 +364,76 @@ class FileDatasink(Datasink):
         self.written_files.extend(self._display(f"{self._root}/{relative}") for relative in relatives)
 
     def on_write_failed(self, error: BaseException) -> None:
-        """Remove the staging folder: a failed job leaves nothing behind."""
+        """Remove the staging folder: a failed job leaves nothing behind (a resumable write
+        keeps the units it committed, for the next run)."""
         self._remove_staging()
+
+    # resumable writes (mode="resume"; see connectors.resumable_write) -----------------------
+    def _manifest(self, retrier: Retrier | None = None) -> ResumeManifest:
+        return ResumeManifest(self._fs, self._root, retrier or Retrier(self._retry_policy), self._display)
+
+    def _start_resume(self) -> None:
+        """Read the manifest; undo what a killed run left half done."""
+        manifest = self._manifest()
+        self._resume = manifest.load()
+        if self._resume.fingerprint is not None:
+            self._write_id = self._resume.fingerprint[:16]
+            removed = manifest.recover(self.staging_dir)
+            if removed:
+                logger.info("resuming %s: removed %d files of units a killed run had not committed",
+                            self._display(self._root), len(removed))
+
+    @property
+    def resume_parallelism(self) -> int | None:
+        """The read parallelism of the job being resumed (its units depend on it)."""
+        return self._resume.parallelism if self._resume is not None else None
+
+    def resume_options(self) -> dict[str, Any]:
+        """What of this sink decides the files a unit becomes (part of the job's fingerprint)."""
+        provider = self._filename_provider
+        return {"sink": type(self).__name__, "partition_cols": self._partition_cols, "max_rows": self._max_rows,
+                "extension": self.EXTENSION, "filename_provider": type(provider).__name__ if provider else None}
+
+    def begin_resume(self, fingerprint: str, parallelism: int, num_units: int) -> set[int]:
+        """Start (or check that this run is) the job the manifest records; the units committed."""
+        assert self._resume is not None, "on_write_start comes first"
+        self._manifest().start_job(self._resume, fingerprint, parallelism, num_units)
+        self._write_id = fingerprint[:16]
+        Retrier(self._retry_policy).call(lambda: self._fs.create_dir(self.staging_dir, recursive=True),
+                                         path=self._display(self.staging_dir), action="create")
+        return set(self._resume.committed)
+
+    def _finish_resume(self, write_results: list[Any], retrier: Retrier) -> None:
+        """Every unit is committed: remove the staging folder, write ``_SUCCESS``, mark the job done."""
+        assert self._resume is not None
+        self._remove_staging()
+        if self.write_success_marker:
+            self._write_marker(f"{self._root}/{SUCCESS_MARKER}", retrier)
+        self._manifest(retrier).finish_job(self._resume)
+        earlier = [relative for record in self._resume.committed.values() for relative in record["files"]]
+        relatives = earlier + [relative for result in write_results for relative in result.files]
+        self.written_files.extend(self._display(f"{self._root}/{relative}") for relative in relatives)
+
+    def _task_staging(self, ctx: TaskContext) -> str:
+        """A resumable write task's own staging folder (its attempt's: retries never meet)."""
+        return f"{self.staging_dir}/{ctx.unit:06d}-{ctx.attempt}"
+
+    def _placer(self, retrier: Retrier) -> Callable[[str, str], None]:
+        """Put one staged file in place (replacing a file of the same name): a copy on object
+        stores, a rename elsewhere."""
+        copy = _is_object_store(self._fs)
+
+        def place(source: str, target: str) -> None:
+            def run() -> None:
+                self._fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+                if copy:
+                    self._copy(source, target)
+                else:
+                    self._fs.move(source, target)
+
+            retrier.call(run, path=self._display(target), action="commit")
+
+        return place
 
     def _remove_existing(self, retrier: Retrier) -> None:
         """``SaveMode.OVERWRITE``: remove everything in the destination but this job's staging folder."""
@@ -474,9 +577,9 @@ class FileDatasink(Datasink):
             folder = "/".join(folder_name(name, key[name]) for name in self._partition_cols)
             yield folder, table.filter(mask).select(data_columns)
 
-    def _upload(self, finished: tuple[str, pa.Buffer], retrier: Retrier, files: list[str]) -> int:
+    def _upload(self, finished: tuple[str, pa.Buffer], retrier: Retrier, files: list[str], ctx: TaskContext) -> int:
         relative, data = finished
-        target = f"{self.staging_dir}/{relative}"
+        target = f"{self._task_staging(ctx) if self.resumes else self.staging_dir}/{relative}"
         parent = target.rsplit("/", 1)[0]
 
         def put() -> None:
@@ -522,9 +625,13 @@ class _RollingFile:
 
     def _flush(self) -> tuple[str, pa.Buffer]:
         sink, ctx = self._sink, self._ctx
+        # a resumable write names files by input unit, never by attempt: a re-run writes the same names
+        task = ctx.unit if sink.resumes and ctx.unit is not None else ctx.task_index
         if sink._filename_provider is not None:
-            task_name = sink._filename_provider.get_filename_for_task(sink._write_id, ctx.task_index)
+            task_name = sink._filename_provider.get_filename_for_task(sink._write_id, task)
             name = _template(str(task_name), sink.EXTENSION).replace("{i}", str(self._sequence))
+        elif sink.resumes:
+            name = f"{sink._write_id}_{task:06d}_{self._sequence:04d}{sink.EXTENSION}"
         else:
             name = f"{sink._write_id}_{ctx.task_index:06d}_{ctx.attempt}_{self._sequence:04d}{sink.EXTENSION}"
         self._sequence += 1

@@ -137,6 +137,7 @@ _CONNECTOR_NAMES = {
     "SaveMode": "connectors.file_datasink",
     "FileShuffleConfig": "connectors.file_selection",
     "PathPartitionFilter": "connectors.partitioning",
+    "ResumeMismatchError": "connectors.resumable_write",
 }
 
 
@@ -175,6 +176,7 @@ __all__ = [
     "MaterializedDataset",
     "PathPartitionFilter",
     "ReadTask",
+    "ResumeMismatchError",
     "SaveMode",
     "TaskPoolStrategy",
     "UserCodeError",

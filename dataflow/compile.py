@@ -60,9 +60,13 @@ def _fused_read(c: _Compiler, node: FusedRead) -> PhysicalOperator:
     return _read_with(c, node.read, node.maps)
 
 
+def default_read_parallelism(options: ExecutionOptions) -> int:
+    """As Ray: at least 200 read tasks or 2 per CPU (sources merge tasks smaller than they like)."""
+    return max(200, 2 * options.resolved_num_cpus())
+
+
 def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOperator:
-    # as Ray: at least 200 read tasks or 2 per CPU; sources merge tasks smaller than they like
-    parallelism = node.parallelism if node.parallelism > 0 else max(200, 2 * c.options.resolved_num_cpus())
+    parallelism = node.parallelism if node.parallelism > 0 else default_read_parallelism(c.options)
     stages = maps.stages if maps is not None else ()
     name = node.name + ("->" + maps.name if maps is not None else "")
     return c.add(
@@ -197,10 +201,17 @@ def compile_plan(
         # known; fused into a read it would be handed read tasks of unknown size. One that wants
         # a minimum of bytes gets a write operator of its own, whose inputs it bundles (as Ray)
         reads_directly = isinstance(last, MapOperator) and not last.upstream
+        # a resumable write takes each input unit whole (engine.units): fused into the read, a
+        # task reads one unit; after other operators, a write operator of its own collects each
+        # unit's blocks, which arrive in order
+        resumes = bool(getattr(sink, "resumes", False))
+        if resumes:
+            _emit_in_order(last)
         if (type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly)
-                or min_bytes):
+                or min_bytes or (resumes and not reads_directly)):
             last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,
-                                     min_bundle_bytes=min_bytes or _bundle_after(last, options.min_task_input_bytes)))
+                                     min_bundle_bytes=min_bytes or _bundle_after(last, options.min_task_input_bytes),
+                                     whole_units=resumes))
         assert isinstance(last, MapOperator)
         last.output = output
         last.sink = sink

@@ -45,7 +45,9 @@ class Dataset:
         self._last_stats: ExecutionStats | None = None
 
     # running ------------------------------------------------------------------------------
-    def _execute(self, plan: LogicalNode | None = None, output: str = OUTPUT_BLOCKS, sink: Any = None) -> ExecutionHandle:
+    def _execute(
+        self, plan: LogicalNode | None = None, output: str = OUTPUT_BLOCKS, sink: Any = None, optimized: bool = False
+    ) -> ExecutionHandle:
         from dataflow.compile import compile_plan
 
         ctx = DataContext.get_current()
@@ -57,7 +59,8 @@ class Dataset:
                    f"mount), not to a local path ({getattr(sink, 'path', '') or 'a local folder'})")
             raise ValueError(msg)
         options = backend.execution_options(options)
-        ops = compile_plan(optimize(plan or self._plan), options, output, sink)
+        logical = plan or self._plan
+        ops = compile_plan(logical if optimized else optimize(logical), options, output, sink)
         handle = backend.execute(ops, options)
         self._last_handle = handle
         progress.track(handle, self._dataset_name)  # bars or log lines, and the execution's log
@@ -571,7 +574,15 @@ class Dataset:
             return
         handle = None
         try:
-            handle = self._execute(output=OUTPUT_WRITE, sink=datasink)
+            if getattr(datasink, "resumes", False):  # mode="resume": only the units not committed yet
+                from dataflow.compile import default_read_parallelism
+                from dataflow.resume import plan_units
+
+                default = default_read_parallelism(DataContext.get_current().execution_options)
+                units = plan_units(self._plan, optimize(self._plan), datasink, default)
+                handle = self._execute(units, output=OUTPUT_WRITE, sink=datasink, optimized=True)
+            else:
+                handle = self._execute(output=OUTPUT_WRITE, sink=datasink)
             for ref in handle.iter_refs():
                 handle.release(ref)
             self._last_stats = handle.stats()

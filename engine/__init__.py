@@ -24,6 +24,8 @@ The data path, in order:
                       (a listing pulled on its own thread, never the loop's)
 * ``exchange``        what an all-to-all step's tasks run: group rows by partition into one
                       block per task, and hand a reducer one range of partitions
+* ``units``           which read task ("input unit") a block came from, for resumable writes:
+                      tasks never mix units and a resumable write takes each one whole
 * ``split``           streaming_split: the dealing policy (pure) and the per-epoch coordinator;
                       no transport of its own (the backend hands it one)
 * ``split_server``    the multi-process backend's split transport: iterators in other

@@ -8,6 +8,7 @@ The executor (the only writer) calls ``route`` after every event to move outputs
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -24,6 +25,7 @@ from engine.operators.base import OperatorContext, PhysicalOperator
 from engine.operators.map import MapOperator
 from engine.options import ExecutionOptions
 from engine.task import TaskResult
+from engine.units import common_unit
 
 _execution_ids = itertools.count(1)
 log = logging.getLogger("dataflow.execution")
@@ -303,6 +305,9 @@ class Execution:
 
     def task_finished(self, op: MapOperator, result: TaskResult) -> None:
         pending = op.task_finished(result.task_id, result)
+        unit = common_unit(pending.bundle)
+        if unit is not None:  # a resumable write's input unit: its blocks keep it (engine.units)
+            result.refs = [dataclasses.replace(ref, unit=unit) for ref in result.refs]
         for ref in result.refs:
             self.own(ref, op)
         if result.error is not None:

@@ -39,6 +39,9 @@ class BlockRef:
     counts (the block's rows are grouped by partition, in partition order)."""
     node: str | None = None
     """The cluster node holding it (the Ray backend); None on one machine."""
+    unit: int | None = None
+    """The input unit (a read task of a resumable write) its rows came from; None otherwise.
+    Set by the execution when the task that made it finishes (``engine.units``)."""
 
 
 @dataclass(frozen=True, slots=True)

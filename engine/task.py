@@ -22,6 +22,7 @@ from engine import row_errors
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.tracebacks import Frame, format_frames, user_frames
 from engine.transform import TaskTransform, UDFFailure
+from engine.units import common_unit
 
 OUTPUT_BLOCKS = "blocks"
 OUTPUT_COUNT = "count"
@@ -133,7 +134,8 @@ def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Tas
 
             counted = _counting(transform(_input_blocks(spec, store)), result)
             try:
-                result.value = spec.sink.write(counted, TaskContext(spec.task_index, spec.attempt))
+                ctx = TaskContext(spec.task_index, spec.attempt, unit=common_unit(spec.inputs))
+                result.value = spec.sink.write(counted, ctx)
             except UDFFailure:
                 raise
             except Exception as err:  # the sink's own failure (a database's, a file's): the user's to see

@@ -23,6 +23,7 @@ from engine.operators.base import PhysicalOperator
 from engine.operators.source import WAITING, BackgroundSource
 from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, TaskResult, TaskSpec
 from engine.transform import BlockTransform
+from engine.units import unit_of
 
 EXACT_TASK_BYTES = 32 << 20
 """Input bytes per task for operators fed exact multiples of a batch size (actor pools)."""
@@ -85,6 +86,7 @@ class MapOperator(PhysicalOperator):
         sink: Any = None,
         min_rows_per_task: int | None = None,
         exact_batch_rows: int | None = None,
+        whole_units: bool = False,
     ) -> None:
         super().__init__(name, [upstream] if upstream is not None else [])
         self.key = f"op{next(_op_ids)}"
@@ -102,6 +104,9 @@ class MapOperator(PhysicalOperator):
         self.exact_batch_rows = exact_batch_rows
         """Tasks get a multiple of this many rows (blocks are sliced), so a batch UDF sees
         exactly ``batch_size`` rows in every batch but the very last."""
+        self.whole_units = whole_units
+        """Each task takes every block of one input unit (a resumable write's): the unit is
+        complete once a block of the next one is queued or the inputs are done."""
         self._slices: dict[str, int] = {}
         self._finished_out_of_order: dict[int, list[BlockRef]] = {}
         self._next_in_order = 0
@@ -185,11 +190,23 @@ class MapOperator(PhysicalOperator):
             return False
         if isinstance(self._source, BackgroundSource):
             upstream_busy = True  # more is being listed: bundle as if it had all been listed
+        if self.inputs_done or self._head_unit_complete():
+            return True
+        if self.whole_units:
+            return False
         if self.exact_batch_rows is not None:
-            return self._queued_rows >= self._exact_task_rows() or self.inputs_done
+            return self._queued_rows >= self._exact_task_rows()
         if self.min_rows_per_task is not None:
-            return self._queued_rows >= self.min_rows_per_task or self.inputs_done
-        return self._queued_bytes >= self.min_bundle_bytes or self.inputs_done or not upstream_busy
+            return self._queued_rows >= self.min_rows_per_task
+        return self._queued_bytes >= self.min_bundle_bytes or not upstream_busy
+
+    def _head_unit_complete(self) -> bool:
+        """The first queued unit has all its inputs here: a later unit's follow it (inputs
+        arrive in order when they carry units), or it is a read task (a unit by itself)."""
+        head = self._queue[0].value
+        if not isinstance(head, (BlockRef, BlockSlice)):
+            return unit_of(head) is not None
+        return unit_of(head) is not None and unit_of(self._queue[-1].value) != unit_of(head)
 
     def next_task(self) -> Pending:
         """Take the next bundle (or a task to retry) as a task."""
@@ -206,7 +223,11 @@ class MapOperator(PhysicalOperator):
             bundle, size = self._exact_bundle()
         while self._queue and self.exact_batch_rows is None:
             item = self._queue[0]
-            if bundle and self.min_rows_per_task is None and size + item.size > max(self.min_bundle_bytes, 1):
+            if bundle and unit_of(item.value) != unit_of(bundle[0]):
+                break  # one input unit per task
+            if bundle and self.whole_units:
+                pass  # the whole unit, whatever its size
+            elif bundle and self.min_rows_per_task is None and size + item.size > max(self.min_bundle_bytes, 1):
                 break
             if bundle and self.min_rows_per_task is not None and rows >= self.min_rows_per_task:
                 break
@@ -248,6 +269,8 @@ class MapOperator(PhysicalOperator):
         bundle: list[Any] = []
         size = rows = 0
         while self._queue and rows < want:
+            if bundle and unit_of(self._queue[0].value) != unit_of(bundle[0]):
+                break  # one input unit per task
             item = self._queue.popleft()
             value = item.value
             n = _item_rows(value)
@@ -298,6 +321,10 @@ class MapOperator(PhysicalOperator):
         more arrives (a batch size or a rows-per-file minimum not reached yet)."""
         if self.cancelled or self.inputs_done or self.pending or self.retry_queue or not self._queue:
             return False
+        if self._head_unit_complete():
+            return False
+        if self.whole_units:
+            return True
         if self.exact_batch_rows is not None:
             return self._queued_rows < self._exact_task_rows()
         if self.min_rows_per_task is not None:

@@ -266,3 +266,14 @@ def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3]:
     handle.client.create_bucket(Bucket="test-bucket")
     yield handle
     handle.reset()
+
+
+@pytest.fixture
+def s3_engine(s3: S3, mode: str) -> Iterator[S3]:
+    """The local S3, with the engine's workers started after the AWS variables were set."""
+    if mode == "streaming":
+        dataflow.shutdown()
+        dataflow.init(num_cpus=2)
+    yield s3
+    if mode == "streaming" and engine_session.current_session() is not None:
+        dataflow.shutdown()  # workers keep the test's AWS variables; the next test starts fresh ones

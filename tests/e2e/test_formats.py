@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import dataflow
-from engine import session as engine_session
 
 
 def _files(folder: Path, suffix: str = "") -> list[Path]:
@@ -336,17 +334,6 @@ def test_bad_json_line_names_the_file(mode, tmp_path):
 
 
 # ----- S3 ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def s3_engine(s3, mode) -> Iterator[object]:
-    """The local S3, with the engine's workers started after the AWS variables were set."""
-    if mode == "streaming":
-        dataflow.shutdown()
-        dataflow.init(num_cpus=2)
-    yield s3
-    if mode == "streaming" and engine_session.current_session() is not None:
-        dataflow.shutdown()  # workers keep the test's AWS variables; the next test starts fresh ones
 
 
 @pytest.mark.s3

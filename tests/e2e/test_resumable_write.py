@@ -231,3 +231,32 @@ def test_a_unit_split_over_many_tasks_is_written_by_one(mode, tmp_path, monkeypa
     assert [(r["unit"], r["rows"], len(r["files"])) for r in records] == [(0, 2000, 3), (1, 2000, 3), (2, 2000, 3)]
     table = pa.concat_tables(_output(out).values())
     assert sorted(table["id"].to_pylist()) == list(range(6000))
+
+
+@pytest.mark.s3
+def test_resume_on_s3(s3_engine, tmp_path):
+    """On an object store: units are committed with copies and one-request records."""
+    src = _make_input(tmp_path / "src", files=4, rows=50)
+    ds = dataflow.read_parquet(str(src)).map(lambda r: {"id": r["id"], "v": r["id"] + 1})
+    ds.write_parquet("s3://test-bucket/ref", mode="resume")
+    ds.write_parquet("s3://test-bucket/out", mode="resume")
+    records = sorted(k for k in s3_engine.keys("out/_resume/units/") if k.endswith(".json"))
+    assert len(records) == 4
+    # as if killed mid-job: unit 3's record and files gone, job not complete
+    record = json.loads(s3_engine.client.get_object(Bucket="test-bucket", Key=records[3])["Body"].read())
+    for key in [records[3], "out/_SUCCESS"] + [f"out/{relative}" for relative in record["files"]]:
+        s3_engine.client.delete_object(Bucket="test-bucket", Key=key)
+    ds = dataflow.read_parquet(str(src)).map(lambda r: {"id": r["id"], "v": r["id"] + 1})
+    ds.write_parquet("s3://test-bucket/out", mode="resume")
+    assert ds._last_stats is not None and ds._last_stats.operators[-1].rows_out == 50
+
+    def data(prefix: str) -> dict[str, bytes]:
+        keys = [k for k in s3_engine.keys(prefix + "/") if not k.split("/", 1)[1].startswith("_")]
+        return {k.split("/", 1)[1]: s3_engine.client.get_object(Bucket="test-bucket", Key=k)["Body"].read() for k in keys}
+
+    got, want = data("out"), data("ref")
+    assert sorted(got) == sorted(want) and len(want) == 4
+    for name in want:
+        assert pq.read_table(pa.BufferReader(got[name])).equals(pq.read_table(pa.BufferReader(want[name])))
+    assert "out/_SUCCESS" in s3_engine.keys("out/")
+    assert not [k for k in s3_engine.keys("out/") if "_staging" in k]

@@ -23,7 +23,7 @@ from dataflow.grouped import GroupedData, aggregate_node
 from dataflow.iterator import DataIterator
 from dataflow.join import join_node, zip_node
 from dataflow.optimizer import count_from_metadata, optimize
-from dataflow.plan import InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
+from dataflow.plan import Exchange, InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
 from dataflow.shuffle import random_sample_batch
 from dataflow.sources import input_sources
 from dataflow.summary import DatasetSummary
@@ -389,6 +389,10 @@ class Dataset:
         gets exactly ``floor(rows / n)`` rows and the remainder (fewer than ``n`` rows) is
         dropped and reported. A split that reads slower holds the others back by at most one
         block, so memory stays bounded.
+
+        With ``preserve_order=True`` (or right after a sort or a seeded ``random_shuffle``) rows
+        are dealt by position instead of to whichever split asks first (``engine.split.OrderedSplitDealer``): each split gets the same rows in the
+        same order every epoch, so its ``state_dict`` resumes it exactly.
         """
         from dataflow.split import SplitIterator
 
@@ -397,8 +401,12 @@ class Dataset:
             raise ValueError(msg)
         ctx = DataContext.get_current()
         backend = runner.backend(ctx.execution_options, ctx.execution_mode)
+        options = ctx.execution_options
+        # the same order every epoch: kept by preserve_order, or made by a sort or a seeded shuffle
+        top = self._plan
+        ordered = options.preserve_order or (isinstance(top, Exchange) and (top.orders_output or top.ordered_input))
         coordinator = backend.split_coordinator(
-            self._execute, n, equal, max_pending_bytes=ctx.execution_options.consumer_buffer_bytes
+            self._execute, n, equal, max_pending_bytes=options.consumer_buffer_bytes, ordered=ordered
         )
         return [SplitIterator(coordinator, coordinator.key, coordinator.address, i, n) for i in range(n)]
 

@@ -80,7 +80,9 @@ class SplitIterator(DataIterator):
         self._address = address
         self._split = split
         self._n = n
-        self._epoch = -1
+        self._split_epoch = -1
+        """The coordinator's epoch this iterator reads next (``DataIterator._epoch`` is the
+        user's, which ``load_state_dict`` sets)."""
         self._client: Any = None
 
     def _source(self) -> SplitSource:
@@ -99,8 +101,8 @@ class SplitIterator(DataIterator):
         return self._client
 
     def _next_epoch(self) -> _SplitHandle:
-        self._epoch += 1
-        return _SplitHandle(self._source(), self._split, self._epoch)
+        self._split_epoch += 1
+        return _SplitHandle(self._source(), self._split, self._split_epoch)
 
     def stats(self) -> dict[str, Any]:
         """Rows each split got in the last finished epoch, and rows dropped to make them equal."""

@@ -194,8 +194,10 @@ class Backend(ABC):
         n: int,
         equal: bool,
         max_pending_bytes: int,
+        ordered: bool = False,
     ) -> SplitCoordinator:
-        """The coordinator of a ``streaming_split`` into ``n``: ``start`` runs one epoch."""
+        """The coordinator of a ``streaming_split`` into ``n``: ``start`` runs one epoch;
+        ``ordered``: its order is the same every epoch, so rows are dealt by position."""
         from engine.split import SplitCoordinator
 
         return SplitCoordinator(
@@ -206,6 +208,7 @@ class Backend(ABC):
             read=self.get,
             private_views=self.private_views,
             serve=self.split_transport(),
+            ordered=ordered,
         )
 
     @classmethod

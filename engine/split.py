@@ -6,6 +6,15 @@ of ``(n - 1)`` blocks' worth of rows is held back until the execution ends; then
 cut so every split gets exactly ``floor(total / n)`` rows. The remainder (fewer than ``n``
 rows) is dropped and reported (``dropped_rows``), never silently.
 
+``OrderedSplitDealer`` is the policy when the execution's order is deterministic
+(``preserve_order``): it deals rows by position, not by who asks first, so each split gets the
+same rows in the same order on every run, and a split iterator's ``state_dict`` resumes it
+exactly. Each block, in arrival order, is cut into ``n`` consecutive equal shares, split 0 first;
+rows that do not divide evenly wait for the next block. At the end the last rows (fewer than
+``n``) are dropped with ``equal=True`` and dealt one each, from split 0 on, otherwise. A split
+abandoned mid-epoch gets nothing more and its share is dropped, so the others' rows stay as
+they would have been.
+
 ``SplitCoordinator`` runs one execution per epoch and serves pieces to local iterators (direct
 calls) and, through the transport its backend hands it (``serve``: for the multi-process backend,
 ``engine.split_server``'s ROUTER socket in the session's 0700 folder), to iterators in other
@@ -63,13 +72,15 @@ class SplitDealer:
     def _min_assigned(self) -> int:
         return min((self.assigned[i] for i in self.active), default=0)
 
-    def add(self, ref: BlockRef) -> None:
+    def add(self, ref: BlockRef) -> list[Piece]:
+        """Take a block to deal; returns pieces nobody will get (to free)."""
         if ref.num_rows == 0:
-            return
+            return []
         self.pending.append(Piece(ref, 0, ref.num_rows))
         self.refcount[ref.block_id] = 1
         self.pending_rows += ref.num_rows
         self.max_block_rows = max(self.max_block_rows, ref.num_rows)
+        return []
 
     def unref(self, ref: BlockRef) -> bool:
         """One piece of ``ref`` is done with; True when the block itself can be freed."""
@@ -82,6 +93,10 @@ class SplitDealer:
 
     def reserve_rows(self) -> int:
         return (len(self.active) - 1) * self.max_block_rows if self.equal else 0
+
+    def may_pause(self) -> bool:
+        """The coordinator may stop pulling blocks (its buffer is full) without starving a split."""
+        return self.pending_rows > self.reserve_rows()
 
     def next_for(self, split: int) -> Piece | str:
         """A piece for ``split``, or WAIT (ask again after the next change), or END."""
@@ -159,6 +174,114 @@ class SplitDealer:
         return leftovers
 
 
+class OrderedSplitDealer:
+    """Who gets which rows, by position in the epoch (see the module's docstring)."""
+
+    def __init__(self, n: int, equal: bool) -> None:
+        self.n = n
+        self.equal = equal
+        self.assigned = [0] * n
+        self.queues: list[deque[Piece]] = [deque() for _ in range(n)]
+        self.carry: deque[Piece] = deque()
+        """Rows of the blocks so far that did not divide evenly (fewer than ``n``)."""
+        self.carry_rows = 0
+        self.pending_rows = 0
+        """Rows dealt or carried and not handed out yet."""
+        self.done = False
+        self.dropped_rows = 0
+        self.unequal = False
+        self.active = set(range(n))
+        self.refcount: dict[str, int] = {}
+
+    def add(self, ref: BlockRef) -> list[Piece]:
+        """Deal a block's rows; returns the pieces of abandoned splits (to free)."""
+        if ref.num_rows == 0:
+            return []
+        self.refcount[ref.block_id] = 1
+        self.carry.append(Piece(ref, 0, ref.num_rows))
+        self.carry_rows += ref.num_rows
+        self.pending_rows += ref.num_rows
+        share = self.carry_rows // self.n
+        unwanted: list[Piece] = []
+        if share:
+            for split in range(self.n):
+                self._deal(split, share, unwanted)
+        return unwanted
+
+    def _deal(self, split: int, rows: int, unwanted: list[Piece]) -> None:
+        """Move the first ``rows`` carried rows to ``split`` (to ``unwanted`` if it left)."""
+        while rows:
+            piece = self.carry.popleft()
+            take = min(rows, piece.length)
+            if take < piece.length:
+                self.carry.appendleft(Piece(piece.ref, piece.offset + take, piece.length - take))
+                self.refcount[piece.ref.block_id] += 1
+            dealt = Piece(piece.ref, piece.offset, take)
+            if split in self.active:
+                self.queues[split].append(dealt)
+            else:
+                unwanted.append(dealt)
+                self.pending_rows -= take
+            self.carry_rows -= take
+            rows -= take
+
+    def reserve_rows(self) -> int:
+        return 0
+
+    def may_pause(self) -> bool:
+        """Pause pulling only while every split still has rows to read: a split that has read
+        all it was dealt can only go on with the next block (no deadlock when splits are read
+        one after the other, at the price of buffering, spilled past the store's capacity)."""
+        return all(self.queues[split] for split in self.active)
+
+    def next_for(self, split: int) -> Piece | str:
+        if split not in self.active:
+            return END
+        queue = self.queues[split]
+        if queue:
+            piece = queue.popleft()
+            self.assigned[split] += piece.length
+            self.pending_rows -= piece.length
+            return piece
+        return END if self.done else WAIT
+
+    def abandon(self, split: int) -> list[Piece]:
+        self.active.discard(split)
+        orphaned = list(self.queues[split])
+        self.queues[split].clear()
+        self.pending_rows -= sum(piece.length for piece in orphaned)
+        return orphaned
+
+    def finish(self) -> list[Piece]:
+        """The execution ended: the last rows (fewer than ``n``) dropped, or one each."""
+        self.done = True
+        unwanted: list[Piece] = []
+        if self.equal:
+            self.dropped_rows = self.carry_rows
+            if self.dropped_rows:
+                total = sum(self.assigned) + self.pending_rows
+                log.warning("streaming_split(equal=True): dropped the last %d of %d rows so that each of %d "
+                            "splits gets %d", self.dropped_rows, total, self.n, (total - self.dropped_rows) // self.n)
+            unwanted = list(self.carry)
+            self.pending_rows -= self.carry_rows
+            self.carry.clear()
+            self.carry_rows = 0
+            return unwanted
+        split = 0
+        while self.carry_rows:
+            self._deal(split, 1, unwanted)
+            split += 1
+        return unwanted
+
+    def unref(self, ref: BlockRef) -> bool:
+        left = self.refcount.get(ref.block_id, 0) - 1
+        if left > 0:
+            self.refcount[ref.block_id] = left
+            return False
+        self.refcount.pop(ref.block_id, None)
+        return True
+
+
 class SplitTransport(Protocol):
     """A coordinator's server for iterators in other processes (``engine.split_server``)."""
 
@@ -190,6 +313,7 @@ class SplitCoordinator:
         private_views: bool = False,
         serve: Callable[[SplitCoordinator], SplitTransport] | None = None,
         max_pending_bytes: int = 256 << 20,
+        ordered: bool = False,
     ) -> None:
         self.key = f"{os.getpid()}-{next(self._ids)}"
         self._start = start
@@ -198,12 +322,14 @@ class SplitCoordinator:
         self.n = n
         self.equal = equal
         self.max_pending_bytes = max_pending_bytes
+        self.ordered = ordered
+        """Deal by position (``OrderedSplitDealer``): the execution's order is deterministic."""
         self._cond = threading.Condition()
         self._epoch = -1
-        self._dealer: SplitDealer | None = None
+        self._dealer: SplitDealer | OrderedSplitDealer | None = None
         self._handle: Any = None
         self._ended: set[int] = set()
-        self._owners: dict[str, tuple[SplitDealer, Any]] = {}
+        self._owners: dict[str, tuple[SplitDealer | OrderedSplitDealer, Any]] = {}
         """block id -> (the dealer counting its pieces, the handle that can free it)."""
         self._pending_bytes = 0
         self._error: BaseException | None = None
@@ -236,7 +362,7 @@ class SplitCoordinator:
             assert self._dealer is not None
             result = self._dealer.next_for(split)
             if isinstance(result, Piece):
-                self._pending_bytes -= result.ref.size_bytes * result.length // max(1, result.ref.num_rows)
+                self._pending_bytes -= _piece_bytes(result)
                 self._cond.notify_all()
             elif result == END:
                 self._ended.add(split)
@@ -277,10 +403,15 @@ class SplitCoordinator:
             if epoch != self._epoch or self._dealer is None:
                 return
             for piece in self._dealer.abandon(split):
-                self._release_locked(piece.ref)
+                self._drop_locked(piece)
             self._ended.add(split)
             self._cond.notify_all()
         self._notify_server()
+
+    def _drop_locked(self, piece: Piece) -> None:
+        """A piece nobody will get: no longer buffered, and its block freed once unused."""
+        self._pending_bytes -= _piece_bytes(piece)
+        self._release_locked(piece.ref)
 
     def _release_locked(self, ref: BlockRef) -> None:
         owner = self._owners.get(ref.block_id)
@@ -292,11 +423,11 @@ class SplitCoordinator:
     def _begin_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self._ended = set()
-        self._dealer = SplitDealer(self.n, self.equal)
+        self._dealer = (OrderedSplitDealer if self.ordered else SplitDealer)(self.n, self.equal)
         self._handle = None
         threading.Thread(target=self._pump, args=(self._dealer,), name="dataflow-split", daemon=True).start()
 
-    def _pump(self, dealer: SplitDealer) -> None:
+    def _pump(self, dealer: SplitDealer | OrderedSplitDealer) -> None:
         try:
             # Started here, not under the lock in ``try_next``: planning and starting an
             # execution can take a while, and the socket server's thread (which calls
@@ -308,20 +439,17 @@ class SplitCoordinator:
             for ref in handle.iter_refs():
                 handle.detach(ref)
                 with self._cond:
-                    dealer.add(ref)
                     self._owners[ref.block_id] = (dealer, handle)
                     self._pending_bytes += ref.size_bytes
+                    for piece in dealer.add(ref):  # an abandoned split's share
+                        self._drop_locked(piece)
                     self._cond.notify_all()
                     self._notify_server()
-                    while (
-                        self._pending_bytes > self.max_pending_bytes
-                        and dealer.pending_rows > dealer.reserve_rows()
-                        and not self._closed
-                    ):
+                    while self._pending_bytes > self.max_pending_bytes and dealer.may_pause() and not self._closed:
                         self._cond.wait()  # dealing, releases, abandons and close notify
             with self._cond:
                 for piece in dealer.finish():
-                    self._release_locked(piece.ref)
+                    self._drop_locked(piece)
                 self._cond.notify_all()
                 self._notify_server()
         except BaseException as err:  # the consumers raise it
@@ -347,3 +475,7 @@ class SplitCoordinator:
         """Stop every coordinator of this process (the engine is shutting down)."""
         for coordinator in list(cls._registry.values()):
             coordinator.close()
+
+
+def _piece_bytes(piece: Piece) -> int:
+    return piece.ref.size_bytes * piece.length // max(1, piece.ref.num_rows)

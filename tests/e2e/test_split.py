@@ -218,3 +218,15 @@ def test_a_rank_in_another_process_leaves_busy_workers_their_cores(streaming, tm
     cores, lowest, after = (int(x) for x in out.split())
     assert lowest < cores and after == cores, out
     assert mine > 0
+
+
+@pytest.mark.timeout(60)
+def test_ordered_splits_read_one_after_the_other_do_not_deadlock(mode):
+    """Dealt by position, split 1's rows pile up while split 0 is read to its end: the
+    coordinator keeps pulling past its buffer for a split that has nothing left to read."""
+    with dataflow.options(preserve_order=True, consumer_buffer_bytes=64 << 10):
+        a, b = dataflow.range(200_000, override_num_blocks=20).streaming_split(2)
+        first = [i for batch in a.iter_batches(batch_size=None, batch_format="numpy") for i in batch["id"].tolist()]
+        second = [i for batch in b.iter_batches(batch_size=None, batch_format="numpy") for i in batch["id"].tolist()]
+    assert len(first) == len(second) == 100_000
+    assert sorted(first + second) == list(range(200_000))

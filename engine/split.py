@@ -51,22 +51,58 @@ class Piece:
     length: int
 
 
-class SplitDealer:
-    """Who gets which rows; no I/O, no threads."""
+class _Dealer:
+    """What both dealing policies keep: rows given to each split, who still reads, and how
+    many pieces of each block exist (pending, queued or handed out and not released)."""
 
     def __init__(self, n: int, equal: bool) -> None:
         self.n = n
         self.equal = equal
         self.assigned = [0] * n
-        self.pending: deque[Piece] = deque()
         self.pending_rows = 0
-        self.max_block_rows = 0
         self.done = False
         self.dropped_rows = 0
         self.unequal = False
         self.active = set(range(n))
         self.refcount: dict[str, int] = {}
-        """Pieces of each block that exist (pending, queued or handed out and not released)."""
+
+    def unref(self, ref: BlockRef) -> bool:
+        """One piece of ``ref`` is done with; True when the block itself can be freed."""
+        left = self.refcount.get(ref.block_id, 0) - 1
+        if left > 0:
+            self.refcount[ref.block_id] = left
+            return False
+        self.refcount.pop(ref.block_id, None)
+        return True
+
+    def add(self, ref: BlockRef) -> list[Piece]:
+        """Take a block to deal; returns pieces nobody will get (to free)."""
+        raise NotImplementedError
+
+    def next_for(self, split: int) -> Piece | str:
+        """A piece for ``split``, or WAIT (ask again after the next change), or END."""
+        raise NotImplementedError
+
+    def may_pause(self) -> bool:
+        """The coordinator may stop pulling blocks (its buffer is full) without starving a split."""
+        raise NotImplementedError
+
+    def abandon(self, split: int) -> list[Piece]:
+        """``split`` stopped early this epoch: it gets nothing more; returns pieces to free."""
+        raise NotImplementedError
+
+    def finish(self) -> list[Piece]:
+        """The execution ended; returns pieces nobody will get (to free)."""
+        raise NotImplementedError
+
+
+class SplitDealer(_Dealer):
+    """Who gets which rows, to whichever split asks first; no I/O, no threads."""
+
+    def __init__(self, n: int, equal: bool) -> None:
+        super().__init__(n, equal)
+        self.pending: deque[Piece] = deque()
+        self.max_block_rows = 0
         self._final: list[deque[Piece]] | None = None
 
     def _min_assigned(self) -> int:
@@ -81,15 +117,6 @@ class SplitDealer:
         self.pending_rows += ref.num_rows
         self.max_block_rows = max(self.max_block_rows, ref.num_rows)
         return []
-
-    def unref(self, ref: BlockRef) -> bool:
-        """One piece of ``ref`` is done with; True when the block itself can be freed."""
-        left = self.refcount.get(ref.block_id, 0) - 1
-        if left > 0:
-            self.refcount[ref.block_id] = left
-            return False
-        self.refcount.pop(ref.block_id, None)
-        return True
 
     def reserve_rows(self) -> int:
         return (len(self.active) - 1) * self.max_block_rows if self.equal else 0
@@ -174,24 +201,15 @@ class SplitDealer:
         return leftovers
 
 
-class OrderedSplitDealer:
+class OrderedSplitDealer(_Dealer):
     """Who gets which rows, by position in the epoch (see the module's docstring)."""
 
     def __init__(self, n: int, equal: bool) -> None:
-        self.n = n
-        self.equal = equal
-        self.assigned = [0] * n
+        super().__init__(n, equal)
         self.queues: list[deque[Piece]] = [deque() for _ in range(n)]
         self.carry: deque[Piece] = deque()
         """Rows of the blocks so far that did not divide evenly (fewer than ``n``)."""
         self.carry_rows = 0
-        self.pending_rows = 0
-        """Rows dealt or carried and not handed out yet."""
-        self.done = False
-        self.dropped_rows = 0
-        self.unequal = False
-        self.active = set(range(n))
-        self.refcount: dict[str, int] = {}
 
     def add(self, ref: BlockRef) -> list[Piece]:
         """Deal a block's rows; returns the pieces of abandoned splits (to free)."""
@@ -273,14 +291,6 @@ class OrderedSplitDealer:
             split += 1
         return unwanted
 
-    def unref(self, ref: BlockRef) -> bool:
-        left = self.refcount.get(ref.block_id, 0) - 1
-        if left > 0:
-            self.refcount[ref.block_id] = left
-            return False
-        self.refcount.pop(ref.block_id, None)
-        return True
-
 
 class SplitTransport(Protocol):
     """A coordinator's server for iterators in other processes (``engine.split_server``)."""
@@ -326,10 +336,10 @@ class SplitCoordinator:
         """Deal by position (``OrderedSplitDealer``): the execution's order is deterministic."""
         self._cond = threading.Condition()
         self._epoch = -1
-        self._dealer: SplitDealer | OrderedSplitDealer | None = None
+        self._dealer: _Dealer | None = None
         self._handle: Any = None
         self._ended: set[int] = set()
-        self._owners: dict[str, tuple[SplitDealer | OrderedSplitDealer, Any]] = {}
+        self._owners: dict[str, tuple[_Dealer, Any]] = {}
         """block id -> (the dealer counting its pieces, the handle that can free it)."""
         self._pending_bytes = 0
         self._error: BaseException | None = None
@@ -427,7 +437,7 @@ class SplitCoordinator:
         self._handle = None
         threading.Thread(target=self._pump, args=(self._dealer,), name="dataflow-split", daemon=True).start()
 
-    def _pump(self, dealer: SplitDealer | OrderedSplitDealer) -> None:
+    def _pump(self, dealer: _Dealer) -> None:
         try:
             # Started here, not under the lock in ``try_next``: planning and starting an
             # execution can take a while, and the socket server's thread (which calls

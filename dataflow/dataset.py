@@ -405,8 +405,13 @@ class Dataset:
         # the same order every epoch: kept by preserve_order, or made by a sort or a seeded shuffle
         top = self._plan
         ordered = options.preserve_order or (isinstance(top, Exchange) and (top.orders_output or top.ordered_input))
+        start: Callable[[], Any] = self._execute
+        if ctx.execution_mode == "ray":  # epochs run in the coordinator's actor, with these settings
+            from dataflow.split import EpochInAnotherProcess
+
+            start = EpochInAnotherProcess(self._plan, ctx.execution_mode, options)
         coordinator = backend.split_coordinator(
-            self._execute, n, equal, max_pending_bytes=options.consumer_buffer_bytes, ordered=ordered
+            start, n, equal, max_pending_bytes=options.consumer_buffer_bytes, ordered=ordered
         )
         return [SplitIterator(coordinator, coordinator.key, coordinator.address, i, n) for i in range(n)]
 

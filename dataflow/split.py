@@ -28,8 +28,28 @@ from dataflow.iterator import DataIterator
 from engine import runner
 
 if TYPE_CHECKING:
+    from dataflow.plan import LogicalNode
+    from engine.options import ExecutionOptions
     from engine.runner import SplitSource
     from engine.split import Piece, SplitCoordinator
+
+
+class EpochInAnotherProcess:
+    """Starts an epoch of a plan in the process hosting its split's coordinator (the Ray
+    backend's actor), with the driver's execution mode and options and no progress display."""
+
+    def __init__(self, plan: LogicalNode, mode: str, options: ExecutionOptions) -> None:
+        self.plan = plan
+        self.mode = mode
+        self.options = options
+
+    def __call__(self) -> Any:
+        from dataflow.context import DataContext
+        from dataflow.dataset import Dataset
+
+        ctx = DataContext.get_current()
+        ctx.execution_mode, ctx.execution_options, ctx.progress_mode = self.mode, self.options, "off"
+        return Dataset(self.plan)._execute()
 
 
 class _SplitHandle:

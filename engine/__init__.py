@@ -12,7 +12,9 @@ The data path, in order:
                       ``local`` (in-process) and ``ray_backend``; ``dataflow`` imports none
 * ``session``         the multi-process backend: /dev/shm folder, executor, workers; cleanup
 * ``ray_backend``     the same executions on a Ray cluster (Ray tasks with streaming returns,
-                      Ray actors, blocks as driver-owned objects); the only module importing ray
+                      Ray actors, blocks as driver-owned objects); with ``ray_split`` (a
+                      streaming_split coordinator in an actor, for ranks on any node) the only
+                      modules importing ray
 * ``executor``        the one event-driven scheduling loop (thread in the driver)
 * ``execution``       one running plan: operators wired together, the consumer's buffer, and
                       the one table of which blocks it produced (only it frees blocks)

@@ -124,8 +124,16 @@ def _execute(spec_bytes: bytes, transform: Callable[[], Any], block_ids: list[st
     result = run_task(spec, loaded, store)
     for ref in result.refs:
         yield store.outputs.pop(ref.block_id)
-    result.value = (result.value, ray.get_runtime_context().get_node_id())
+    result.value = (result.value, ray.get_runtime_context().get_node_id(), _attempt())
     yield result
+
+
+def _attempt() -> int:
+    """How many times Ray ran this task before (its worker or node died): 0 the first time."""
+    try:
+        return int(ray._private.worker.global_worker.core_worker.get_current_task_attempt_number())
+    except Exception:  # a private API: without it, Ray's retries go uncounted
+        return 0
 
 
 def _remote_task(spec: bytes, digest: str, transform: bytes, sys_path: list[str], block_ids: list[str],
@@ -517,8 +525,11 @@ class RayExecutor:
             return
         object_refs, result = outcome
         result.task_id = task_id
-        value, node = result.value if result.error is None else (None, None)
-        result.value = value
+        value, node, attempt = result.value if isinstance(result.value, tuple) else (None, None, 0)
+        result.value = value if result.error is None else None
+        if attempt:  # Ray ran it again after its worker or node died: counted as the engine's retries are
+            op.stats.tasks_retried += attempt
+            log.info("%s: a task was retried by Ray (attempt %d) after its worker or node died", op.name, attempt + 1)
         result.refs = [self.store.register(o, meta, node) for o, meta in zip(object_refs, result.refs, strict=True)]
         if execution.cancelled:
             execution.task_discarded(op, task_id, result.refs)
@@ -652,6 +663,20 @@ class RayBackend(Backend):
     def busy_cpus(self) -> float:
         return 0.0
 
+    def split_coordinator(  # type: ignore[override]
+        self,
+        start: Callable[[], ExecutionHandle],
+        n: int,
+        equal: bool,
+        max_pending_bytes: int,
+        ordered: bool = False,
+    ) -> Any:
+        """A coordinator actor on this node, which ranks anywhere on the cluster reach
+        (``engine.ray_split``); ``start`` runs an epoch in the actor's process."""
+        from engine.ray_split import start_coordinator
+
+        return start_coordinator(start, n, equal, max_pending_bytes, ordered, key=f"{os.getpid()}-{next(_split_ids)}")
+
     def multi_node(self) -> bool:
         return len(self.nodes) > 1
 
@@ -662,6 +687,9 @@ class RayBackend(Backend):
         self.executor.stop()
         if self._started_ray:
             ray.shutdown()
+
+
+_split_ids = itertools.count()
 
 
 def _node_fits(node: dict[str, Any], cpus: float, gpus: float, custom: tuple[tuple[str, float], ...]) -> bool:

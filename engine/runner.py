@@ -23,7 +23,7 @@ from engine.backend import Backend, Capacity, ExecutionHandle, SplitSource
 from engine.local import InProcessBackend
 from engine.operators.base import PhysicalOperator
 from engine.options import ExecutionOptions
-from engine.split import SplitCoordinator
+from engine.split import RAY_SPLIT_PREFIX, SplitCoordinator
 
 MODES = ("streaming", "local", "ray")
 
@@ -131,8 +131,12 @@ def find_split(key: str) -> SplitCoordinator | None:
 
 
 def split_client(address: str) -> SplitSource:
-    """Reach the ``streaming_split`` coordinator at ``address`` from another process. Only the
-    multi-process backend gives its coordinators an address."""
+    """Reach the ``streaming_split`` coordinator at ``address`` from another process: the
+    multi-process backend's socket, or the Ray backend's coordinator actor."""
+    if address.startswith(RAY_SPLIT_PREFIX):
+        from engine.ray_split import RaySplitClient
+
+        return RaySplitClient.connect(address)
     from engine.session import Session
 
     return Session.split_client(address)

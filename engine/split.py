@@ -27,6 +27,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,10 @@ log = logging.getLogger("dataflow.split")
 
 WAIT = "wait"
 END = "end"
+RAY_SPLIT_PREFIX = "ray-actor:"
+"""The address of a coordinator the Ray backend hosts in an actor (``engine.ray_split``)."""
+LOCALITY_WINDOW = 16
+"""How far down the pending blocks a split looks for one held on its own node."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ class _Dealer:
         """Take a block to deal; returns pieces nobody will get (to free)."""
         raise NotImplementedError
 
-    def next_for(self, split: int) -> Piece | str:
+    def next_for(self, split: int, near: str | None = None) -> Piece | str:
         """A piece for ``split``, or WAIT (ask again after the next change), or END."""
         raise NotImplementedError
 
@@ -125,8 +130,9 @@ class SplitDealer(_Dealer):
         """The coordinator may stop pulling blocks (its buffer is full) without starving a split."""
         return self.pending_rows > self.reserve_rows()
 
-    def next_for(self, split: int) -> Piece | str:
-        """A piece for ``split``, or WAIT (ask again after the next change), or END."""
+    def next_for(self, split: int, near: str | None = None) -> Piece | str:
+        """A piece for ``split``, or WAIT (ask again after the next change), or END. ``near``:
+        the node of the asking split; a piece of a block held there goes first."""
         if split not in self.active:
             return END
         if self._final is not None:
@@ -134,6 +140,8 @@ class SplitDealer(_Dealer):
             return queue.popleft() if queue else END
         if not self.pending:
             return END if self.done else WAIT
+        if near is not None and self.pending[0].ref.node not in (None, near):
+            self._bring_forward(near)
         head = self.pending[0]
         if self.equal and not self.done:
             ahead = self.assigned[split] + head.length - self._min_assigned()
@@ -146,6 +154,15 @@ class SplitDealer(_Dealer):
         self.pending_rows -= head.length
         self.assigned[split] += head.length
         return head
+
+    def _bring_forward(self, node: str) -> None:
+        """Move the first of the next ``LOCALITY_WINDOW`` pending pieces held on ``node`` to
+        the front (the order of the others is kept)."""
+        for i, piece in enumerate(itertools.islice(self.pending, LOCALITY_WINDOW)):
+            if piece.ref.node == node:
+                del self.pending[i]
+                self.pending.appendleft(piece)
+                return
 
     def abandon(self, split: int) -> list[Piece]:
         """``split`` stopped early this epoch: it gets nothing more; returns pieces to free."""
@@ -252,8 +269,8 @@ class OrderedSplitDealer(_Dealer):
         one after the other, at the price of buffering, spilled past the store's capacity)."""
         return all(self.queues[split] for split in self.active)
 
-    def next_for(self, split: int) -> Piece | str:
-        if split not in self.active:
+    def next_for(self, split: int, near: str | None = None) -> Piece | str:
+        if split not in self.active:  # dealt by position: where the blocks are does not matter
             return END
         queue = self.queues[split]
         if queue:
@@ -345,6 +362,11 @@ class SplitCoordinator:
         self._error: BaseException | None = None
         self._closed = False
         self.last_stats: dict[str, Any] = {}
+        """Of the last finished epoch: rows each split got, rows dropped to make them equal,
+        and (on a cluster) rows each split read from blocks held on its own node."""
+        self._local_rows = [0] * n
+        self._located = False
+        """Splits said which node they read on (only iterators on a cluster do)."""
         self.address: str | None = None
         self._server: SplitTransport | None = None
         if serve is not None:
@@ -358,8 +380,9 @@ class SplitCoordinator:
         return cls._registry.get(key)
 
     # the API split iterators use -------------------------------------------------------
-    def try_next(self, split: int, epoch: int) -> Piece | str:
-        """A piece of ``epoch`` for ``split``, WAIT, or END; raises the execution's error."""
+    def try_next(self, split: int, epoch: int, near: str | None = None) -> Piece | str:
+        """A piece of ``epoch`` for ``split``, WAIT, or END; raises the execution's error.
+        ``near``: the asking split's node (blocks held there go to it first)."""
         with self._cond:
             if self._error is not None:
                 raise self._error
@@ -370,14 +393,19 @@ class SplitCoordinator:
             if epoch < self._epoch:
                 return END
             assert self._dealer is not None
-            result = self._dealer.next_for(split)
+            result = self._dealer.next_for(split, near)
             if isinstance(result, Piece):
                 self._pending_bytes -= _piece_bytes(result)
+                if near is not None:
+                    self._located = True
+                    self._local_rows[split] += result.length if result.ref.node == near else 0
                 self._cond.notify_all()
             elif result == END:
                 self._ended.add(split)
                 if len(self._ended) == self.n:
                     self.last_stats = {"dropped_rows": self._dealer.dropped_rows, "rows": list(self._dealer.assigned)}
+                    if self._located:
+                        self.last_stats["rows_on_own_node"] = list(self._local_rows)
             return result
 
     def next(self, split: int, epoch: int, timeout: float | None = None) -> Piece | None:
@@ -390,6 +418,17 @@ class SplitCoordinator:
                 if result == END:
                     return None
                 self._cond.wait(timeout)
+
+    def next_within(self, split: int, epoch: int, timeout: float, near: str | None = None) -> Piece | str:
+        """``try_next``, waiting up to ``timeout`` seconds for a piece or the end (then WAIT)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                result = self.try_next(split, epoch, near)
+                left = deadline - time.monotonic()
+                if result != WAIT or left <= 0:
+                    return result
+                self._cond.wait(left)
 
     def get(self, ref: BlockRef) -> pa.Table:
         """The block of a piece this coordinator dealt (iterators in this process read it here)."""
@@ -433,6 +472,8 @@ class SplitCoordinator:
     def _begin_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self._ended = set()
+        self._local_rows = [0] * self.n
+        self._located = False
         self._dealer = (OrderedSplitDealer if self.ordered else SplitDealer)(self.n, self.equal)
         self._handle = None
         threading.Thread(target=self._pump, args=(self._dealer,), name="dataflow-split", daemon=True).start()

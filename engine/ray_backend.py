@@ -24,6 +24,7 @@ Budgets scale with the cluster's object store; a request no node can ever fit fa
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -40,6 +41,7 @@ import pyarrow as pa
 import ray
 
 from engine import serialization
+from engine.autoscale import PoolState, target_size, to_retire
 from engine.backend import Backend, Capacity, ExecutionHandle
 from engine.errors import EngineError, ResourceError, WorkerDiedError
 from engine.execution import Execution
@@ -53,6 +55,10 @@ from engine.task import TaskResult, TaskSpec, describe_error, run_task
 from engine.transform import UDFFailure
 
 log = logging.getLogger("dataflow.ray")
+
+TICK_S = 1.0
+"""The loop runs a scheduling round at least this often while executions run (idle actors
+retire on time even when no task finishes)."""
 
 STORE_SHARE = 0.5
 """The part of the cluster's object store the engine budgets for its blocks."""
@@ -211,17 +217,41 @@ class _Running:
 
 @dataclass
 class _Pool:
-    """The actors of one operator's pool, which of them are busy, and their nodes."""
+    """The actors of one operator's pool (by slot), which are busy, since when the others are
+    idle, and their nodes. A Ray actor holds its CPUs, GPUs and custom resources while it lives."""
 
-    actors: list[Any] = field(default_factory=list)
+    resources: Any
+    make: Callable[[], Any]
+    """Starts one more actor."""
+    actors: dict[int, Any] = field(default_factory=dict)
     busy: set[int] = field(default_factory=set)
-    ready: list[Any] = field(default_factory=list)
+    ready: dict[int, Any] = field(default_factory=dict)
     """Each actor's ``ready()`` call: its node id once it has started."""
     nodes: dict[int, str] = field(default_factory=dict)
+    idle_since: dict[int, float] = field(default_factory=dict)
+    _slots: Any = field(default_factory=itertools.count)
+
+    def add(self) -> None:
+        slot = next(self._slots)
+        self.actors[slot] = actor = self.make()
+        self.ready[slot] = actor.ready.remote()
+        self.idle_since[slot] = time.monotonic()
+
+    def remove(self, slot: int) -> None:
+        actor = self.actors.pop(slot)
+        for table in (self.ready, self.nodes, self.idle_since):
+            table.pop(slot, None)
+        self.busy.discard(slot)
+        with contextlib.suppress(Exception):  # already dead
+            ray.kill(actor)
+
+    def starting(self) -> int:
+        self._learn_nodes()
+        return len(self.actors) - len(self.nodes)
 
     def idle(self, near: str | None = None) -> int | None:
         """An idle actor, one on node ``near`` if there is one."""
-        idle = [i for i in range(len(self.actors)) if i not in self.busy]
+        idle = [i for i in self.actors if i not in self.busy]
         if near is not None and idle:
             self._learn_nodes()
             local = [i for i in idle if self.nodes.get(i) == near]
@@ -230,16 +260,16 @@ class _Pool:
         return idle[0] if idle else None
 
     def _learn_nodes(self) -> None:
-        waiting = [r for i, r in enumerate(self.ready) if i not in self.nodes]
+        waiting = {slot: ref for slot, ref in self.ready.items() if slot not in self.nodes}
         if not waiting:
             return
-        done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
-        for i, ref in enumerate(self.ready):
-            if i not in self.nodes and ref in done:
+        done, _ = ray.wait(list(waiting.values()), num_returns=len(waiting), timeout=0)
+        for slot, ref in waiting.items():
+            if ref in done:
                 try:
-                    self.nodes[i] = ray.get(ref)
+                    self.nodes[slot] = ray.get(ref)
                 except Exception:  # a failed start shows when it runs a task
-                    pass
+                    self.nodes[slot] = ""
 
 
 class RayExecutor:
@@ -257,6 +287,10 @@ class RayExecutor:
         self._executions: list[Execution] = []
         self._running: dict[int, _Running] = {}
         self._pools: dict[str, _Pool] = {}
+        self._actor_cpus = 0.0
+        self._actor_gpus = 0.0
+        self._actor_custom: dict[str, float] = {}
+        """What live pool actors hold (Ray keeps an actor's resources for its lifetime)."""
         self._transforms: dict[str, ray.ObjectRef] = {}
         self._waiters = ThreadPoolExecutor(max_workers=256, thread_name_prefix="dataflow-ray-wait")
         self._stopping = False
@@ -281,9 +315,8 @@ class RayExecutor:
             self._stopping = True
             for execution in list(self._executions):
                 execution.cancel()
-            for pool in self._pools.values():
-                for actor in pool.actors:
-                    ray.kill(actor)
+            for pool in list(self._pools.values()):
+                self._end_pool(pool)
             self._pools.clear()
 
         self.call_soon(begin)
@@ -297,7 +330,12 @@ class RayExecutor:
     # the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            fn = self._events.get()
+            try:
+                fn = self._events.get(timeout=TICK_S)
+            except queue.Empty:  # nothing happened: time still retires idle actors
+                if self._executions and not self._stopping:
+                    self._guarded(self._schedule)
+                continue
             if fn is None:
                 return
             self._guarded(fn)
@@ -333,8 +371,8 @@ class RayExecutor:
             execution.stopped.set()
             for op in execution.map_ops():
                 pool = self._pools.pop(f"actor:{op.key}", None)
-                for actor in pool.actors if pool else ():
-                    ray.kill(actor)
+                if pool is not None:
+                    self._end_pool(pool)
 
     # scheduling ------------------------------------------------------------------------------
     def _ask_autoscaler(self, waiting: list[MapOperator]) -> None:
@@ -368,6 +406,7 @@ class RayExecutor:
                 log.exception("dataflow ray executor: scheduling failed")
                 execution.fail(EngineError(f"scheduling failed (this is a bug in dataflow): {err!r}"))
             execution.note_waits(waits)
+            self._grow_or_shrink(execution)
             self._ask_autoscaler([op for op in execution.map_ops() if waits.get(id(op)) == WAIT_PLACEMENT])
             self._reap(execution)
 
@@ -388,9 +427,13 @@ class RayExecutor:
             if reason is not None:
                 waits[id(op)] = reason
                 continue
-            if op.actor_pool is not None and self._pool(op).idle() is None:
-                waits[id(op)] = "every actor busy"
-                continue
+            if op.actor_pool is not None:
+                pool = self._pool(execution, op)
+                if pool is None:
+                    return False
+                if pool.idle() is None:
+                    waits[id(op)] = "every actor busy"
+                    continue
             if op.actor_pool is None and not self._fits(op):
                 waits[id(op)] = WAIT_PLACEMENT
                 continue
@@ -403,32 +446,96 @@ class RayExecutor:
         self._dispatch(execution, ops[index])
         return True
 
-    def _pool(self, op: MapOperator) -> _Pool:
+    def _pool(self, execution: Execution, op: MapOperator) -> _Pool | None:
+        """``op``'s actor pool, started at the size the cluster leaves it (see ``_pool_room``);
+        None when even its minimum cannot fit (the execution then fails, naming the step)."""
         key = f"actor:{op.key}"
         pool = self._pools.get(key)
         if pool is None:
             assert op.actor_pool is not None
             res = op.resources
+            room = self._pool_room(execution, op)
+            if room < op.actor_pool.min_size:
+                execution.fail(ResourceError(
+                    f"{op.name} asks for {op.actor_pool.min_size} actors of {res.num_cpus:g} CPU each, but the "
+                    f"cluster's {self._ledger.cpus:g} CPUs leave room for {room} once the tasks that feed it "
+                    "have a CPU and other actor pools hold theirs (Ray actors keep their CPUs while they "
+                    "live): lower its concurrency or num_cpus, or add nodes"
+                ))
+                return None
             cls = ray.remote(_PoolActor).options(
                 num_cpus=res.num_cpus, num_gpus=res.num_gpus or None, resources=dict(res.custom) or None,
                 max_restarts=-1, max_task_retries=max(0, self.options.max_task_attempts - 1),
             )
-            pool = _Pool([cls.remote(op.digest, op.transform_bytes, sys.path) for _ in range(self._pool_size(op))])
-            pool.ready = [actor.ready.remote() for actor in pool.actors]
+            pool = _Pool(res, lambda: cls.remote(op.digest, op.transform_bytes, sys.path))
             self._pools[key] = pool
+            size = target_size(PoolState(op.actor_pool.min_size, op.actor_pool.max_size, 0, 0, 0, False, room), new=True)
+            for _ in range(size):
+                self._add_actor(pool)
         return pool
 
-    def _pool_size(self, op: MapOperator) -> int:
-        """Its maximum size, or as many actors as the cluster can host at once if that is fewer
-        (a GPU function's pool is unbounded), never fewer than its minimum."""
-        assert op.actor_pool is not None
+    def _pool_room(self, execution: Execution, op: MapOperator) -> int:
+        """How many actors of ``op`` the cluster can hold besides the other pools' actors and
+        one task of each task step of the execution still running (the steps that feed it)."""
         res = op.resources
-        fits = [self._ledger.cpus / res.num_cpus] if res.num_cpus > 0 else []
+        feeding = max((o.resources.num_cpus for o in execution.map_ops() if o.actor_pool is None and not o.completed()),
+                      default=0.0)
+        fits = [(self._ledger.cpus - self._actor_cpus - feeding) / res.num_cpus] if res.num_cpus > 0 else []
         if res.num_gpus > 0:
-            fits.append(self._gpus_total / res.num_gpus)
-        fits += [self._ledger.custom.get(name, 0.0) / amount for name, amount in res.custom if amount > 0]
-        affordable = int(min(fits) + 1e-9) if fits else op.actor_pool.max_size
-        return max(op.actor_pool.min_size, min(op.actor_pool.max_size, affordable))
+            fits.append((self._gpus_total - self._actor_gpus) / res.num_gpus)
+        fits += [(self._ledger.custom.get(name, 0.0) - self._actor_custom.get(name, 0.0)) / amount
+                 for name, amount in res.custom if amount > 0]
+        return max(0, int(min(fits) + 1e-9)) if fits else op.actor_pool.max_size  # type: ignore[union-attr]
+
+    def _add_actor(self, pool: _Pool) -> None:
+        res = pool.resources
+        pool.add()
+        self._hold_for_actor(res, +1)
+
+    def _remove_actor(self, pool: _Pool, slot: int) -> None:
+        pool.remove(slot)
+        self._hold_for_actor(pool.resources, -1)
+
+    def _end_pool(self, pool: _Pool) -> None:
+        for slot in list(pool.actors):
+            self._remove_actor(pool, slot)
+
+    def _hold_for_actor(self, res: Any, sign: int) -> None:
+        """A live actor keeps its resources: the ledger counts them as used (``sign`` +1 when
+        it starts, -1 when it ends)."""
+        if sign > 0:
+            self._ledger.take(res.num_cpus, res.custom)
+        else:
+            self._ledger.give(res.num_cpus, res.custom)
+        self._actor_cpus += sign * res.num_cpus
+        self._actor_gpus += sign * res.num_gpus
+        self._gpus_used = max(0.0, self._gpus_used + sign * res.num_gpus)
+        for name, amount in res.custom:
+            self._actor_custom[name] = self._actor_custom.get(name, 0.0) + sign * amount
+
+    def _grow_or_shrink(self, execution: Execution) -> None:
+        """The local engine's policy (``engine.autoscale``): one more actor when work waits,
+        every actor is busy and none is starting (and the cluster has room); idle actors past
+        ``actor_idle_timeout_s`` retire down to the pool's minimum."""
+        now = time.monotonic()
+        for op in execution.map_ops():
+            pool = self._pools.get(f"actor:{op.key}")
+            if pool is None or op.actor_pool is None or op.completed():
+                continue
+            live, busy = len(pool.actors), len(pool.busy)
+            waiting = busy == live and execution.dispatchable(op)[0]
+            room = self._pool_room(execution, op) if waiting else 0
+            state = PoolState(op.actor_pool.min_size, op.actor_pool.max_size, live, pool.starting(), busy, waiting,
+                              live + room)
+            if waiting and room > 0 and target_size(state, new=False) > live:
+                self._add_actor(pool)
+                log.info("%s: actor pool grown to %d", op.name, live + 1)
+                continue
+            slots = list(pool.actors)
+            idle = [None if slot in pool.busy else pool.idle_since.get(slot) for slot in slots]
+            for i in to_retire(idle, op.actor_pool.min_size, self.options.actor_idle_timeout_s, now):
+                self._remove_actor(pool, slots[i])
+                log.info("%s: an idle actor retired (pool of %d)", op.name, len(pool.actors))
 
     def _transform(self, op: MapOperator) -> ray.ObjectRef:
         if op.digest not in self._transforms:
@@ -463,7 +570,7 @@ class RayExecutor:
         res = op.resources
         running = _Running(execution, op, pending)
         if op.actor_pool is not None:
-            pool = self._pool(op)
+            pool = self._pools[f"actor:{op.key}"]
             slot = pool.idle(near=_busiest_node(spec.inputs))
             assert slot is not None
             pool.busy.add(slot)
@@ -509,6 +616,7 @@ class RayExecutor:
             pool = self._pools.get(f"actor:{op.key}")
             if pool is not None:
                 pool.busy.discard(running.actor)
+                pool.idle_since[running.actor] = time.monotonic()
         else:
             self._ledger.give(res.num_cpus, res.custom)
             self._gpus_used = max(0.0, self._gpus_used - res.num_gpus)

@@ -88,6 +88,55 @@ def test_actor_pool_constructs_once_per_actor(on_ray):
     assert max(r["calls"] for r in out) > 1  # the same instance served several batches
 
 
+def test_an_actor_pool_leaves_cpus_to_the_tasks_that_feed_it(on_ray):
+    """Ray actors keep their CPUs while they live: a pool as large as the cluster would starve
+    the tasks feeding it (the job would hang). The pool stops one task's CPUs short while they
+    run; a minimum that cannot fit fails at once, naming the step."""
+    from engine import runner
+
+    def wide(batch):  # 128 KiB rows: the actors start long before the last input is read
+        time.sleep(0.2)
+        return {"id": batch["id"], "pad": np.zeros((len(batch["id"]), 16384))}
+
+    def feeding():  # a step of its own (other resources), one task per block
+        return dataflow.range(1200, override_num_blocks=48).map_batches(wide, num_cpus=0.5)
+
+    with dataflow.options(min_task_input_bytes=1):
+        out = feeding().map_batches(_Tag, concurrency=(1, 6), batch_size=64).select_columns(["id"]).take_all()
+        assert sorted(r["id"] for r in out) == list(range(1200))
+        with pytest.raises(ResourceError, match=r"_Tag.*asks for 6 actors of 1 CPU"):
+            feeding().map_batches(_Tag, concurrency=6, batch_size=64).count()
+    assert runner._ray.executor._actor_cpus == 0  # every pool's actors ended with its execution
+
+
+def test_idle_actors_retire_and_a_busy_pool_grows(on_ray, caplog):
+    """The local engine's pool policy on Ray: actors idle past actor_idle_timeout_s retire down
+    to the minimum while the step before them is slow, and the pool grows again, one actor at a
+    time, when work waits and every actor is busy."""
+    import logging
+
+    from engine import runner
+
+    executor = runner._ray.executor
+    saved = executor.options
+    executor.options = saved.with_(actor_idle_timeout_s=0.3)
+
+    def slow_then_fast(batch):
+        time.sleep(1.5 if batch["id"][0] < 1500 else 0.0)  # a slow start: the actors idle
+        return batch
+
+    try:
+        with caplog.at_level(logging.INFO, logger="dataflow.ray"):
+            ds = dataflow.range(6000, override_num_blocks=24).map_batches(slow_then_fast, num_cpus=0.5)
+            out = ds.map_batches(_Tag, concurrency=(1, 3), batch_size=250, num_cpus=0.5).take_all()
+    finally:
+        executor.options = saved
+    assert sorted(r["id"] for r in out) == list(range(6000))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("idle actor retired" in m for m in messages), messages
+    assert any("actor pool grown" in m for m in messages), messages
+
+
 def test_udf_errors_keep_their_type(on_ray):
     def bad(row):
         if row["id"] == 77:

@@ -56,6 +56,9 @@ from engine.transform import UDFFailure
 
 log = logging.getLogger("dataflow.ray")
 
+CONNECT_TIMEOUT_S = 15.0
+"""A cluster that has not answered ``ray.init`` by then is reported unreachable (a healthy one
+answers in a few seconds)."""
 TICK_S = 1.0
 """The loop runs a scheduling round at least this often while executions run (idle actors
 retire on time even when no task finishes)."""
@@ -123,6 +126,9 @@ def _execute(spec_bytes: bytes, transform: Callable[[], Any], block_ids: list[st
         return
     try:
         loaded = transform()
+    except UDFFailure as err:  # the UDF's own error (an actor's constructor): its type kept
+        yield TaskResult(spec.task_id, error=describe_error(err))
+        return
     except Exception as err:
         yield _failed(spec.task_id, "deserializing the UDF", err)
         return
@@ -704,6 +710,7 @@ class RayHandle(ExecutionHandle):
             def stop() -> None:
                 execution.cancel()
                 execution.release_undelivered()
+                execution.buffer.finish()  # nothing more for the consumer: reaped once no task runs
 
             self.executor.call_soon(stop)
 
@@ -711,7 +718,7 @@ class RayHandle(ExecutionHandle):
 class RayBackend(Backend):
     """Runs executions on a Ray cluster (``dataflow.init(runner="ray", address=...)``)."""
 
-    def __init__(self, options: ExecutionOptions, address: str | None = None, connect_timeout_s: float = 30.0) -> None:
+    def __init__(self, options: ExecutionOptions, address: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self._started_ray = False
         if not ray.is_initialized():
             _connect(address, connect_timeout_s)

@@ -70,6 +70,13 @@ def on_ray(ray_cluster: Any) -> Iterator[Any]:
         yield ray_cluster
 
 
+@pytest.fixture
+def mode(ray_cluster: Any) -> Iterator[str]:
+    """The e2e tests' execution mode, here the Ray runner (``test_e2e_on_ray.py``)."""
+    with dataflow.options(execution_mode="ray"):
+        yield "ray"
+
+
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     """The driver holds no block and runs no execution after the test (overrides the tiers' check)."""

@@ -242,7 +242,7 @@ def test_unreachable_cluster_fails_within_seconds(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
     assert line.startswith("ConnectionError"), line
-    assert float(line.split()[1]) < 40, line
+    assert float(line.split()[1]) < 25, line  # CONNECT_TIMEOUT_S (15 s) and the start-up of Python
 
 
 def test_a_killed_driver_leaves_nothing_on_the_cluster(ray_cluster, tmp_path):

@@ -207,6 +207,25 @@ def test_a_crashed_worker_is_retried(on_ray, tmp_path):
     assert sum(op.tasks_retried for op in stats.operators) == 1  # Ray ran it again; stats() says so
 
 
+def test_a_crashed_actor_is_restarted_and_its_task_retried(on_ray, tmp_path):
+    marker = tmp_path / "actor-crashed"
+
+    class CrashOnce:
+        def __call__(self, batch):
+            if batch["id"][0] >= 2000 and not marker.exists():
+                marker.write_text("x")
+                os._exit(1)
+            return {"id": batch["id"], "v": batch["id"] * 3}
+
+    ds = dataflow.range(5000, override_num_blocks=10).map_batches(CrashOnce, concurrency=2, batch_size=500)
+    rows = ds.take_all()
+    assert marker.exists()
+    assert sorted(r["id"] for r in rows) == list(range(5000))
+    assert sum(r["v"] for r in rows) == 3 * sum(range(5000))
+    stats = ds._last_handle.stats()
+    assert sum(op.tasks_retried for op in stats.operators) >= 1
+
+
 def test_node_removed_mid_job(on_ray):
     cluster = on_ray
     extra = cluster.add_node(num_cpus=2, resources={"doomed": 4}, object_store_memory=80 << 20)

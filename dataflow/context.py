@@ -166,8 +166,8 @@ def options(**changes: Any) -> Iterator[DataContext]:
     try:
         if "execution_mode" in changes:
             ctx.execution_mode = changes["execution_mode"]
-        if engine_changes:
-            ctx.execution_options = replace(ctx.execution_options, **engine_changes)
+        # a copy even without changes: settings changed in place inside the block end with it
+        ctx.execution_options = replace(ctx.execution_options, **engine_changes)
         yield ctx
     finally:
         ctx.execution_mode, ctx.execution_options = saved

@@ -187,6 +187,7 @@ class RayStore(BlockStore):
     def __init__(self) -> None:
         self._refs: dict[str, ray.ObjectRef] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def register(self, object_ref: ray.ObjectRef, meta: BlockRef, node: str | None = None) -> BlockRef:
         ref = BlockRef(object_ref.hex(), None, meta.num_rows, meta.size_bytes, partitions=meta.partitions, node=node)
@@ -202,6 +203,11 @@ class RayStore(BlockStore):
         return self.register(ray.put(table), BlockRef("", None, table.num_rows, table.nbytes))
 
     def get(self, ref: BlockRef) -> pa.Table:
+        if os.getpid() != self._pid:
+            msg = ("the Ray runner's blocks can only be read by the driver and its cluster, not by a process "
+                   "it forked (a torch DataLoader worker): use DataLoader(num_workers=0) with iter_torch_batches "
+                   "or to_torch, whose reads already run on the cluster")
+            raise RuntimeError(msg)
         table: pa.Table = ray.get(self.object_ref(ref.block_id))
         return table
 

@@ -152,9 +152,6 @@ class RaySplitClient:
         stats: dict[str, Any] = self._call(self._actor.last_stats)
         return stats
 
-    def __reduce__(self) -> Any:
-        return (RaySplitClient.connect, (self.address,))
-
 
 def start_coordinator(start: Callable[[], Any], n: int, equal: bool, max_pending_bytes: int, ordered: bool,
                       key: str) -> RaySplitClient:

@@ -120,10 +120,20 @@ class DataIterator:
         self._epoch = int(state.get("epoch", 0)) - 1
 
     def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
-        """``items`` handed to the caller, counted for ``state_dict`` as the caller takes them."""
-        for item in items:
-            self._rows_consumed += _rows_of(item)
-            yield item
+        """``items`` handed to the caller, counted for ``state_dict`` as the caller takes them.
+
+        Closing this generator closes ``items`` at once, on the caller's thread: the stages below
+        restore per-thread state (torch's thread count) and release blocks in their ``finally``,
+        which must not wait for a garbage collection that may run on another thread.
+        """
+        try:
+            for item in items:
+                self._rows_consumed += _rows_of(item)
+                yield item
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
 
     def _skipping(self, blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
         """A new epoch: the blocks after the rows a loaded state says were consumed."""

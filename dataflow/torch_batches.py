@@ -276,15 +276,17 @@ def _batches(
         return to_tensors(batch, dtypes, private=keep_private)
 
     prepared = (mover.send(collate(table)) for table in tables)
+    ahead = prefetch(prepared, depth)
     capped = False
     try:
-        for batch, event in prefetch(prepared, depth):
+        for batch, event in ahead:
             if not capped:  # the plan runs by now, so ``on_execute`` has been called
                 capped = True
                 _THREAD_CAP.enter()
             _THREAD_CAP.adjust(engine["busy_cpus"]())
             yield mover.receive(batch, event)
     finally:
+        ahead.close()  # stops the prefetch thread before the thread count is restored
         if capped:
             _THREAD_CAP.exit()
 

@@ -34,7 +34,7 @@ from engine.inline import InlineSlot
 from engine.object_store import BlockRef, SharedMemoryStore
 from engine.operators.map import MapOperator, Resources
 from engine.options import ExecutionOptions
-from engine.resources import GpuLedger, ResourceLedger
+from engine.resources import GpuLedger, ResourceLedger, visible_gpu_ids
 from engine.scheduler import Candidate, pick
 from engine.task import TaskResult
 from engine.transport import CurveKeys, DriverSocket
@@ -770,7 +770,8 @@ class StreamingExecutor:
             if maybe is None:
                 return None
             grant = maybe
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in grant)
+            ids = visible_gpu_ids()  # the ledger counts GPUs 0..n-1; a worker sees them by the driver's names
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] if i < len(ids) else str(i) for i in grant)
         self.pool.preload_like_driver()
         handle = self._spawn(kind, env)
         handle.gpus, handle.gpu_amount = grant, num_gpus

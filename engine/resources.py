@@ -12,15 +12,36 @@ import math
 import os
 
 
-def detect_gpus() -> int:
-    """GPUs visible to this process, without importing torch or initializing CUDA."""
+def visible_gpu_ids() -> list[str]:
+    """The ids of the GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them.
+
+    Without that variable: one per GPU the driver lists in ``/proc/driver/nvidia/gpus``, or, where a
+    container hides that folder, one per ``/dev/nvidiaN`` device node. No torch import, no CUDA init.
+    """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+        ids = [d.strip() for d in visible.split(",")]
+        if "-1" in ids:  # CUDA stops at the first invalid id
+            ids = ids[: ids.index("-1")]
+        return [d for d in ids if d]
     try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
+        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
     except OSError:
-        return 0
+        pass
+    nodes = [name for name in _dev_entries() if name.startswith("nvidia") and name[6:].isdigit()]
+    return [str(i) for i in range(len(nodes))]
+
+
+def _dev_entries() -> list[str]:
+    try:
+        return os.listdir("/dev")
+    except OSError:
+        return []
+
+
+def detect_gpus() -> int:
+    """GPUs visible to this process, without importing torch or initializing CUDA."""
+    return len(visible_gpu_ids())
 
 
 class GpuLedger:

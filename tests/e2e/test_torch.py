@@ -217,14 +217,14 @@ def _mapped_files() -> list[tuple[int, int, str]]:
 def test_tensors_are_zero_copy_views_of_shared_memory_and_writes_stay_private(streaming):
     shm_dir = engine_session.current_session().shm_dir
     ds = dataflow.from_arrow(table_of(1000), override_num_blocks=2).map_batches(lambda b: b).materialize()
-    for batch in ds.iter_torch_batches(batch_size=100):
+    for batch in ds.iter_torch_batches(batch_size=100, device="cpu"):  # "auto" is CUDA where there is one
         maps = _mapped_files()
         for name in ("id", "emb"):
             ptr = batch[name].data_ptr()
             assert any(lo <= ptr < hi and path.startswith(shm_dir) for lo, hi, path in maps), (
                 f"column {name} was copied out of the object store")
         batch["emb"] += 1.0  # copy-on-write: private to this batch
-    again = list(ds.iter_torch_batches(batch_size=100))
+    again = list(ds.iter_torch_batches(batch_size=100, device="cpu"))
     order = torch.cat([b["id"] for b in again]).argsort()
     np.testing.assert_array_equal(torch.cat([b["emb"] for b in again])[order].numpy(), embeddings(1000))
 
@@ -306,6 +306,36 @@ def _busy_block(batch):
     return batch
 
 
+def test_closing_a_torch_iterator_restores_threads_at_once_whoever_else_holds_its_stages(streaming, monkeypatch):
+    """close() runs the stages' cleanup on the caller's thread, not at a later collection elsewhere.
+
+    torch's thread count belongs to a thread: a stage closed by a garbage collection on another
+    thread (its generator caught in a reference cycle) would restore that thread's count instead.
+    """
+    import dataflow.torch_batches as torch_batches
+
+    held = []
+    real = torch_batches._batches
+
+    def holding(*args, **kwargs):
+        stage = real(*args, **kwargs)
+        held.append(stage)  # as a reference cycle would: the stage outlives the caller's iterator
+        return stage
+
+    monkeypatch.setattr(torch_batches, "_batches", holding)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(len(os.sched_getaffinity(0)) + 2)
+    try:
+        ds = dataflow.range(4_000, override_num_blocks=4).map_batches(_busy_block)
+        batches = ds.iter_torch_batches(batch_size=500, device="cpu")
+        next(batches)
+        batches.close()
+        assert held and held[0].gi_frame is None  # closed, its finally run
+        assert torch.get_num_threads() == len(os.sched_getaffinity(0)) + 2
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_torch_threads_make_room_for_busy_workers_and_are_restored_after(mode):
     """Workers hold cores while a loop iterates; torch's spinning OpenMP threads would fight them."""
     saved = torch.get_num_threads()
@@ -313,14 +343,14 @@ def test_torch_threads_make_room_for_busy_workers_and_are_restored_after(mode):
     torch.set_num_threads(cores)
     try:
         ds = dataflow.range(4_000, override_num_blocks=4).map_batches(_busy_block)
-        seen = {torch.get_num_threads() for _ in ds.iter_torch_batches(batch_size=500)}
+        seen = {torch.get_num_threads() for _ in ds.iter_torch_batches(batch_size=500, device="cpu")}
         assert torch.get_num_threads() == cores
         if mode == "local" or cores == 1:
             assert seen == {cores}
         else:
             assert min(seen) < cores and min(seen) >= max(1, cores - 2), seen
 
-        batches = ds.iter_torch_batches(batch_size=500)
+        batches = ds.iter_torch_batches(batch_size=500, device="cpu")
         next(batches)
         batches.close()  # a loop that breaks out early
         assert torch.get_num_threads() == cores

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import dataflow
+from engine import resources
 from engine.resources import GpuLedger
 
 
@@ -47,6 +48,35 @@ def test_fractional_gpus_share_a_device(fresh_engine):
         WhichGpu, num_gpus=0.5, concurrency=2, batch_size=50
     ).take_all()
     assert {r["gpu"] for r in rows} == {"0"}
+
+
+def test_workers_see_the_drivers_gpu_ids_not_ledger_indices(fresh_engine, monkeypatch):
+    # a driver limited to GPUs 2 and 5 hands out those devices, not 0 and 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    dataflow.init(num_cpus=2)
+    rows = dataflow.range(400, override_num_blocks=8).map_batches(
+        WhichGpu, num_gpus=1, concurrency=2, batch_size=50
+    ).take_all()
+    assert {r["gpu"] for r in rows} == {"2", "5"}
+
+
+def test_visible_gpu_ids(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 1,-1,0")
+    assert resources.visible_gpu_ids() == ["3", "1"]  # CUDA stops at the first invalid id
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert resources.detect_gpus() == 0
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    real_listdir = os.listdir
+
+    def container(path):  # no /proc/driver/nvidia, as in many containers; device nodes in /dev
+        if str(path).startswith("/proc/driver/nvidia"):
+            raise FileNotFoundError(path)
+        if path == "/dev":
+            return ["null", "nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1", "nvidia-modeset"]
+        return real_listdir(path)
+
+    monkeypatch.setattr(resources.os, "listdir", container)
+    assert resources.visible_gpu_ids() == ["0", "1"]
 
 
 def test_a_gpu_function_runs_on_gpu_workers(fresh_engine):

@@ -21,8 +21,8 @@ Cases (rows per second of the whole job, and the Ray runner's per-task overhead)
 * ``streaming_split``: ``streaming_split(2, equal=True)`` of ``read_parquet -> map_batches``,
   each split drained by a thread of the driver with ``iter_batches(batch_size=4096)``.
 
-``--scaling`` runs only ``read_map_iter``, on a fresh cluster of 1 node and then of ``--nodes``
-nodes, for the per-node scaling of each side. Target: dataflow at least 2x Ray Data's throughput on each
+``--scaling`` runs only ``read_map_iter``, on a fresh cluster of 1 node, then 2, ... up to
+``--nodes`` nodes, for the per-node scaling of each side. Target: dataflow at least 2x Ray Data's throughput on each
 case. Run: ``python benchmarks/bench_ray_runner.py`` (needs the ``ray`` extra).
 """
 
@@ -191,7 +191,8 @@ def start_cluster(nodes: int, store_mib: int, cpus_per_node: int):
 def run_side(side: str, case: str, nodes: int, address: str, runs: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", side, "--case", case, "--nodes-used", str(nodes),
            "--address", address, "--runs", str(runs)]
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=str(HERE.parent))
+    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=path)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
@@ -218,8 +219,8 @@ def main() -> int:
         return 0
 
     make_data()
-    if args.scaling:  # one cluster per process: 1 node, then --nodes
-        for nodes in (1, args.nodes):
+    if args.scaling:  # one cluster per process: 1 node, 2 nodes, ... --nodes
+        for nodes in range(1, args.nodes + 1):
             subprocess.run([sys.executable, __file__, "--nodes", str(nodes), "--cases", "read_map_iter",
                             "--runs", str(args.runs), "--store-mib", str(args.store_mib),
                             "--cpus-per-node", str(args.cpus_per_node)], check=False)

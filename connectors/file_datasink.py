@@ -192,6 +192,11 @@ class FileDatasink(Datasink):
         """True when the destination is this machine's file system (not shared with other nodes)."""
         return isinstance(self._fs, pafs.LocalFileSystem)
 
+    @property
+    def local_root(self) -> str:
+        """The destination folder on this machine's file system (meaningful when ``writes_local_files``)."""
+        return self._root
+
     def __init__(
         self,
         path: str,

@@ -42,6 +42,11 @@ def env_log_dir() -> str | None:
     return os.environ.get("DATAFLOW_LOG_DIR") or None
 
 
+def env_shared_paths() -> tuple[str, ...]:
+    """``DATAFLOW_SHARED_PATHS``: folders all nodes of a cluster mount (``:``-separated)."""
+    return tuple(p for p in os.environ.get("DATAFLOW_SHARED_PATHS", "").split(os.pathsep) if p)
+
+
 def env_metrics_address() -> tuple[str, int] | None:
     """``DATAFLOW_METRICS_HOST`` (127.0.0.1 by default) and ``DATAFLOW_METRICS_PORT``, when set."""
     port = os.environ.get("DATAFLOW_METRICS_PORT")
@@ -72,6 +77,11 @@ class DataContext:
     """Ray's setting: a line per operator under each execution's bar (False: the bar only)."""
     progress_log_interval_s: float = 10.0
     """In "log" mode, how often the lines of a running execution are logged."""
+    shared_filesystem_paths: tuple[str, ...] = field(default_factory=lambda: env_shared_paths())
+    """Folders every node of a multi-node cluster mounts at the same place (an NFS or Lustre
+    mount): the Ray runner writes there as to s3://. A write to any other local path on a
+    multi-node cluster is refused, since each node would write its part to its own disk. From
+    ``DATAFLOW_SHARED_PATHS`` (separated by ``:``) by default."""
     enable_arrow_backed_pandas_conversion: bool = True
     """Ray's setting (True by default since Ray 2.56): ``Dataset.to_pandas`` gives
     ``pd.ArrowDtype`` columns; False gives numpy dtypes."""

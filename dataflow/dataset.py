@@ -8,6 +8,7 @@ consuming call runs the plan again, except on a MaterializedDataset.
 from __future__ import annotations
 
 import functools
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
@@ -54,10 +55,6 @@ class Dataset:
         options = ctx.execution_options
         runner.reclaim_abandoned(options.spill_dir)  # a killed driver's blocks: first run only
         backend = runner.backend(options, ctx.execution_mode)
-        if sink is not None and getattr(sink, "writes_local_files", False) and getattr(backend, "multi_node", lambda: False)():
-            msg = ("this Ray cluster has several nodes: write to storage they all reach (s3://..., a shared "
-                   f"mount), not to a local path ({getattr(sink, 'path', '') or 'a local folder'})")
-            raise ValueError(msg)
         options = backend.execution_options(options)
         logical = plan or self._plan
         ops = compile_plan(logical if optimized else optimize(logical), options, output, sink)
@@ -582,6 +579,7 @@ class Dataset:
     # writing --------------------------------------------------------------------------------
     def write_datasink(self, datasink: Any) -> None:
         """Write every block with ``datasink``: ``write`` on workers, the commit on the driver."""
+        _check_reachable(datasink)  # before on_write_start, which may create or clear the folder
         datasink.on_write_start()
         if getattr(datasink, "skip_write", False):  # SaveMode.IGNORE and the destination exists
             return
@@ -1094,3 +1092,26 @@ class MaterializedDataset(Dataset):
 
 
 __all__ = ["Dataset", "MapStages", "MaterializedDataset"]
+
+
+def _check_reachable(sink: Any) -> None:
+    """On a multi-node cluster, refuse a sink that would write to each node's own disk."""
+    if not getattr(sink, "writes_local_files", False):
+        return
+    ctx = DataContext.get_current()
+    backend = runner.backend(ctx.execution_options, ctx.execution_mode)
+    if getattr(backend, "multi_node", lambda: False)() and not on_shared_path(sink.local_root, ctx.shared_filesystem_paths):
+        msg = (f"this Ray cluster has several nodes: write to storage they all reach (s3://..., or a "
+               f"folder every node mounts, declared in DataContext.shared_filesystem_paths or "
+               f"DATAFLOW_SHARED_PATHS), not to a local path ({sink.local_root})")
+        raise ValueError(msg)
+
+
+def on_shared_path(path: str, shared: tuple[str, ...]) -> bool:
+    """Whether local ``path`` lies in one of the ``shared`` folders (every node mounts them)."""
+    real = os.path.realpath(path)
+    for folder in shared:
+        base = os.path.realpath(folder)
+        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+            return True
+    return False

@@ -55,8 +55,14 @@ def ray_cluster() -> Iterator[Any]:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
     dataflow.init(runner="ray", address=cluster.address)
+    # every node of this cluster runs on this machine: its temp folders (the tests' tmp_path) are
+    # a folder all nodes mount, as an NFS mount would be on a real cluster
+    ctx = dataflow.DataContext.get_current()
+    saved_shared = ctx.shared_filesystem_paths
+    ctx.shared_filesystem_paths = (tempfile.gettempdir(),)
     cluster.worker_nodes_list = nodes
     yield cluster
+    ctx.shared_filesystem_paths = saved_shared
     runner.shutdown()
     ray.shutdown()
     cluster.shutdown()

@@ -5,7 +5,9 @@ apply to a multi-node cluster, and why."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,40 +15,40 @@ import pytest
 pytest.importorskip("ray")
 
 E2E = Path(__file__).parents[1] / "e2e"
-# not here, for the default run's time: test_with_column and test_dataset_info (planning and
-# metadata on the driver), test_on_error (row errors are handled inside the task): the same
-# code on every runner; and the suites that write local files
+# every e2e suite whose tests take ``mode``; the notebooks run below, in kernels that reach the
+# cluster through the environment
 SUITES = ("test_api", "test_all_to_all", "test_errors", "test_split", "test_split_materialized",
-          "test_iterator_resume", "test_torch", "test_custom_io", "test_ray_kwargs")
+          "test_iterator_resume", "test_torch", "test_custom_io", "test_ray_kwargs", "test_with_column",
+          "test_dataset_info", "test_on_error", "test_formats", "test_progress", "test_tracebacks")
 NOT_ON_THIS_CLUSTER = {
-    # writing to a local folder is refused on a multi-node cluster (test_ray_runner checks it)
-    "test_api__test_parquet_round_trip": "writes to a local folder",
-    "test_all_to_all__test_repartition_sets_blocks_and_files": "writes to a local folder",
     # num_gpus=1 fits here: node2 has two GPUs (test_ray_runner checks a request no node fits)
     "test_errors__test_impossible_resources_fail_at_once": "the cluster has GPUs",
-    # these also write their inputs or outputs to a local folder
-    "test_ray_kwargs__test_partition_filter_picks_files_before_reading": "writes to a local folder",
-    "test_ray_kwargs__test_json_round_trip_of_a_written_dataset": "writes to a local folder",
-    "test_ray_kwargs__test_comparing_a_partition_column_with_a_number_says_why": "writes to a local folder",
     "test_torch__test_num_gpus_without_gpus_fails_at_once": "the cluster has GPUs",
     # forked DataLoader workers cannot use the driver's Ray connection (RayStore says so)
     "test_torch__test_dataloader_workers_leave_the_parent_engine_alone": "forked DataLoader workers",
     "test_torch__test_torch_iterable_from_a_materialized_dataset": "forked DataLoader workers",
     # the local engine's busy workers and torch threads; the cluster's CPUs are not the driver's
     "test_torch__test_torch_threads_make_room_for_busy_workers_and_are_restored_after": "local CPUs only",
-    # a statistical test of the partitioner, the same code on every runner: 11 s here for nothing new
-    "test_all_to_all__test_shuffle_is_uniform_enough": "runner-independent statistics",
 }
 
 
 def _load(name: str) -> dict:
+    """The tests of ``name`` that run on the ``mode`` fixture's runner (here Ray): the others
+    (argument checks, the local engine's own workers through ``streaming`` or ``fresh_engine``)
+    would only run the local engine a second time."""
     # imported under its own name, from its folder (as pytest imports it): Ray workers, which get
     # the driver's sys.path, can then import the classes and functions the tests define
     if str(E2E) not in sys.path:
         sys.path.insert(0, str(E2E))
     module = importlib.import_module(name)
-    return {f"{name}__{key}": value for key, value in vars(module).items()
-            if key.startswith("test_") and callable(value)}
+    tests = {f"{name}__{key}": value for key, value in vars(module).items()
+             if key.startswith("test_") and callable(value) and "mode" in inspect.signature(value).parameters}
+    fixtures = {key: value for key, value in vars(module).items() if _is_fixture(value)}
+    return {**tests, **fixtures}
+
+
+def _is_fixture(value: object) -> bool:
+    return hasattr(value, "_fixture_function_marker") or hasattr(value, "_pytestfixturefunction")
 
 
 _tests: dict = {}
@@ -54,3 +56,17 @@ for _suite in SUITES:
     _tests.update(_load(_suite))
 assert set(NOT_ON_THIS_CLUSTER) <= set(_tests), set(NOT_ON_THIS_CLUSTER) - set(_tests)
 globals().update({name: test for name, test in _tests.items() if name not in NOT_ON_THIS_CLUSTER})
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", sorted((E2E.parents[1] / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebook_runs_in_a_kernel_on_ray(ray_cluster, path, tmp_path, monkeypatch):
+    """Each notebook, top to bottom in a real kernel whose plans run on the cluster (the runner
+    and its address from the environment, as a notebook on a cluster's head node would get them)."""
+    from test_notebooks import test_notebook_runs_in_a_kernel
+
+    monkeypatch.setenv("DATAFLOW_RUNNER", "ray")
+    monkeypatch.setenv("DATAFLOW_RAY_ADDRESS", ray_cluster.address)
+    monkeypatch.setenv("DATAFLOW_SHARED_PATHS", tempfile.gettempdir())  # the nodes share this machine's disk
+    monkeypatch.setenv("RAY_LOG_TO_DRIVER", "0")
+    test_notebook_runs_in_a_kernel(path, tmp_path, monkeypatch)

@@ -166,10 +166,20 @@ def test_seeded_shuffle_matches_the_local_engine(on_ray):
         assert [r["id"] for r in ds.random_shuffle(seed=9).take_all()] == on_cluster
 
 
-def test_writes_need_shared_storage(on_ray, tmp_path, s3):
+def test_writes_need_shared_storage(on_ray, tmp_path, s3, monkeypatch):
     ds = dataflow.range(1000, override_num_blocks=4)
-    with pytest.raises(ValueError, match="several nodes"):
+    ctx = dataflow.DataContext.get_current()
+    monkeypatch.setattr(ctx, "shared_filesystem_paths", ())
+    with pytest.raises(ValueError, match="several nodes") as info:
         ds.write_parquet(str(tmp_path / "out"))
+    assert str(tmp_path / "out") in str(info.value) and "shared_filesystem_paths" in str(info.value)
+    assert not (tmp_path / "out").exists()
+    # a folder every node mounts (here the nodes share this machine), declared: written as s3:// is
+    monkeypatch.setattr(ctx, "shared_filesystem_paths", (str(tmp_path / "mnt"),))
+    with pytest.raises(ValueError, match="several nodes"):  # a sibling of the mount is still local
+        ds.write_parquet(str(tmp_path / "mnt-other"))
+    ds.write_parquet(str(tmp_path / "mnt" / "out"))
+    assert dataflow.read_parquet(str(tmp_path / "mnt" / "out")).count() == 1000
     import pyarrow.fs as pafs
 
     # the cluster's workers do not share the test's environment: the credentials travel with the sink

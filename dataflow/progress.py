@@ -228,13 +228,16 @@ class Renderer(Protocol):
 class LogRenderer:
     """Every ``interval_s``, one log line per running execution and one per operator."""
 
-    refresh_s = 0.5
-
     def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self.rate_window_s = interval_s
         self._logged: dict[int, float] = {}
         """Execution id -> its elapsed time when its lines were last logged."""
+        self.set_interval(interval_s)
+
+    def set_interval(self, interval_s: float) -> None:
+        """Log every ``interval_s`` from now on (the setting of the execution that started last)."""
+        self.interval_s = interval_s
+        self.rate_window_s = interval_s
+        self.refresh_s = min(0.5, interval_s)  # the thread must look at least as often as it logs
 
     def add(self, execution_id: int) -> None:
         self._logged[execution_id] = 0.0
@@ -417,6 +420,9 @@ class ProgressManager:
             if kind is not None and self._renderer is None:
                 self._renderer = self._make_renderer(kind, ctx)
             renderer = self._renderer if kind is not None else None
+            if isinstance(renderer, LogRenderer) and renderer.interval_s != ctx.progress_log_interval_s:
+                renderer.set_interval(ctx.progress_log_interval_s)  # made for an earlier execution
+                self._wake.set()  # the thread may be asleep for the old period: look again now
             window = renderer.rate_window_s if renderer is not None else RATE_WINDOW_S
             tracked = _Tracked(handle, label, name, ctx.enable_operator_progress_bars, renderer is not None, Rates(window))
             tracked.rates.add(time.monotonic(), first)

@@ -60,6 +60,10 @@ SPILL_LOG_S = 10.0
 """Spilling is logged when it starts, then at most this often (with the totals so far)."""
 
 INLINE = "inline"
+INLINE_MAX_INPUT_BYTES = 8 << 20
+"""The largest task the inline slot takes: it is there for a small job's first rows; a task that
+decodes a big row group would hold that memory in the driver and is not sped up by skipping
+the ~0.3 s the first worker takes to start."""
 MAX_START_FAILURES = 5
 PIPELINE_TASK_S = 0.02
 """Operators whose tasks take less than this (on average) have their next task queued on a busy
@@ -680,7 +684,7 @@ class StreamingExecutor:
         idle = self.pool.idle(TASK_KIND)
         if idle:
             return idle[0]
-        if self._inline.free():
+        if self._inline.free() and op.next_input_bytes() <= INLINE_MAX_INPUT_BYTES:
             return INLINE
         return None
 

@@ -174,6 +174,12 @@ class MapOperator(PhysicalOperator):
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    def next_input_bytes(self) -> int:
+        """Bytes of input the next task takes at least: a retried task's, or the first queued item's."""
+        if self.retry_queue:
+            return int(self.retry_queue[0].input_bytes)
+        return int(self._queue[0].size) if self._queue else 0
+
     def queued(self) -> int:
         """Inputs waiting for a task (blocks, or read tasks of a source) and tasks waiting for
         a retry (any thread may ask: lengths of deques)."""

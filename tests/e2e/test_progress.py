@@ -156,6 +156,18 @@ def test_log_mode_lines_per_operator(mode, log_progress, caplog):
     assert any("started: " in line for line in ended) and any("finished in" in line and "1,000 rows" in line for line in ended)
 
 
+def test_a_new_interval_applies_while_an_earlier_execution_is_still_followed(mode, log_progress, caplog):
+    log_progress.progress_log_interval_s = 30.0
+    earlier = dataflow.range(10_000, override_num_blocks=20).iter_batches(batch_size=10)
+    next(earlier)  # started, and followed until it ends
+    log_progress.progress_log_interval_s = LOG_INTERVAL_S
+    with caplog.at_level(logging.INFO, logger="dataflow.progress"):
+        assert dataflow.range(1200, override_num_blocks=12).map_batches(_sleepy, batch_size=100).count() == 1200
+    earlier.close()
+    _wait_until_ended()
+    assert any("MapBatches(_sleepy):" in r.getMessage() for r in caplog.records if r.name == "dataflow.progress")
+
+
 def test_only_the_execution_line_without_operator_lines(mode, log_progress, caplog):
     log_progress.enable_operator_progress_bars = False
     with caplog.at_level(logging.INFO, logger="dataflow.progress"):

@@ -69,3 +69,31 @@ def test_a_udf_whose_heap_grows_is_seen(fresh_engine):
     stats = session.current_session().executor.statistics()
     assert stats["workers_rss"] > 250 << 20 and stats["memory_pressure"]
     assert "workers' memory is high" in ds.stats()
+
+
+def _where(batch):
+    import os
+
+    return {"pid": np.full(len(next(iter(batch.values()))), os.getpid())}
+
+
+def test_a_big_first_task_waits_for_a_worker_instead_of_decoding_in_the_driver(fresh_engine, tmp_path):
+    """The cold start runs small tasks in the driver; a task that reads a big file there would
+    hold its decoded rows in the driver's heap (a slow consumer's peak memory doubled)."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.mkdir()
+    small.mkdir()
+    pq.write_table(pa.table({"x": np.random.default_rng(0).random(3 << 20)}), big / "a.parquet")  # 24 MiB
+    pq.write_table(pa.table({"x": np.arange(1000, dtype=np.float64)}), small / "a.parquet")
+    dataflow.init(num_cpus=2)  # workers still starting: a small first task runs in the driver
+    pids = set(dataflow.read_parquet(str(small)).map_batches(_where).to_numpy("pid").tolist())
+    assert pids == {os.getpid()}
+    dataflow.shutdown()
+    dataflow.init(num_cpus=2)
+    pids = set(dataflow.read_parquet(str(big)).map_batches(_where).to_numpy("pid").tolist())
+    assert os.getpid() not in pids

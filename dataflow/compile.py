@@ -34,6 +34,8 @@ class _Compiler:
         """Operators whose output order is the result (a sort's reduce)."""
 
     def add(self, op: PhysicalOperator) -> PhysicalOperator:
+        if isinstance(op, MapOperator):
+            op.max_task_output_bytes = self.options.target_max_block_size
         self.ops.append(op)
         return op
 

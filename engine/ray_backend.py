@@ -29,6 +29,7 @@ import itertools
 import logging
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -820,9 +821,32 @@ def _node_fits(node: dict[str, Any], cpus: float, gpus: float, custom: tuple[tup
     return all(have.get(name, 0) + 1e-9 >= amount for name, amount in custom)
 
 
+PROBE_TIMEOUT_S = 5.0
+"""How long a TCP connection to an explicit ``host:port`` may take before ``ray.init`` is tried."""
+
+
+def _probe(address: str | None, timeout_s: float) -> None:
+    """Fail at once when nothing listens at an explicit ``host:port`` (``ray://host:port`` too):
+    ``ray.init`` would retry a refused connection until the timeout. "auto", None and other
+    forms are left to ``ray.init``."""
+    if not address or address == "auto" or address.startswith("local"):
+        return
+    target = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except OSError as err:
+        msg = f"cannot reach the Ray cluster at {address!r}: nothing answers at {target} ({err})"
+        raise ConnectionError(msg) from err
+
+
 def _connect(address: str | None, timeout_s: float) -> None:
     """``ray.init`` that fails within ``timeout_s`` with a clear error on a wrong address."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    _probe(address, min(timeout_s, PROBE_TIMEOUT_S))
     failure: list[BaseException] = []
 
     def connect() -> None:

@@ -32,6 +32,9 @@ _task_ids = itertools.count(1)
 _op_ids = itertools.count(1)
 
 
+DEFAULT_MAX_TASK_OUTPUT_BYTES = 128 << 20
+"""``target_max_block_size``'s default: what one task should leave in the store at most."""
+
 @dataclass(frozen=True)
 class Resources:
     """What one task (or one actor) needs."""
@@ -124,6 +127,11 @@ class MapOperator(PhysicalOperator):
         self.rows_counted = 0
         self.retry_queue: deque[Pending] = deque()
         self._out_bytes_per_task: float | None = None
+        self._out_ratio: float | None = None
+        """Bytes a task leaves in the store per byte of input (a moving average of finished tasks)."""
+        self.max_task_output_bytes = DEFAULT_MAX_TASK_OUTPUT_BYTES
+        """What one task should leave in the store at most: bundles shrink to fit it once the
+        output-to-input ratio is known (the execution's ``target_max_block_size``)."""
 
     @property
     def transform_bytes(self) -> bytes:
@@ -225,6 +233,7 @@ class MapOperator(PhysicalOperator):
             return retry
         bundle: list[Any] = []
         size = rows = 0
+        limit = self._bundle_limit()
         if self.exact_batch_rows is not None:
             bundle, size = self._exact_bundle()
         while self._queue and self.exact_batch_rows is None:
@@ -233,10 +242,18 @@ class MapOperator(PhysicalOperator):
                 break  # one input unit per task
             if bundle and self.whole_units:
                 pass  # the whole unit, whatever its size
-            elif bundle and self.min_rows_per_task is None and size + item.size > max(self.min_bundle_bytes, 1):
+            elif bundle and self.min_rows_per_task is None and size + item.size > limit:
                 break
             if bundle and self.min_rows_per_task is not None and rows >= self.min_rows_per_task:
                 break
+            cap = self._output_cap() if not bundle and self._slices_inputs() else None
+            if cap is not None and item.size > cap:
+                head = self._split_head(int(_item_rows(item.value) * cap / item.size))
+                if head is not None:  # a block whose rows would outgrow a task's output: a slice of it
+                    bundle.append(head)
+                    size += head.size_bytes
+                    rows += head.num_rows
+                    break
             self._queue.popleft()
             self._queued_bytes -= item.size
             item_rows = _item_rows(item.value)
@@ -256,6 +273,26 @@ class MapOperator(PhysicalOperator):
         pending = Pending(spec, bundle, size, time.monotonic())
         self.pending[spec.task_id] = pending
         return pending
+
+    def _bundle_limit(self) -> int:
+        """Input bytes one task bundles: ``min_bundle_bytes``, or less where the operator's output
+        outgrows its input (a UDF that turns 8-byte ids into 1 MiB rows), so that one task does
+        not leave far more than ``max_task_output_bytes`` in the store. Until a task has
+        finished the ratio is unknown: one input item per task."""
+        limit = max(self.min_bundle_bytes, 1)
+        if self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
+            return limit  # counts and writes leave nothing behind
+        if self._out_ratio is None:
+            return 1
+        cap = self._output_cap()
+        return limit if cap is None else max(1, min(limit, cap))
+
+    def _output_cap(self) -> int | None:
+        """Input bytes whose output fills ``max_task_output_bytes``, once the ratio is known and
+        where the output stays in the store; None otherwise."""
+        if self._out_ratio is None or self._out_ratio <= 0 or self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
+            return None
+        return int(self.max_task_output_bytes / self._out_ratio)
 
     def _exact_task_rows(self) -> int:
         assert self.exact_batch_rows is not None
@@ -281,16 +318,12 @@ class MapOperator(PhysicalOperator):
             value = item.value
             n = _item_rows(value)
             if rows + n > want and isinstance(value, (BlockRef, BlockSlice)):
-                take = want - rows
-                ref, offset = (value, 0) if isinstance(value, BlockRef) else (value.ref, value.offset)
-                head, tail = BlockSlice(ref, offset, take), BlockSlice(ref, offset + take, n - take)
-                self._slices[ref.block_id] = self._slices.get(ref.block_id, 1) + 1
-                self._queue.appendleft(_Item(tail, tail.size_bytes))
-                self._queued_bytes += tail.size_bytes - item.size
-                self._queued_rows -= take
+                self._queue.appendleft(item)  # put back, then cut: the tail stays first
+                head = self._split_head(want - rows)
+                assert head is not None
                 bundle.append(head)
                 size += head.size_bytes
-                rows += take
+                rows += head.num_rows
                 break
             self._queued_bytes -= item.size
             self._queued_rows -= n
@@ -298,6 +331,30 @@ class MapOperator(PhysicalOperator):
             size += item.size
             rows += n
         return bundle, size
+
+    def _slices_inputs(self) -> bool:
+        """May a block be cut to keep a task's output small? Only where a task's rows are free
+        to choose (no exact batches, row minimums or whole units) and the output ratio is known."""
+        return (self._out_ratio is not None and self.exact_batch_rows is None and self.min_rows_per_task is None
+                and not self.whole_units)
+
+    def _split_head(self, take: int) -> BlockSlice | None:
+        """Cut the first ``take`` rows (at least 1) off the first queued block: the head is
+        returned for a task, the rest stays first in the queue. None when it is not a block of
+        more than one row, or ``take`` covers it all."""
+        item = self._queue[0]
+        value = item.value
+        n = _item_rows(value)
+        take = max(1, take)
+        if not isinstance(value, (BlockRef, BlockSlice)) or take >= n:
+            return None
+        ref, offset = (value, 0) if isinstance(value, BlockRef) else (value.ref, value.offset)
+        head, tail = BlockSlice(ref, offset, take), BlockSlice(ref, offset + take, n - take)
+        self._slices[ref.block_id] = self._slices.get(ref.block_id, 1) + 1
+        self._queue[0] = _Item(tail, tail.size_bytes)
+        self._queued_bytes += tail.size_bytes - item.size
+        self._queued_rows -= take
+        return head
 
     def release_slice(self, piece: BlockSlice) -> bool:
         """A task is done with ``piece``; True when no other slice of its block remains."""
@@ -378,6 +435,9 @@ class MapOperator(PhysicalOperator):
             self.stats.errors[name] = self.stats.errors.get(name, 0) + rows
         out = float(result.size_bytes)
         self._out_bytes_per_task = out if self._out_bytes_per_task is None else 0.8 * self._out_bytes_per_task + 0.2 * out
+        if pending.input_bytes > 0 and result.error is None:
+            ratio = out / pending.input_bytes
+            self._out_ratio = ratio if self._out_ratio is None else 0.8 * self._out_ratio + 0.2 * ratio
         return pending
 
     def requeue(self, task_id: int) -> None:

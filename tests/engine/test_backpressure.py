@@ -139,3 +139,23 @@ def test_outputs_parked_for_order_count_against_the_budget(fresh_engine):
         sampler.join()
     assert ids == sorted(ids) and len(ids) >= 200
     assert peak <= 16 * MiB, f"{peak / MiB:.1f} MiB held behind one straggler"
+
+
+def _expand(batch):
+    # 8-byte ids become 256 KiB rows: the output is 32,768x the input
+    return {"id": batch["id"], "pad": np.ones((len(batch["id"]), 32_768), dtype=np.float64)}
+
+
+def test_a_udf_whose_output_outgrows_its_input_is_not_bundled_into_one_huge_task(fresh_engine):
+    """Small inputs are bundled into ~4 MiB tasks; bundling 16 KB of ids into one task would
+    make that one task produce 500 MiB (on a cluster: 2 GiB in one task, 37 s to a first row).
+    Until a task has finished each takes one input block; then bundles fit the learned ratio."""
+    dataflow.init(num_cpus=2, target_max_block_size=16 * MiB)
+    ds = dataflow.range(2000, override_num_blocks=20).map_batches(_expand, num_cpus=0.5)  # not fused with the read
+    rows = 0
+    for batch in ds.iter_batches(batch_size=None):
+        rows += len(batch["id"])
+    assert rows == 2000
+    expand = next(op for op in ds._last_handle.stats().operators if "_expand" in op.name)
+    assert expand.tasks >= 20, f"{expand.tasks} tasks: the ids were bundled into tasks of {500 // expand.tasks} MiB"
+    assert expand.peak_held_bytes <= 200 * MiB

@@ -144,6 +144,8 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
             continue
         bound = partitioner.for_execution()
         sampler = bound.sample if node.sampler and i == 0 else None
+        if sampler is not None and isinstance(child, MapOperator) and child.output == OUTPUT_BLOCKS:
+            child.output_sampler = sampler  # its tasks sample their blocks: the driver reads none
         fed.append(c.add(PartitionOperator(
             f"{node.label}Map", PartitionTransform(f"{node.label}Map", bound), child,
             sampler=sampler, min_bundle_bytes=c.options.min_task_input_bytes,

@@ -1,7 +1,8 @@
 """Sort as a range exchange: sampled boundaries, partitions by the primary key, stable merges.
 
-The map side samples the primary key of every block as it arrives (in the driver, a few rows
-per block), cuts the sorted sample into ``FINE_PARTITIONS`` quantile ranges once the last block
+The map side samples the primary key of every block as it arrives (a few rows per block, taken
+by the task that made the block and sent with its ref, so the driver reads no block; a
+materialized input's blocks are sampled in the driver), cuts the sorted sample into ``FINE_PARTITIONS`` quantile ranges once the last block
 is in, and sends each row to the range its primary key falls in; nulls and NaNs go to the last
 range, as they sort last. Equal primary keys share a range, so ranges sorted on all the keys
 and emitted in range order are the sorted dataset. Reducers concatenate their slices in input
@@ -81,7 +82,7 @@ class RangePartitioner:
         return fixed
 
     def sample(self, table: pa.Table) -> pa.Array:
-        """Evenly spaced primary-key values of one block (read in the driver)."""
+        """Evenly spaced primary-key values of one block (in the task that made it)."""
         self.key.check(table)
         column = table.column(self.key.columns[0])
         n = len(column)

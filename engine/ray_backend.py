@@ -191,7 +191,8 @@ class RayStore(BlockStore):
         self._pid = os.getpid()
 
     def register(self, object_ref: ray.ObjectRef, meta: BlockRef, node: str | None = None) -> BlockRef:
-        ref = BlockRef(object_ref.hex(), None, meta.num_rows, meta.size_bytes, partitions=meta.partitions, node=node)
+        ref = BlockRef(object_ref.hex(), None, meta.num_rows, meta.size_bytes, partitions=meta.partitions, node=node,
+                       sample=meta.sample)
         with self._lock:
             self._refs[ref.block_id] = object_ref
         return ref

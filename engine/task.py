@@ -12,7 +12,7 @@ import dataclasses
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,9 @@ class TaskSpec:
     params: Any = None
     """Plain data the transform needs for this task only (an exchange's row offset, the
     number of inputs from each side of a reduce)."""
+    sampler: Any = None
+    """For a task whose blocks feed a sort: called on each output block, its result rides on
+    the block's ref (``BlockRef.sample``)."""
 
 
 @dataclass
@@ -150,6 +153,8 @@ def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Tas
         else:
             for block in transform(_input_blocks(spec, store), spec.params):
                 ref = store.put(block, spill=spec.spill)
+                if spec.sampler is not None:
+                    ref = dataclasses.replace(ref, sample=_sample(spec.sampler, block))
                 written.append(ref)
                 result.num_rows += ref.num_rows
                 result.size_bytes += ref.size_bytes
@@ -170,6 +175,15 @@ def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Tas
     # and a reset makes a delta negative; both are dropped rather than misreported
     result.io = {k: v - io_start.get(k, 0) for k, v in io_end.items() if v > io_start.get(k, 0)}
     return result
+
+
+def _sample(sampler: Callable[[pa.Table], Any], block: pa.Table) -> Any:
+    """``sampler(block)``, or the exception it raised (a sort key the data does not have): the
+    driver fails the execution with it, as when it sampled the block itself."""
+    try:
+        return sampler(block) if block.num_rows else None
+    except Exception as err:
+        return err
 
 
 def _counting(blocks: Iterator[pa.Table], result: TaskResult) -> Iterator[pa.Table]:

@@ -62,7 +62,8 @@ class OperatorContext:
     """A new block holding the first n rows of a block (counted like the block's producer's)."""
     preserve_order: bool
     read: Callable[[BlockRef], pa.Table]
-    """A block's table, read in the driver (an exchange samples sort keys with it)."""
+    """A block's table, read in the driver (a sort samples the keys of blocks no task of its
+    execution made, a materialized input's, with it)."""
     store_capacity: int
     num_cpus: int
     fail: Callable[[BaseException], None]

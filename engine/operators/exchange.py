@@ -75,7 +75,12 @@ class PartitionOperator(MapOperator):
         if self.sampler is not None and self._samples is not None and ref.num_rows:
             assert self._ctx is not None
             try:
-                self._samples.append(self.sampler(self._ctx.read(ref)))
+                if ref.sample is None:  # a block no task of ours made (materialized input): read it here
+                    self._samples.append(self.sampler(self._ctx.read(ref)))
+                elif isinstance(ref.sample, BaseException):
+                    raise ref.sample
+                else:
+                    self._samples.append(ref.sample)
             except Exception as err:  # a sort key the data does not have
                 self._ctx.fail(err)
         if self.cancelled:  # failed (now or before): nobody will run it

@@ -115,6 +115,8 @@ class MapOperator(PhysicalOperator):
         self._next_in_order = 0
         self.output = output
         self.sink = sink
+        self.output_sampler: Callable[[Any], Any] | None = None
+        """Set when this operator feeds a sort: each task samples the blocks it makes."""
         self._source: Iterator[Any] | BackgroundSource | None = iter(source) if source is not None else None
         self._lazy_source = source is not None and not isinstance(source, (list, tuple))
         self.inputs_done = source is None and upstream is None
@@ -269,6 +271,7 @@ class MapOperator(PhysicalOperator):
             output=self.output,
             sink=self.sink,
             task_index=next(self._task_index),
+            sampler=self.output_sampler,
         )
         pending = Pending(spec, bundle, size, time.monotonic())
         self.pending[spec.task_id] = pending

@@ -141,6 +141,30 @@ def test_sort_missing_key_names_the_column(mode):
     assert "id" in str(info.value)
 
 
+def test_sort_keys_are_sampled_by_the_tasks_not_read_back_by_the_driver(streaming, monkeypatch):
+    """The blocks feeding a sort are sampled by the tasks that make them; the driver reads none
+    of them (on a cluster that would pull every block to the driver, and here read spilled
+    blocks back from disk). Tasks the cold start runs in the driver's inline thread may sample."""
+    import os
+    import threading
+
+    from dataflow.sort import RangePartitioner
+
+    driver, real = os.getpid(), RangePartitioner.sample
+
+    def sample(self, table):
+        if os.getpid() == driver and threading.current_thread().name != "dataflow-inline":
+            raise AssertionError(f"the driver sampled a block on {threading.current_thread().name}")
+        return real(self, table)
+
+    monkeypatch.setattr(RangePartitioner, "sample", sample)
+    ds = dataflow.range(20_000, override_num_blocks=8).map_batches(lambda b: {"k": (b["id"] * 7919) % 20_011})
+    keys = [r["k"] for r in ds.sort("k").take_all()]
+    assert len(keys) == 20_000 and keys == sorted(keys)
+    with pytest.raises(Exception, match="nope"):  # a missing key is still the sort's error
+        ds.sort("nope").take_all()
+
+
 # groupby ---------------------------------------------------------------------------------------
 def test_groupby_aggregations_match_python(mode):
     ds = _rows(7000)

@@ -159,6 +159,23 @@ def test_all_to_all_steps(on_ray):
     assert ds.repartition(4).materialize().num_blocks() == 4
 
 
+def test_a_sort_samples_its_keys_on_the_cluster(on_ray, monkeypatch):
+    """The tasks feeding a sort sample their own blocks: the driver fetches none of them."""
+    from dataflow.sort import RangePartitioner
+
+    driver, real = os.getpid(), RangePartitioner.sample
+
+    def sample(self, table):  # travels to the workers by value (cloudpickle), so it checks where it runs
+        if os.getpid() == driver:
+            raise AssertionError("the driver fetched a block to sample it")
+        return real(self, table)
+
+    monkeypatch.setattr(RangePartitioner, "sample", sample)
+    ds = dataflow.range(30_000, override_num_blocks=10).map_batches(lambda b: {"k": (b["id"] * 7919) % 30_011})
+    keys = [r["k"] for r in ds.sort("k", descending=True).take_all()]
+    assert len(keys) == 30_000 and keys == sorted(keys, reverse=True)
+
+
 def test_seeded_shuffle_matches_the_local_engine(on_ray):
     ds = dataflow.range(5000, override_num_blocks=5)
     on_cluster = [r["id"] for r in ds.random_shuffle(seed=9).take_all()]

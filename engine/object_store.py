@@ -16,7 +16,7 @@ import itertools
 import mmap
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -43,7 +43,7 @@ class BlockRef:
     unit: int | None = None
     """The input unit (a read task of a resumable write) its rows came from; None otherwise.
     Set by the execution when the task that made it finishes (``engine.units``)."""
-    sample: Any = None
+    sample: Any = field(default=None, compare=False)
     """For a block feeding a sort: a few of its sort-key values (or the exception sampling
     raised), taken by the task that made it (``TaskSpec.sampler``), so the driver fits the
     range boundaries without reading the block; None otherwise."""

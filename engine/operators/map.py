@@ -337,9 +337,10 @@ class MapOperator(PhysicalOperator):
 
     def _slices_inputs(self) -> bool:
         """May a block be cut to keep a task's output small? Only where a task's rows are free
-        to choose (no exact batches, row minimums or whole units) and the output ratio is known."""
-        return (self._out_ratio is not None and self.exact_batch_rows is None and self.min_rows_per_task is None
-                and not self.whole_units)
+        to choose (no exact batches, row minimums or whole units), the output ratio is known, and
+        the output is plain blocks (an exchange's map side numbers rows by whole input blocks)."""
+        return (self._out_ratio is not None and self.output == OUTPUT_BLOCKS and self.exact_batch_rows is None
+                and self.min_rows_per_task is None and not self.whole_units)
 
     def _split_head(self, take: int) -> BlockSlice | None:
         """Cut the first ``take`` rows (at least 1) off the first queued block: the head is

@@ -55,6 +55,20 @@ def test_seeded_shuffle_does_not_depend_on_blocks_or_workers(mode):
         assert [r["id"] for r in _rows(5000, blocks=11).random_shuffle(seed=1).take_all()] == expected
 
 
+def _padded(batch):
+    return {"id": batch["id"], "pad": np.ones((len(batch["id"]), 16))}
+
+
+def test_a_seeded_shuffle_is_the_same_whatever_the_block_size(mode):
+    """Small blocks (target_max_block_size of 256 KiB: blocks are cut, and tasks whose output
+    outgrows their input are cut too) give the permutation the default blocks give."""
+    ds = dataflow.range(100_000, override_num_blocks=4).map_batches(_padded)
+    default = [r["id"] for r in ds.random_shuffle(seed=3).select_columns(["id"]).take_all()]
+    with dataflow.options(target_max_block_size=256 << 10):
+        small = [r["id"] for r in ds.random_shuffle(seed=3).select_columns(["id"]).take_all()]
+    assert sorted(default) == list(range(100_000)) and small == default
+
+
 def test_shuffle_is_uniform_enough():
     # where row 0 lands over many seeds: roughly uniform over 10 buckets
     landing = [[r["id"] for r in dataflow.range(100).random_shuffle(seed=s).take_all()].index(0) // 10 for s in range(400)]

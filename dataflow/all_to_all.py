@@ -20,13 +20,14 @@ def random_shuffle(plan: LogicalNode, seed: int | None, num_blocks: int | None =
     partitions = max(FINE_PARTITIONS, num_blocks or 0)
     return Exchange(
         (plan,), "RandomShuffle", (RandomPartitioner(seed, partitions),), ShuffleReducer(exact_blocks=num_blocks is not None),
-        num_tasks=num_blocks, ordered_input=seed is not None, preserves_rows=True,
+        # with a seed the order is the result: the steps after it keep it, as after a sort
+        num_tasks=num_blocks, ordered_input=seed is not None, orders_output=seed is not None, preserves_rows=True,
     )
 
 
 def randomize_block_order(plan: LogicalNode, seed: int | None) -> Exchange:
     return Exchange((plan,), "RandomizeBlockOrder", grouping="blocks", seed=seed,
-                    ordered_input=seed is not None, preserves_rows=True)
+                    ordered_input=seed is not None, orders_output=seed is not None, preserves_rows=True)
 
 
 def sort(plan: LogicalNode, key: str | Sequence[str], descending: bool | Sequence[bool],

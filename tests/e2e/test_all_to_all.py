@@ -61,12 +61,14 @@ def _padded(batch):
 
 def test_a_seeded_shuffle_is_the_same_whatever_the_block_size(mode):
     """Small blocks (target_max_block_size of 256 KiB: blocks are cut, and tasks whose output
-    outgrows their input are cut too) give the permutation the default blocks give."""
+    outgrows their input are cut too) give the permutation the default blocks give, run after
+    run, and the step after the shuffle keeps it (as after a sort)."""
     ds = dataflow.range(100_000, override_num_blocks=4).map_batches(_padded)
-    default = [r["id"] for r in ds.random_shuffle(seed=3).select_columns(["id"]).take_all()]
-    with dataflow.options(target_max_block_size=256 << 10):
-        small = [r["id"] for r in ds.random_shuffle(seed=3).select_columns(["id"]).take_all()]
-    assert sorted(default) == list(range(100_000)) and small == default
+    runs = []
+    for size in (None, 256 << 10, None, 256 << 10):
+        with dataflow.options(**({"target_max_block_size": size} if size else {})):
+            runs.append([r["id"] for r in ds.random_shuffle(seed=3).select_columns(["id"]).take_all()])
+    assert sorted(runs[0]) == list(range(100_000)) and all(run == runs[0] for run in runs)
 
 
 def test_shuffle_is_uniform_enough():

@@ -1096,9 +1096,9 @@ __all__ = ["Dataset", "MapStages", "MaterializedDataset"]
 
 def _check_reachable(sink: Any) -> None:
     """On a multi-node cluster, refuse a sink that would write to each node's own disk."""
-    if not getattr(sink, "writes_local_files", False):
-        return
     ctx = DataContext.get_current()
+    if ctx.execution_mode != "ray" or not getattr(sink, "writes_local_files", False):
+        return  # only the Ray runner spans nodes: nothing to start or check on one machine
     backend = runner.backend(ctx.execution_options, ctx.execution_mode)
     if getattr(backend, "multi_node", lambda: False)() and not on_shared_path(sink.local_root, ctx.shared_filesystem_paths):
         msg = (f"this Ray cluster has several nodes: write to storage they all reach (s3://..., or a "

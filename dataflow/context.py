@@ -77,7 +77,7 @@ class DataContext:
     """Ray's setting: a line per operator under each execution's bar (False: the bar only)."""
     progress_log_interval_s: float = 10.0
     """In "log" mode, how often the lines of a running execution are logged."""
-    shared_filesystem_paths: tuple[str, ...] = field(default_factory=lambda: env_shared_paths())
+    shared_filesystem_paths: tuple[str, ...] = field(default_factory=env_shared_paths)
     """Folders every node of a multi-node cluster mounts at the same place (an NFS or Lustre
     mount): the Ray runner writes there as to s3://. A write to any other local path on a
     multi-node cluster is refused, since each node would write its part to its own disk. From

@@ -1100,14 +1100,14 @@ def _check_reachable(sink: Any) -> None:
     if ctx.execution_mode != "ray" or not getattr(sink, "writes_local_files", False):
         return  # only the Ray runner spans nodes: nothing to start or check on one machine
     backend = runner.backend(ctx.execution_options, ctx.execution_mode)
-    if getattr(backend, "multi_node", lambda: False)() and not on_shared_path(sink.local_root, ctx.shared_filesystem_paths):
+    if getattr(backend, "multi_node", lambda: False)() and not _on_shared_path(sink.local_root, ctx.shared_filesystem_paths):
         msg = (f"this Ray cluster has several nodes: write to storage they all reach (s3://..., or a "
                f"folder every node mounts, declared in DataContext.shared_filesystem_paths or "
                f"DATAFLOW_SHARED_PATHS), not to a local path ({sink.local_root})")
         raise ValueError(msg)
 
 
-def on_shared_path(path: str, shared: tuple[str, ...]) -> bool:
+def _on_shared_path(path: str, shared: tuple[str, ...]) -> bool:
     """Whether local ``path`` lies in one of the ``shared`` folders (every node mounts them)."""
     real = os.path.realpath(path)
     for folder in shared:

@@ -21,6 +21,7 @@ from engine import serialization
 from engine.object_store import BlockRef, BlockSlice
 from engine.operators.base import PhysicalOperator
 from engine.operators.source import WAITING, BackgroundSource
+from engine.options import ExecutionOptions
 from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, TaskResult, TaskSpec
 from engine.transform import BlockTransform
 from engine.units import unit_of
@@ -30,10 +31,6 @@ EXACT_TASK_BYTES = 32 << 20
 
 _task_ids = itertools.count(1)
 _op_ids = itertools.count(1)
-
-
-DEFAULT_MAX_TASK_OUTPUT_BYTES = 128 << 20
-"""``target_max_block_size``'s default: what one task should leave in the store at most."""
 
 @dataclass(frozen=True)
 class Resources:
@@ -131,7 +128,7 @@ class MapOperator(PhysicalOperator):
         self._out_bytes_per_task: float | None = None
         self._out_ratio: float | None = None
         """Bytes a task leaves in the store per byte of input (a moving average of finished tasks)."""
-        self.max_task_output_bytes = DEFAULT_MAX_TASK_OUTPUT_BYTES
+        self.max_task_output_bytes = ExecutionOptions.target_max_block_size
         """What one task should leave in the store at most: bundles shrink to fit it once the
         output-to-input ratio is known (the execution's ``target_max_block_size``)."""
 

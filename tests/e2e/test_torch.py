@@ -336,21 +336,24 @@ def test_closing_a_torch_iterator_restores_threads_at_once_whoever_else_holds_it
         torch.set_num_threads(saved)
 
 
-def test_torch_threads_make_room_for_busy_workers_and_are_restored_after(mode):
-    """Workers hold cores while a loop iterates; torch's spinning OpenMP threads would fight them."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_torch_threads_make_room_for_busy_workers_and_are_restored_after(mode, device):
+    """Workers hold cores while a loop iterates; torch's spinning OpenMP threads would fight them.
+    On CUDA too: a loop that breaks early gets its thread count back (its stages closed at once)."""
     saved = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)
     try:
         ds = dataflow.range(4_000, override_num_blocks=4).map_batches(_busy_block)
-        seen = {torch.get_num_threads() for _ in ds.iter_torch_batches(batch_size=500, device="cpu")}
+        seen = {torch.get_num_threads() for _ in ds.iter_torch_batches(batch_size=500, device=device)}
         assert torch.get_num_threads() == cores
         if mode == "local" or cores == 1:
             assert seen == {cores}
         else:
             assert min(seen) < cores and min(seen) >= max(1, cores - 2), seen
 
-        batches = ds.iter_torch_batches(batch_size=500, device="cpu")
+        batches = ds.iter_torch_batches(batch_size=500, device=device)
         next(batches)
         batches.close()  # a loop that breaks out early
         assert torch.get_num_threads() == cores

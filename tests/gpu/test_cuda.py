@@ -168,26 +168,3 @@ def test_gpu_actors_start_after_the_driver_used_cuda(fresh_engine):
     assert out.num_rows == 1000
     np.testing.assert_allclose(np.stack(out.sort_by("id").column("scores").to_numpy(zero_copy_only=False)),
                                cpu_scores(1000), rtol=1e-3, atol=1e-4)
-
-
-def _busy_block(batch: dict) -> dict:
-    import time
-
-    time.sleep(0.2)  # keeps a worker busy, so the loop's torch threads are capped while it runs
-    return batch
-
-
-def test_a_cuda_loop_that_breaks_early_gets_its_thread_count_back(streaming):
-    saved = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0))
-    torch.set_num_threads(cores)
-    try:
-        ds = dataflow.range(4_000, override_num_blocks=4).map_batches(_busy_block)
-        seen = {torch.get_num_threads() for _ in ds.iter_torch_batches(batch_size=500, device="cuda")}
-        assert torch.get_num_threads() == cores and min(seen) >= max(1, cores - 2)
-        batches = ds.iter_torch_batches(batch_size=500, device="cuda")
-        assert next(batches)["id"].is_cuda
-        batches.close()
-        assert torch.get_num_threads() == cores
-    finally:
-        torch.set_num_threads(saved)

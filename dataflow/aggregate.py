@@ -435,7 +435,9 @@ def _to_array(values: list[Any]) -> pa.Array:
 def sort_by_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     if not keys or table.num_rows < 2:
         return table
-    return table.take(pc.sort_indices(table, sort_keys=[(k, "ascending", "at_end") for k in keys]))
+    from dataflow.sort import SortKey, sort_indices
+
+    return table.take(sort_indices(table, SortKey.of(list(keys))))
 
 
 class PartialAggPartitioner:

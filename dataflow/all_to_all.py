@@ -22,6 +22,7 @@ def random_shuffle(plan: LogicalNode, seed: int | None, num_blocks: int | None =
         (plan,), "RandomShuffle", (RandomPartitioner(seed, partitions),), ShuffleReducer(exact_blocks=num_blocks is not None),
         # with a seed the order is the result: the steps after it keep it, as after a sort
         num_tasks=num_blocks, ordered_input=seed is not None, orders_output=seed is not None, preserves_rows=True,
+        small_in_one_task=num_blocks is None,
     )
 
 
@@ -39,7 +40,7 @@ def sort(plan: LogicalNode, key: str | Sequence[str], descending: bool | Sequenc
     return Exchange(
         (plan,), "Sort", (partitioner,), SortReducer(sort_key), sampler=boundaries is None,
         ordered_input=True, orders_output=True, preserves_rows=True,
-        num_tasks=len(boundaries) + 1 if boundaries is not None else None,
+        num_tasks=len(boundaries) + 1 if boundaries is not None else None, small_in_one_task=boundaries is None,
     )
 
 
@@ -51,7 +52,7 @@ def top_k(sort_node: Exchange, k: int) -> Exchange | None:
         return None
     return Exchange(
         sort_node.children, f"TopK[{k}]", (TopKPartitioner(reducer.key, k),), TopKReducer(reducer.key, k),
-        num_tasks=1, ordered_input=True, orders_output=True,
+        num_tasks=1, ordered_input=True, orders_output=True, small_in_one_task=True,
     )
 
 

@@ -138,6 +138,7 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
             _emit_in_order(child)
     fed: list[PhysicalOperator] = []
     partitioners = node.partitioners or (None,) * len(children)
+    direct_partitioner = None
     for i, (child, partitioner) in enumerate(zip(children, partitioners, strict=True)):
         if partitioner is None:
             fed.append(child)
@@ -146,12 +147,17 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
         sampler = bound.sample if node.sampler and i == 0 else None
         if sampler is not None and isinstance(child, MapOperator) and child.output == OUTPUT_BLOCKS:
             child.output_sampler = sampler  # its tasks sample their blocks: the driver reads none
+        one_task = node.small_in_one_task and len(children) == 1 and node.num_tasks in (None, 1)
+        small = c.options.small_exchange_bytes if one_task else 0
         fed.append(c.add(PartitionOperator(
             f"{node.label}Map", PartitionTransform(f"{node.label}Map", bound), child,
-            sampler=sampler, min_bundle_bytes=c.options.min_task_input_bytes,
+            sampler=sampler, min_bundle_bytes=c.options.min_task_input_bytes, small_bytes=small,
         )))
+        if small:
+            direct_partitioner = bound
     reducer = node.reducer.for_execution() if node.reducer is not None else None
-    transform = ReduceTransform(node.label, reducer, c.options.target_max_block_size) if reducer is not None else None
+    transform = (ReduceTransform(node.label, reducer, c.options.target_max_block_size, direct_partitioner)
+                 if reducer is not None else None)
     reduce = ReduceOperator(node.label, transform, fed, grouping=node.grouping, num_tasks=node.num_tasks,
                             rows_per_task=node.rows_per_task, seed=node.seed)
     if node.orders_output:

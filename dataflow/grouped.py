@@ -82,7 +82,9 @@ def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[Aggr
     partitioner: Any = (PartialAggPartitioner(keys, aggs, partitions) if partial
                         else _Projecting(keys, needed_columns(keys, aggs), partitions))
     label = f"Aggregate[{', '.join(keys)}]" if keys else "Aggregate"
-    return Exchange((plan,), label, (partitioner,), AggregateReducer(keys, aggs, partial))
+    columns = needed_columns(keys, aggs)
+    return Exchange((plan,), label, (partitioner,), AggregateReducer(keys, aggs, partial), small_in_one_task=True,
+                    columns=tuple(columns) if columns else None)
 
 
 class MapGroupsReducer:

@@ -1,6 +1,7 @@
 """Rewrite rules over the logical plan, each a small pure function.
 
-* push a projection (``select_columns``) or an expression filter into a read that supports it;
+* push a projection (``select_columns``, or the columns a groupby aggregation reads) or an
+  expression filter into a read that supports it;
 * fuse adjacent map nodes that share resources into one node (one task runs them all);
 * fuse a read into the map node after it when that node runs as plain default tasks (a
   ``FusedRead``: its tasks read and transform in one go);
@@ -45,8 +46,25 @@ def _rewrite(node: LogicalNode) -> LogicalNode:
     if isinstance(node, Union):
         return Union(tuple(_rewrite(c) for c in node.children))
     if isinstance(node, Exchange):
-        return replace(node, children=tuple(_rewrite(c) for c in node.children))
+        children = tuple(_rewrite(c) for c in node.children)
+        if node.columns is not None and len(children) == 1 and isinstance(children[0], Read):
+            children = (_read_only(children[0], node.columns),)
+        return replace(node, children=children)
     return node
+
+
+def _read_only(read: Read, columns: tuple[str, ...]) -> Read:
+    """``read`` reading only ``columns`` (a groupby's keys and aggregated columns), where its
+    source can skip the others and has them all (a missing one is left for the step to name,
+    as without the pushdown)."""
+    try:
+        schema = read.datasource.schema()
+    except Exception:  # no schema, no pushdown: the read reports its own errors
+        return read
+    if schema is None or any(c not in schema.names for c in columns):
+        return read
+    pushed = read.datasource.apply_projection(list(columns))
+    return read if pushed is None else replace(read, datasource=pushed)
 
 
 def push_into_read(node: MapStages) -> LogicalNode:

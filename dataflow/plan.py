@@ -177,6 +177,12 @@ class Exchange(LogicalNode):
     seed: int | None = None
     preserves_rows: bool = False
     """Its output has exactly its first input's rows (shuffle, sort, repartition)."""
+    columns: tuple[str, ...] | None = None
+    """The only columns of its input it reads (a groupby aggregation's keys and inputs), pushed
+    into the read that feeds it; None: every column."""
+    small_in_one_task: bool = False
+    """A small input (``ExecutionOptions.small_exchange_bytes``) may be reduced by one task with no map tasks:
+    set where the reducer is cheap (not a user's function that wants the CPUs)."""
 
     @property
     def inputs(self) -> tuple[LogicalNode, ...]:  # type: ignore[override]

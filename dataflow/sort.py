@@ -23,6 +23,11 @@ from engine.exchange import FINE_PARTITIONS, concat
 
 SAMPLES_PER_BLOCK = 64
 
+COUNTING_SORT_RANGE = 4096
+"""Arrow sorts integers whose values span at most about this many by counting (faster than
+anything else); wider integer keys are sorted by polars' radix sort, 2.5-3x faster than
+Arrow's (250k int64 keys: 8 against 21 ms; 2M: 60-85 against 240 ms, on one thread)."""
+
 
 @dataclass(frozen=True)
 class SortKey:
@@ -120,6 +125,25 @@ class RangePartitioner:
         return table, parts
 
 
+def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
+    """The stable sort order of ``table`` on ``key`` (nulls last, as ``pc.sort_indices`` with
+    ``at_end``). A single wide integer key goes to polars (stable, one thread: a task is one
+    CPU's work); every other key to Arrow."""
+    if len(key.columns) == 1 and table.num_rows > COUNTING_SORT_RANGE:
+        column = table.column(key.columns[0])
+        if pa.types.is_integer(column.type):
+            low, high = pc.min_max(column).values()
+            if low.is_valid and high.as_py() - low.as_py() > COUNTING_SORT_RANGE:
+                import polars as pl
+
+                frame = pl.from_arrow(pa.table({"k": column}), rechunk=False)
+                assert isinstance(frame, pl.DataFrame)
+                order = frame.select(pl.arg_sort_by("k", descending=key.descending[0], nulls_last=True,
+                                                    multithreaded=False, maintain_order=True))
+                return order.to_series().to_numpy()
+    return pc.sort_indices(table, sort_keys=key.arrow())
+
+
 class SortReducer:
     """One range of partitions, sorted stably on every key."""
 
@@ -135,7 +159,7 @@ class SortReducer:
         if not sides[0]:
             return
         table = concat(sides[0])
-        yield table.take(pc.sort_indices(table, sort_keys=self.key.arrow()))
+        yield table.take(sort_indices(table, self.key))
 
 
 class TopKPartitioner:
@@ -153,7 +177,7 @@ class TopKPartitioner:
     def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
         self.key.check(table)
         if table.num_rows > self.k:
-            table = table.take(pc.sort_indices(table, sort_keys=self.key.arrow())[: self.k])
+            table = table.take(sort_indices(table, self.key)[: self.k])
         return table, np.zeros(table.num_rows, dtype=np.intp)
 
 

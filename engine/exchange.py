@@ -91,19 +91,26 @@ class PartitionTransform(TaskTransform):
 class ReduceTransform(TaskTransform):
     """The reduce side: hands one task's slices to the reducer, side by side."""
 
-    def __init__(self, name: str, reducer: Reducer, target_block_bytes: int) -> None:
+    def __init__(self, name: str, reducer: Reducer, target_block_bytes: int,
+                 partitioner: Partitioner | None = None) -> None:
         self.name = name
         self.reducer = reducer
         self.target_block_bytes = target_block_bytes
+        self.partitioner = partitioner
+        """The map side's, for a task given the whole input unpartitioned (a small exchange)."""
 
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
-        index, counts = params
+        index, counts, *direct = params
         tables = list(blocks)
         sides, start = [], 0
         for n in counts:
             sides.append(tables[start : start + n])
             start += n
         try:
+            if direct and direct[0]:  # the map side's work first: all rows, in order, are here
+                assert self.partitioner is not None
+                whole = [t for t in sides[0] if t.num_columns]
+                sides = [[self.partitioner.assign(concat(whole), 0)[0]]] if whole else [[]]
             out = self.reducer(sides, index)
             if not self.reducer.exact_blocks:
                 out = _shape_output(out, self.target_block_bytes)

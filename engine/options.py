@@ -71,6 +71,10 @@ class ExecutionOptions:
     """Blocks are split above this size (Ray's default)."""
     min_task_input_bytes: int = 4 * MiB
     """Small inputs are bundled into one task until they reach this size."""
+    small_exchange_bytes: int = 8 * MiB
+    """An all-to-all step (shuffle, sort, groupby aggregation) whose whole input is at most this
+    size runs as one task with no map tasks (the same result, without a task round trip per
+    block and partition); 0: always partition over the workers."""
     op_output_budget: int = 192 * MiB
     """Bytes one operator may hold in its output queue plus expected in-flight output."""
     consumer_buffer_bytes: int = 128 * MiB
@@ -107,6 +111,7 @@ class ExecutionOptions:
     PER_EXECUTION = (
         "target_max_block_size",
         "min_task_input_bytes",
+        "small_exchange_bytes",
         "op_output_budget",
         "consumer_buffer_bytes",
         "max_task_attempts",
@@ -151,6 +156,10 @@ class ExecutionOptions:
             raise ValueError(msg)
         if not isinstance(self.target_max_block_size, int) or self.target_max_block_size <= 0:
             msg = f"target_max_block_size must be a positive number of bytes, got {self.target_max_block_size!r}"
+            raise ValueError(msg)
+        small = self.small_exchange_bytes
+        if isinstance(small, bool) or not isinstance(small, int) or small < 0:
+            msg = f"small_exchange_bytes must be a number of bytes >= 0 (0: never one task), got {small!r}"
             raise ValueError(msg)
 
     def cpu_limit(self) -> float | None:

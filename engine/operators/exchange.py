@@ -42,6 +42,7 @@ MIN_REDUCE_BYTES = 1 << 20
 """The smallest size a reduce task is planned for: smaller ranges of partitions are joined."""
 
 
+
 class PartitionOperator(MapOperator):
     def __init__(
         self,
@@ -52,9 +53,19 @@ class PartitionOperator(MapOperator):
         sampler: Callable[[pa.Table], Any] | None = None,
         resources: Resources | None = None,
         min_bundle_bytes: int = 4 << 20,
+        small_bytes: int = 0,
     ) -> None:
         super().__init__(name, transform, upstream=upstream, resources=resources,
                          min_bundle_bytes=min_bundle_bytes, output=OUTPUT_PARTITIONS)
+        self.small_bytes = small_bytes
+        """Hold the input while it totals at most this many bytes; if it ends there, hand the
+        blocks to the reducer unpartitioned (``direct``) instead of running map tasks. 0: never.
+
+        Partitioning a few MiB over the workers costs more in task round trips than it saves (a
+        200k-row shuffle: 3 map and 5 reduce tasks, 55 ms, against 37 ms with one task). The
+        result is the same: the one task partitions the rows as the map side would (a shuffle's
+        keys come from global row positions), then reduces them all at once."""
+        self.direct = False
         self.ordered_output = True
         self.sampler = sampler
         """Range partitioning: keys sampled from each input block in the driver; the tasks
@@ -89,8 +100,23 @@ class PartitionOperator(MapOperator):
             return
         super().add_input(item, index)
 
+    def _holding(self) -> bool:
+        """Still small enough that it may all go to one reduce task: dispatch nothing yet."""
+        if self.small_bytes and (self._queued_bytes > self.small_bytes or self.pending or self.retry_queue):
+            self.small_bytes = 0  # too big: partition as usual from now on
+        return bool(self.small_bytes) and not self.inputs_done and not self.cancelled
+
     def upstream_finished(self, index: int) -> None:
         super().upstream_finished(index)
+        if self.inputs_done and not self.direct and not self.cancelled:
+            self._holding()  # (forgets small_bytes if the input outgrew it)
+            if self.small_bytes:  # all of it is here and small: the reducer takes the blocks as they are
+                self.direct = True
+                self._samples = None
+                self._offsets.clear()
+                while self._queue:
+                    self.emit(self._queue.popleft().value)
+                self._queued_bytes = self._queued_rows = 0
         if self.inputs_done and self.sampler is not None and self._samples is not None:  # (called again on every route)
             samples, self._samples = self._samples, None
             try:
@@ -100,11 +126,13 @@ class PartitionOperator(MapOperator):
                 self._ctx.fail(err)
 
     def has_ready_task(self, upstream_busy: bool) -> bool:
-        if self.sampler is not None and not self.inputs_done:
+        if (self.sampler is not None and not self.inputs_done) or self._holding():
             return False
         return super().has_ready_task(upstream_busy)
 
     def needs_more_input(self) -> bool:
+        if self._holding():
+            return True
         if self.sampler is not None:
             return not self.inputs_done and not self.cancelled
         return super().needs_more_input()
@@ -231,8 +259,19 @@ class ReduceOperator(MapOperator):
         # about three times its input while it sorts or joins) fits in the store together
         return int(max(MIN_REDUCE_BYTES, min(total / (2 * cpus), self._ctx.store_capacity / (4 * cpus))))
 
+    def _plan_direct(self) -> None:
+        """One task over every input block, whole (the map side found the input small)."""
+        refs = self._arrived[0]
+        if not any(r.num_rows for r in refs):  # as when map tasks make no partition
+            self._release_unused(refs)
+            return
+        self._planned.append((list(refs), (0, (len(refs),), True), sum(r.size_bytes for r in refs)))
+
     def _plan_by_partitions(self) -> None:
         sides = self._arrived
+        if len(sides) == 1 and any(getattr(up, "direct", False) for up in self.upstream):
+            self._plan_direct()
+            return
         all_refs = [r for side in sides for r in side]
         if not all_refs:
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,17 @@ from dataflow.aggregate import (
 )
 
 
+@pytest.fixture(params=["one task", "partitioned"])
+def exchange(request: pytest.FixtureRequest, mode: str) -> Iterator[str]:
+    """Small inputs (these tests') run an exchange as one task; with ``small_exchange_bytes=0``
+    the same steps partition them over map and reduce tasks, as larger inputs do."""
+    if request.param == "one task":
+        yield request.param
+        return
+    with dataflow.options(small_exchange_bytes=0):
+        yield request.param
+
+
 def _rows(n: int, blocks: int = 7) -> dataflow.Dataset:
     return dataflow.range(n, override_num_blocks=blocks).map(
         lambda r: {"id": r["id"], "k": r["id"] % 7, "v": float((r["id"] * 7919) % 1000) - 500.0, "s": f"s{r['id'] % 13:02d}"}
@@ -36,7 +48,7 @@ def _rows(n: int, blocks: int = 7) -> dataflow.Dataset:
 
 
 # random_shuffle --------------------------------------------------------------------------------
-def test_random_shuffle_is_a_permutation_fixed_by_its_seed(mode):
+def test_random_shuffle_is_a_permutation_fixed_by_its_seed(mode, exchange):
     ds = _rows(20_000)
     first = [r["id"] for r in ds.random_shuffle(seed=7).take_all()]
     assert sorted(first) == list(range(20_000))
@@ -48,7 +60,7 @@ def test_random_shuffle_is_a_permutation_fixed_by_its_seed(mode):
     assert sorted(unseeded[0]) == list(range(20_000))
 
 
-def test_seeded_shuffle_does_not_depend_on_blocks_or_workers(mode):
+def test_seeded_shuffle_does_not_depend_on_blocks_or_workers(mode, exchange):
     expected = [r["id"] for r in _rows(5000, blocks=3).random_shuffle(seed=1).take_all()]
     assert [r["id"] for r in _rows(5000, blocks=50).random_shuffle(seed=1).take_all()] == expected
     with dataflow.options(num_cpus=1):
@@ -93,7 +105,7 @@ def test_randomize_block_order_and_random_sample(mode):
 
 
 # sort -------------------------------------------------------------------------------------------
-def test_sort_one_and_many_keys_with_directions(mode):
+def test_sort_one_and_many_keys_with_directions(mode, exchange):
     ds = _rows(10_000)
     rows = ds.take_all()
     assert [r["v"] for r in ds.sort("v").take_all()] == sorted(r["v"] for r in rows)
@@ -104,7 +116,7 @@ def test_sort_one_and_many_keys_with_directions(mode):
     assert [r["id"] for r in ds.sort("id", descending=True).take(5)] == [9999, 9998, 9997, 9996, 9995]
 
 
-def test_sort_is_stable_and_keeps_order_across_batches(mode):
+def test_sort_is_stable_and_keeps_order_across_batches(mode, exchange):
     ds = _rows(6000, blocks=9)
     ids = [r["id"] for r in ds.sort("k").take_all()]
     assert ids == sorted(range(6000), key=lambda i: i % 7)  # equal keys keep input order
@@ -114,7 +126,7 @@ def test_sort_is_stable_and_keeps_order_across_batches(mode):
         previous = batch["k"][-1]
 
 
-def test_sort_puts_nulls_and_nans_last(mode):
+def test_sort_puts_nulls_and_nans_last(mode, exchange):
     values = [3.0, None, -1.5, float("nan"), 2.0, None, -7.0, 0.0]
     ds = dataflow.from_items([{"x": v, "i": i} for i, v in enumerate(values)] * 50).repartition(4)
     up = [r["x"] for r in ds.sort("x").take_all()]
@@ -125,7 +137,7 @@ def test_sort_puts_nulls_and_nans_last(mode):
     assert all(math.isnan(v) for v in down[250:300]) and down[300:] == [None] * 100
 
 
-def test_sort_edge_shapes(mode):
+def test_sort_edge_shapes(mode, exchange):
     assert dataflow.range(0).sort("id").take_all() == []
     same = dataflow.from_items([{"a": 1, "i": i} for i in range(500)])
     assert [r["i"] for r in same.sort("a").take_all()] == list(range(500))
@@ -141,7 +153,7 @@ def test_sort_limit_and_boundaries(mode):
     assert [r["id"] for r in bounded.take_all()] == list(range(5000))
 
 
-def test_sort_limit_is_a_stable_top_k(mode):
+def test_sort_limit_is_a_stable_top_k(mode, exchange):
     ds = _rows(8000, blocks=8)
     assert "TopK[10]" in ds.sort("k").limit(10).explain()
     assert [r["id"] for r in ds.sort("k").limit(10).take_all()] == [i * 7 for i in range(10)]
@@ -151,7 +163,7 @@ def test_sort_limit_is_a_stable_top_k(mode):
     assert ds.sort("k").limit(0).take_all() == []
 
 
-def test_sort_missing_key_names_the_column(mode):
+def test_sort_missing_key_names_the_column(mode, exchange):
     with pytest.raises(Exception, match="nope") as info:
         dataflow.range(10).sort("nope").take_all()
     assert "id" in str(info.value)
@@ -175,14 +187,44 @@ def test_sort_keys_are_sampled_by_the_tasks_not_read_back_by_the_driver(streamin
 
     monkeypatch.setattr(RangePartitioner, "sample", sample)
     ds = dataflow.range(20_000, override_num_blocks=8).map_batches(lambda b: {"k": (b["id"] * 7919) % 20_011})
-    keys = [r["k"] for r in ds.sort("k").take_all()]
-    assert len(keys) == 20_000 and keys == sorted(keys)
-    with pytest.raises(Exception, match="nope"):  # a missing key is still the sort's error
-        ds.sort("nope").take_all()
+    with dataflow.options(small_exchange_bytes=0):  # partitioned on sampled boundaries, as a large input
+        keys = [r["k"] for r in ds.sort("k").take_all()]
+        assert len(keys) == 20_000 and keys == sorted(keys)
+        with pytest.raises(Exception, match="nope"):  # a missing key is still the sort's error
+            ds.sort("nope").take_all()
+
+
+def test_a_small_exchange_is_one_task_with_the_partitioned_result(streaming):
+    """An input under ``small_exchange_bytes`` is shuffled, sorted or aggregated by one task and
+    no map task; the result is the partitioned one (the same permutation for a seed)."""
+    ds = _rows(30_000, blocks=6).materialize()
+    steps = {
+        "RandomShuffle": lambda d: d.random_shuffle(seed=11),
+        "Sort": lambda d: d.sort(["k", "v"], descending=[True, False]),
+        "Aggregate[k]": lambda d: d.groupby("k").aggregate(Sum("v"), Count(), Std("v")),
+        "TopK[20]": lambda d: d.sort("v").limit(20),
+        "Aggregate": lambda d: d.groupby(None).aggregate(Sum("v"), Mean("id")),
+    }
+    for name, step in steps.items():
+        small = step(ds)
+        got = small.take_all()
+        with dataflow.options(small_exchange_bytes=0):
+            partitioned = step(ds)
+            want = partitioned.take_all()
+        if name.startswith("Aggregate"):  # groups come out in key order per reduce task; partial
+            # states merged in another order may change a float's last bit
+            got, want = sorted(got, key=lambda r: r.get("k", 0)), sorted(want, key=lambda r: r.get("k", 0))
+            assert got == [pytest.approx(row, rel=1e-12) for row in want], name
+        else:
+            assert got == want, name
+        assert f"{name}Map: 0 tasks" in small.stats() and f"{name}: 1 tasks" in small.stats(), small.stats()
+        assert f"{name}Map: 0 tasks" not in partitioned.stats(), partitioned.stats()
+    with pytest.raises(ValueError, match="small_exchange_bytes"), dataflow.options(small_exchange_bytes=-1):
+        ds.sort("k").take_all()
 
 
 # groupby ---------------------------------------------------------------------------------------
-def test_groupby_aggregations_match_python(mode):
+def test_groupby_aggregations_match_python(mode, exchange):
     ds = _rows(7000)
     rows = ds.take_all()
     got = {r["k"]: r for r in ds.groupby("k").aggregate(Count(), Sum("v"), Min("v"), Max("v"), Mean("v"), Std("v"), AbsMax("v")).take_all()}
@@ -207,7 +249,7 @@ def test_groupby_shortcuts_several_keys_and_names(mode):
     assert set(ds.groupby("k").std(["v", "id"], ddof=0).take(1)[0]) == {"k", "std(v)", "std(id)"}
 
 
-def test_groupby_nulls(mode):
+def test_groupby_nulls(mode, exchange):
     items = [{"k": None, "v": 1.0}, {"k": "a", "v": None}, {"k": "a", "v": 2.0}, {"k": None, "v": 3.0}, {"k": "b", "v": None}]
     ds = dataflow.from_items(items)
     got = {r["k"]: r for r in ds.groupby("k").aggregate(Count(), Count("v", ignore_nulls=True), Sum("v"), Mean("v")).take_all()}
@@ -249,7 +291,7 @@ def test_whole_group_aggregations_and_custom_ones(mode):
     assert spans == {k: max(i for i in range(1400) if i % 7 == k) - k for k in range(7)}
 
 
-def test_global_aggregates(mode):
+def test_global_aggregates(mode, exchange):
     ds = _rows(3000)
     vals = [r["v"] for r in ds.take_all()]
     assert ds.sum("v") == pytest.approx(sum(vals))
@@ -314,7 +356,7 @@ def test_map_groups_error_is_the_udfs_own(mode):
     assert "bad" in str(info.value) or "bad" in "".join(getattr(info.value, "__notes__", []))
 
 
-def test_groupby_missing_key_names_the_column(mode):
+def test_groupby_missing_key_names_the_column(mode, exchange):
     with pytest.raises(KeyError, match="nope"):
         dataflow.range(10).groupby("nope").count().take_all()
 

@@ -58,6 +58,17 @@ assert set(NOT_ON_THIS_CLUSTER) <= set(_tests), set(NOT_ON_THIS_CLUSTER) - set(_
 globals().update({name: test for name, test in _tests.items() if name not in NOT_ON_THIS_CLUSTER})
 
 
+@pytest.fixture
+def exchange(mode: str):
+    """The all-to-all tests that run on both exchange paths locally take the partitioned one
+    here (blocks cross nodes between map and reduce tasks); the suite's other tests run the
+    one-task path of small inputs on the cluster."""
+    import dataflow
+
+    with dataflow.options(small_exchange_bytes=0):
+        yield "partitioned"
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("path", sorted((E2E.parents[1] / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
 def test_notebook_runs_in_a_kernel_on_ray(ray_cluster, path, tmp_path, monkeypatch):

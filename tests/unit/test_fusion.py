@@ -149,3 +149,21 @@ def test_parquet_reads_stay_in_tasks_before_a_gpu_actor_pool(tmp_path):
     # a projection is still pushed into the read, and a plain map still fuses with it
     projected = dataflow.read_parquet(str(tmp_path)).select_columns(["x"]).map(same)
     assert optimized(projected) == "ReadParquet->Map(same)"
+
+
+def test_a_groupby_reads_only_its_keys_and_aggregated_columns(tmp_path):
+    from dataflow.aggregate import Count, Mean, Sum
+    from dataflow.plan import Exchange
+
+    table = pa.table({"k": np.arange(100) % 7, "v": np.arange(100.0), "w": np.ones(100), "payload": ["x" * 50] * 100})
+    pq.write_table(table, tmp_path / "0.parquet")
+    ds = dataflow.read_parquet(str(tmp_path))
+    plan = optimize(ds.groupby("k").aggregate(Sum("v"), Count(), Mean("v"))._plan)
+    assert isinstance(plan, Exchange) and isinstance(plan.children[0], Read)
+    assert plan.children[0].datasource.schema().names == ["k", "v"]
+    assert ds.groupby("k").sum("v").sort("k").take(2) == [{"k": 0, "sum(v)": 735.0}, {"k": 1, "sum(v)": 750.0}]
+    # a key the data lacks is not pushed: the step names it, as without the pushdown
+    missing = optimize(ds.groupby("nope").count()._plan)
+    assert missing.children[0].datasource.schema().names == table.column_names
+    # the rows of a sort are whole rows: nothing to skip
+    assert optimize(ds.sort("k")._plan).children[0].datasource.schema().names == table.column_names

@@ -60,6 +60,14 @@ def concat(tables: list[pa.Table]) -> pa.Table:
         return pa.concat_tables(tables, promote_options="permissive")
 
 
+def grouping_order(parts: np.ndarray, num_partitions: int) -> np.ndarray:
+    """The row order that groups rows by partition, stably. Partition numbers fit in 16 bits
+    (as a rule): numpy then sorts them by counting, 10x faster than a comparison sort."""
+    if num_partitions <= 1 << 16:
+        parts = parts.astype(np.uint16)
+    return np.argsort(parts, kind="stable")
+
+
 class PartitionTransform(TaskTransform):
     """The map side of an exchange: one partitioned block per task."""
 
@@ -80,7 +88,7 @@ class PartitionTransform(TaskTransform):
             raise UDFFailure(self.name, err) from err
         counts = np.bincount(parts, minlength=self.partitioner.num_partitions).astype("<u4")
         if table.num_rows > 1 and np.any(parts[1:] < parts[:-1]):
-            table = table.take(np.argsort(parts, kind="stable"))
+            table = table.take(grouping_order(parts, self.partitioner.num_partitions))
         yield table, counts.tobytes()
 
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:

@@ -257,7 +257,10 @@ class Execution:
         # while what it feeds is behind, one task at a time (more would only hold more memory)
         learned = op.learned_output_bytes()
         backlogged = self._backlogged(op, down, cpus)
-        budget = op_budget(self.store_capacity, len(self._task_ops), slots, learned or 0.0, floor, consumer)
+        # the store is shared by the operators that still run tasks: once the ones before an
+        # exchange's reduce are done, the reduce gets their part (else it runs one task at a time)
+        active = sum(1 for o in self._task_ops if not o.completed()) or 1
+        budget = op_budget(self.store_capacity, active, slots, learned or 0.0, floor, consumer)
         starved = down is not None and down.needs_more_input()
         return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved, backlogged)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -159,3 +160,27 @@ def test_a_udf_whose_output_outgrows_its_input_is_not_bundled_into_one_huge_task
     expand = next(op for op in ds._last_handle.stats().operators if "_expand" in op.name)
     assert expand.tasks >= 20, f"{expand.tasks} tasks: the ids were bundled into tasks of {500 // expand.tasks} MiB"
     assert expand.peak_held_bytes <= 200 * MiB
+
+
+def _slow_group(group):
+    start = time.time()
+    time.sleep(0.3)
+    n = len(group["k"])
+    return {"k": group["k"], "pad": group["pad"], "pid": np.full(n, os.getpid()),
+            "start": np.full(n, start), "end": np.full(n, time.time())}
+
+
+def test_an_exchanges_reduce_gets_the_store_part_of_the_steps_that_finished(fresh_engine):
+    """The store is split between the operators still running tasks. Split between all of them,
+    a 64 MiB store left an exchange's reduce (whose inputs were all in, its upstreams done)
+    room for one 5 MiB task at a time: one core idle for the whole reduce phase."""
+    dataflow.init(num_cpus=2, object_store_memory=64 * MiB)
+    ds = dataflow.range(40_000, override_num_blocks=8).map_batches(
+        lambda b: {"k": b["id"] % 8, "pad": np.ones((len(b["id"]), 128))}  # 1 KiB rows, 5 MiB a group
+    )
+    rows = ds.groupby("k").map_groups(_slow_group).select_columns(["k", "pid", "start", "end"]).take_all()
+    assert len(rows) == 40_000
+    spans = {(r["k"], r["pid"], r["start"], r["end"]) for r in rows}
+    assert len(spans) == 8
+    overlapping = [(a, b) for a in spans for b in spans if a[1] != b[1] and a[2] < b[3] and b[2] < a[3]]
+    assert overlapping, f"the reduce ran its groups one at a time: {sorted(spans, key=lambda s: s[2])}"

@@ -363,6 +363,47 @@ def combine_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
     return pa.table(columns)
 
 
+def merge_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
+    """Partial states of several map tasks merged per group into states of the same columns
+    (an exchange's pushed merge): counts and sums add, minima and maxima take theirs, and a
+    standard deviation's population variances pool (Chan et al.) from each part's size and mean."""
+    specs: list[tuple[str, str, Any]] = []
+    derived: dict[str, pa.ChunkedArray] = {}
+    for i, agg in enumerate(aggs):
+        kind = agg.partial_kind
+        skip = pc.ScalarAggregateOptions(skip_nulls=agg.ignore_nulls or kind == "count", min_count=1)
+        if kind == "count":
+            specs.append((f"s{i}", "sum", skip))
+        elif kind in ("sum", "min", "max", "abs_max"):
+            specs.append((f"s{i}", {"abs_max": "max"}.get(kind or "", kind or ""), skip))
+        elif kind in ("missing_pct", "zero_pct"):
+            specs += [(f"s{i}_all", "sum", skip), (f"s{i}_part", "sum", skip)]
+        else:
+            specs += [(f"s{i}_sum", "sum", skip), (f"s{i}_n", "sum", skip)]
+            if kind == "std":  # n * var (the part's squared deviations) and sum^2 / n (n * mean^2)
+                n = pc.cast(table.column(f"s{i}_n"), pa.float64())
+                total = pc.cast(table.column(f"s{i}_sum"), pa.float64())
+                derived[f"__m2_{i}"] = pc.fill_null(pc.multiply(table.column(f"s{i}_var"), n), 0.0)
+                derived[f"__sq_{i}"] = pc.fill_null(pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(total, total), n), 0.0), 0.0)
+                specs += [(f"__m2_{i}", "sum", skip), (f"__sq_{i}", "sum", skip)]
+    for name, column in derived.items():
+        table = table.append_column(name, column)
+    grouped = table.group_by(list(keys), use_threads=False).aggregate(specs)
+    columns = {k: grouped.column(k) for k in keys}
+    for column, func, _ in specs:
+        if not column.startswith("__"):
+            columns[column] = grouped.column(f"{column}_{func}")
+    for i, agg in enumerate(aggs):
+        if agg.partial_kind == "std":
+            n = pc.cast(columns[f"s{i}_n"], pa.float64())
+            total = pc.cast(columns[f"s{i}_sum"], pa.float64())
+            squares = pc.add(grouped.column(f"__m2_{i}_sum"), grouped.column(f"__sq_{i}_sum"))
+            m2 = pc.subtract(squares, pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(total, total), n), 0.0))
+            columns[f"s{i}_var"] = pc.if_else(pc.greater(n, 0), pc.divide(pc.max_element_wise(m2, 0.0), n),
+                                              pa.scalar(None, pa.float64()))
+    return pa.table({name: columns[name] for name in table.column_names if name in columns})
+
+
 def decomposable(aggs: Sequence[AggregateFnV2]) -> bool:
     """True when every aggregation has partial states (the built-ins but Quantile and lists)."""
     return all(agg.partial_kind is not None for agg in aggs)
@@ -468,6 +509,10 @@ class AggregateReducer:
 
     def for_execution(self) -> AggregateReducer:
         return self
+
+    def merge(self, table: pa.Table, group_keys: Sequence[str]) -> pa.Table:
+        """Several map tasks' outputs as one (a pushed merge): states merged per group."""
+        return merge_states(table, group_keys, self.aggs) if self.partial else table
 
     def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
         if not sides[0]:

@@ -16,7 +16,7 @@ from dataflow import plan
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
 from engine.exchange import PartitionTransform, ReduceTransform
 from engine.operators.base import PhysicalOperator
-from engine.operators.exchange import PartitionOperator, ReduceOperator
+from engine.operators.exchange import MERGE_FAN_IN, PartitionOperator, ReduceOperator
 from engine.operators.input import InputOperator
 from engine.operators.limit import LimitOperator
 from engine.operators.map import ActorPoolSpec, MapOperator, Resources
@@ -158,8 +158,9 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     reducer = node.reducer.for_execution() if node.reducer is not None else None
     transform = (ReduceTransform(node.label, reducer, c.options.target_max_block_size, direct_partitioner)
                  if reducer is not None else None)
+    merges = MERGE_FAN_IN if len(fed) == 1 and isinstance(fed[0], PartitionOperator) and reducer is not None else 0
     reduce = ReduceOperator(node.label, transform, fed, grouping=node.grouping, num_tasks=node.num_tasks,
-                            rows_per_task=node.rows_per_task, seed=node.seed)
+                            rows_per_task=node.rows_per_task, seed=node.seed, merge_fan_in=merges)
     if node.orders_output:
         c.ordering.add(id(reduce))
     return c.add(reduce)

@@ -107,6 +107,18 @@ class ReduceTransform(TaskTransform):
         self.partitioner = partitioner
         """The map side's, for a task given the whole input unpartitioned (a small exchange)."""
 
+    def partition(self, blocks: Iterable[pa.Table], params: Any) -> Iterator[tuple[pa.Table, bytes]]:
+        """A pushed merge (``("merge", counts of each block, partitions, merge id)``): several
+        map outputs as one partitioned block, groups merged where the reducer knows how."""
+        _, counts, num_partitions, _ = params
+        merge = getattr(self.reducer, "merge", None)
+        keys = getattr(self.reducer, "keys", ())
+        combine = (lambda table: merge(table, [*keys, MERGE_PART])) if merge is not None else None
+        try:
+            yield merge_partitioned(list(blocks), list(counts), num_partitions, combine)
+        except Exception as err:
+            raise UDFFailure(self.name, err) from err
+
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
         index, counts, *direct = params
         tables = list(blocks)
@@ -127,6 +139,26 @@ class ReduceTransform(TaskTransform):
             raise
         except Exception as err:
             raise UDFFailure(self.name, err) from err
+
+
+MERGE_PART = "__dataflow_merge_partition"
+
+
+def merge_partitioned(tables: list[pa.Table], counts: list[bytes], num_partitions: int,
+                      combine: Any = None) -> tuple[pa.Table, bytes]:
+    """Several map tasks' partitioned blocks as one: rows grouped by partition, each
+    partition's rows in map order; ``combine(table, group_keys)`` (an aggregation's) may
+    first merge the rows of each group, given the partition as an extra key."""
+    parts = np.concatenate([np.repeat(np.arange(len(c), dtype=np.intp), c)
+                            for c in (partition_counts(b) for b in counts)]) if counts else np.zeros(0, np.intp)
+    table = concat(tables)
+    if combine is not None:
+        merged = combine(table.append_column(MERGE_PART, pa.array(parts)))
+        parts = merged.column(MERGE_PART).to_numpy().astype(np.intp)
+        table = merged.drop_columns([MERGE_PART])
+    if table.num_rows > 1 and np.any(parts[1:] < parts[:-1]):
+        table = table.take(grouping_order(parts, num_partitions))
+    return table, np.bincount(parts, minlength=num_partitions).astype("<u4").tobytes()
 
 
 def partition_counts(ref_partitions: bytes) -> np.ndarray:

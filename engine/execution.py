@@ -311,8 +311,9 @@ class Execution:
         unit = common_unit(pending.bundle)
         if unit is not None:  # a resumable write's input unit: its blocks keep it (engine.units)
             result.refs = [dataclasses.replace(ref, unit=unit) for ref in result.refs]
+        owner = op.outputs_owner(pending)
         for ref in result.refs:
-            self.own(ref, op)
+            self.own(ref, owner)
         if result.error is not None:
             op.stats.tasks_failed += 1
             for ref in result.refs:
@@ -335,7 +336,7 @@ class Execution:
         if op.cancelled:
             for ref in result.refs:
                 self.release(ref)
-        else:
+        elif not op.keep_outputs(pending, result.refs):
             ordered = self.options.preserve_order or op.ordered_output
             for ref in op.in_order(pending.spec.task_index, result.refs) if ordered else result.refs:
                 op.emit(ref)

@@ -84,6 +84,7 @@ class ExecutionStats:
                     "task_cpu_s": s.task_cpu_s,
                     "peak_held_bytes": s.peak_held_bytes,
                     "retried": s.tasks_retried,
+                    "merges": s.merges,
                     "failed": s.tasks_failed,
                     "worker_deaths": list(s.worker_deaths),
                     "waits": dict(s.waits),
@@ -104,6 +105,8 @@ class ExecutionStats:
                 f"  Operator {i} {s.name}: {s.tasks} tasks, {s.rows_out} rows, {format_bytes(s.bytes_out)} out; "
                 f"task wall {s.task_wall_s:.3f} s, cpu {s.task_cpu_s:.3f} s; peak held {format_bytes(s.peak_held_bytes)}"
             )
+            if s.merges:
+                lines.append(f"    merged its map outputs in {s.merges} tasks while the map tasks ran")
             if s.tasks_retried:
                 lines.append(f"    retried {s.tasks_retried} tasks after worker deaths")
             for death in s.worker_deaths[:5]:

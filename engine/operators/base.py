@@ -41,6 +41,8 @@ class OpStats:
     """How each worker that died running its tasks ended (signal or exit code, memory)."""
     io: dict[str, int] = field(default_factory=dict)
     """Summed I/O counters of its tasks (files and bytes read, row groups skipped, retries...)."""
+    merges: int = 0
+    """Pushed merges an exchange's reduce ran while its map tasks did (not in ``tasks``)."""
     rows_skipped: int = 0
     """Rows its ``on_error="skip"`` steps dropped because the UDF raised on them."""
     blocks_errored: int = 0

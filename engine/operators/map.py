@@ -366,6 +366,16 @@ class MapOperator(PhysicalOperator):
         self._slices.pop(piece.ref.block_id, None)
         return True
 
+    def outputs_owner(self, pending: Pending) -> PhysicalOperator:
+        """The operator whose budget a finished task's outputs count against: this one, but for
+        an exchange's pushed merge (its output replaces the map outputs it merged)."""
+        return self
+
+    def keep_outputs(self, pending: Pending, refs: list[BlockRef]) -> bool:
+        """True when the operator keeps a finished task's outputs itself instead of emitting
+        them (an exchange's pushed merge); they are owned by it either way."""
+        return False
+
     def in_order(self, task_index: int, refs: list[BlockRef]) -> list[BlockRef]:
         """The outputs that may be emitted now so that tasks' outputs come out in task order."""
         self._finished_out_of_order[task_index] = refs

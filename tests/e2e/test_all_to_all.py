@@ -460,3 +460,33 @@ def test_out_of_core_at_three_times_the_store(step, fresh_engine):
         assert stats["spilled_bytes"] > 32 * MiB  # the map outputs went to disk...
     assert stats["store_peak"] <= 32 * MiB + 16 * MiB  # ...and shared memory stayed near its capacity
     assert [f for f in os.listdir(executor.store.spill_dir) if f.endswith(".arrow")] == []  # nothing left behind
+
+
+def test_map_outputs_are_merged_while_the_map_tasks_run(mode):
+    """Past 64 map outputs the reduce merges them 32 at a time while the maps still run (an
+    aggregation's partial states merged per group): the results are those of no merge."""
+    with dataflow.options(min_task_input_bytes=1):
+        ds = _rows(24_000, blocks=240).materialize()  # 240 blocks
+    shuffled = [r["id"] for r in ds.random_shuffle(seed=5).take_all()]  # one task: no merge
+    rows = ds.take_all()
+    with dataflow.options(small_exchange_bytes=0, min_task_input_bytes=1):  # a map task per block
+        steps = {
+            "RandomShuffle": ds.random_shuffle(seed=5),
+            "Sort": ds.sort(["s", "v"], descending=[False, True]),
+            "Aggregate[k]": ds.groupby("k").aggregate(Count(), Sum("v"), Min("v"), Mean("v"), Std("v"), AbsMax("v")),
+        }
+        got, merges = {}, {}
+        for name, step in steps.items():
+            got[name] = step.take_all()
+            merges[name] = next(op.merges for op in step._last_handle.stats().operators if op.name == name)
+            assert mode == "local" or f"merged its map outputs in {merges[name]} tasks" in step.stats()
+    assert [r["id"] for r in got["RandomShuffle"]] == shuffled
+    assert got["Sort"] == sorted(rows, key=lambda r: (r["s"], -r["v"]))  # stable: ties keep input order
+    for r in got["Aggregate[k]"]:
+        values = [x["v"] for x in rows if x["k"] == r["k"]]
+        assert r["count()"] == len(values) and r["sum(v)"] == pytest.approx(sum(values))
+        assert r["min(v)"] == min(values) and r["abs_max(v)"] == max(abs(v) for v in values)
+        assert r["mean(v)"] == pytest.approx(statistics.mean(values), rel=1e-9)
+        assert r["std(v)"] == pytest.approx(statistics.stdev(values), rel=1e-9)
+    if mode == "streaming":  # the in-process executor runs every map task first: nothing to merge
+        assert all(n >= 1 for n in merges.values()), merges

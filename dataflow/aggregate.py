@@ -307,29 +307,36 @@ def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
     return pa.table(columns)
 
 
+def _state_skip(agg: AggregateFnV2) -> pc.ScalarAggregateOptions:
+    return pc.ScalarAggregateOptions(skip_nulls=agg.ignore_nulls or agg.partial_kind == "count", min_count=1)
+
+
+def _state_merges(i: int, agg: AggregateFnV2) -> list[tuple[str, str, Any]]:
+    """(state column, arrow aggregation, options) merging ``agg``'s states of several parts:
+    counts and sums add, minima and maxima take theirs (a std's variance aside)."""
+    kind, skip = agg.partial_kind, _state_skip(agg)
+    if kind == "count":
+        return [(f"s{i}", "sum", skip)]
+    if kind in ("sum", "min", "max", "abs_max"):
+        return [(f"s{i}", {"abs_max": "max"}.get(kind or "", kind or ""), skip)]
+    if kind in ("missing_pct", "zero_pct"):
+        return [(f"s{i}_all", "sum", skip), (f"s{i}_part", "sum", skip)]
+    return [(f"s{i}_sum", "sum", skip), (f"s{i}_n", "sum", skip)]
+
+
 def combine_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
     """The finished aggregations from partial states (the reduce side)."""
     specs: list[tuple[str, str, Any]] = []
     for i, agg in enumerate(aggs):
-        kind = agg.partial_kind
-        skip = pc.ScalarAggregateOptions(skip_nulls=agg.ignore_nulls or kind == "count", min_count=1)
-        if kind == "count":
-            specs.append((f"s{i}", "sum", skip))
-        elif kind in ("sum", "min", "max", "abs_max"):
-            specs.append((f"s{i}", {"abs_max": "max"}.get(kind or "", kind or ""), skip))
-        elif kind in ("missing_pct", "zero_pct"):
-            specs.append((f"s{i}_all", "sum", skip))
-            specs.append((f"s{i}_part", "sum", skip))
-        else:
-            specs.append((f"s{i}_sum", "sum", skip))
-            specs.append((f"s{i}_n", "sum", skip))
-            if kind == "std":
-                mean = pc.divide(pc.cast(table.column(f"s{i}_sum"), pa.float64()), table.column(f"s{i}_n"))
-                m2 = pc.multiply(table.column(f"s{i}_var"), pc.cast(table.column(f"s{i}_n"), pa.float64()))
-                table = table.append_column(f"s{i}_m2", m2)
-                table = table.append_column(f"s{i}_sq", pc.multiply(pc.multiply(mean, mean), table.column(f"s{i}_n")))
-                specs.append((f"s{i}_m2", "sum", skip))
-                specs.append((f"s{i}_sq", "sum", skip))
+        specs += _state_merges(i, agg)
+        if agg.partial_kind == "std":
+            skip = _state_skip(agg)
+            mean = pc.divide(pc.cast(table.column(f"s{i}_sum"), pa.float64()), table.column(f"s{i}_n"))
+            m2 = pc.multiply(table.column(f"s{i}_var"), pc.cast(table.column(f"s{i}_n"), pa.float64()))
+            table = table.append_column(f"s{i}_m2", m2)
+            table = table.append_column(f"s{i}_sq", pc.multiply(pc.multiply(mean, mean), table.column(f"s{i}_n")))
+            specs.append((f"s{i}_m2", "sum", skip))
+            specs.append((f"s{i}_sq", "sum", skip))
     grouped = table.group_by(list(keys), use_threads=False).aggregate(specs)
     columns = {k: grouped.column(k) for k in keys}
     for i, agg in enumerate(aggs):
@@ -370,22 +377,14 @@ def merge_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateF
     specs: list[tuple[str, str, Any]] = []
     derived: dict[str, pa.ChunkedArray] = {}
     for i, agg in enumerate(aggs):
-        kind = agg.partial_kind
-        skip = pc.ScalarAggregateOptions(skip_nulls=agg.ignore_nulls or kind == "count", min_count=1)
-        if kind == "count":
-            specs.append((f"s{i}", "sum", skip))
-        elif kind in ("sum", "min", "max", "abs_max"):
-            specs.append((f"s{i}", {"abs_max": "max"}.get(kind or "", kind or ""), skip))
-        elif kind in ("missing_pct", "zero_pct"):
-            specs += [(f"s{i}_all", "sum", skip), (f"s{i}_part", "sum", skip)]
-        else:
-            specs += [(f"s{i}_sum", "sum", skip), (f"s{i}_n", "sum", skip)]
-            if kind == "std":  # n * var (the part's squared deviations) and sum^2 / n (n * mean^2)
-                n = pc.cast(table.column(f"s{i}_n"), pa.float64())
-                total = pc.cast(table.column(f"s{i}_sum"), pa.float64())
-                derived[f"__m2_{i}"] = pc.fill_null(pc.multiply(table.column(f"s{i}_var"), n), 0.0)
-                derived[f"__sq_{i}"] = pc.fill_null(pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(total, total), n), 0.0), 0.0)
-                specs += [(f"__m2_{i}", "sum", skip), (f"__sq_{i}", "sum", skip)]
+        specs += _state_merges(i, agg)
+        if agg.partial_kind == "std":  # n * var (the part's squared deviations) and sum^2 / n (n * mean^2)
+            skip = _state_skip(agg)
+            n = pc.cast(table.column(f"s{i}_n"), pa.float64())
+            total = pc.cast(table.column(f"s{i}_sum"), pa.float64())
+            derived[f"__m2_{i}"] = pc.fill_null(pc.multiply(table.column(f"s{i}_var"), n), 0.0)
+            derived[f"__sq_{i}"] = pc.fill_null(pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(total, total), n), 0.0), 0.0)
+            specs += [(f"__m2_{i}", "sum", skip), (f"__sq_{i}", "sum", skip)]
     for name, column in derived.items():
         table = table.append_column(name, column)
     grouped = table.group_by(list(keys), use_threads=False).aggregate(specs)

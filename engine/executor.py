@@ -671,6 +671,16 @@ class StreamingExecutor:
         op, slot = choices[index]
         return self._dispatch(execution, op, slot)
 
+    def _running_output_bytes(self) -> float:
+        """Bytes the tasks running on workers are expected to add to the store: each operator's
+        learned output per task, or a task's input size before one has finished."""
+        total = 0.0
+        for handle in self.pool.live():
+            for _execution, op, pending in handle.tasks:
+                learned = op.learned_output_bytes()
+                total += pending.input_bytes if learned is None else learned
+        return total
+
     def _actor_wait(self, op: MapOperator) -> str:
         pool = self._actors.get(f"actor:{op.key}", [])
         if any(w.state == STARTING for w in pool) or not pool:
@@ -715,7 +725,9 @@ class StreamingExecutor:
         pending = op.next_task()
         spec = pending.spec
         expected = op.expected_output_bytes(prior=float(execution.options.target_max_block_size))
-        spec.spill = self.store_used + expected > self.store_capacity
+        # what the tasks already running will add counts too: two tasks sent in one turn would
+        # otherwise both see room for one and both write to shared memory
+        spec.spill = self.store_used + self._running_output_bytes() + expected > self.store_capacity
         frames: list[bytes] = []
         if isinstance(slot, WorkerHandle):
             try:

@@ -365,6 +365,7 @@ class SplitCoordinator:
         """Of the last finished epoch: rows each split got, rows dropped to make them equal,
         and (on a cluster) rows each split read from blocks held on its own node."""
         self._local_rows = [0] * n
+        self._node_rows: dict[str, int] = {}
         self._located = False
         """Splits said which node they read on (only iterators on a cluster do)."""
         self.address: str | None = None
@@ -399,6 +400,8 @@ class SplitCoordinator:
                 if near is not None:
                     self._located = True
                     self._local_rows[split] += result.length if result.ref.node == near else 0
+                    held = result.ref.node or ""
+                    self._node_rows[held] = self._node_rows.get(held, 0) + result.length
                 self._cond.notify_all()
             elif result == END:
                 self._ended.add(split)
@@ -406,6 +409,7 @@ class SplitCoordinator:
                     self.last_stats = {"dropped_rows": self._dealer.dropped_rows, "rows": list(self._dealer.assigned)}
                     if self._located:
                         self.last_stats["rows_on_own_node"] = list(self._local_rows)
+                        self.last_stats["rows_by_node"] = dict(self._node_rows)
             return result
 
     def next(self, split: int, epoch: int, timeout: float | None = None) -> Piece | None:
@@ -473,6 +477,7 @@ class SplitCoordinator:
         self._epoch = epoch
         self._ended = set()
         self._local_rows = [0] * self.n
+        self._node_rows = {}
         self._located = False
         self._dealer = (OrderedSplitDealer if self.ordered else SplitDealer)(self.n, self.equal)
         self._handle = None

@@ -53,7 +53,14 @@ def _engine_pids() -> set[int]:
 
 
 def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+    alive = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.add(p.pid)
+        except psutil.NoSuchProcess:  # it ended between the listing and the look
+            pass
+    return alive
 
 
 def _orphaned_shm_dirs() -> set[str]:

@@ -9,7 +9,13 @@ ownership and stats as any map. What differs is when a task is ready and what it
 * a ``ReduceOperator`` is the barrier: it holds the map outputs until every input is done, then
   plans its tasks from the partition counts (contiguous ranges of partitions, sized from the
   bytes that actually arrived) or from row counts (``zip``, ``repartition`` without shuffle),
-  and emits their outputs in order.
+  and emits their outputs in order. While the map tasks run it merges their outputs, 32 at a
+  time once 64 wait (``MERGE_FAN_IN``), so a reduce task reads few slices however many map
+  tasks there were.
+
+An input of at most ``small_exchange_bytes`` in all skips the map tasks: the
+``PartitionOperator`` holds it, then hands the blocks over unpartitioned (``direct``), and one
+reduce task partitions and reduces them at once, with the same result.
 
 While it waits for all its input it says so (``needs_more_input``), which admits what feeds it
 whatever its budget: those rows are needed before anything can come out, and past the store's

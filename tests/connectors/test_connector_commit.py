@@ -39,6 +39,7 @@ class RecordingHandler(pafs.FileSystemHandler):
         self.moved: list[str] = []
         self.deleted: list[str] = []
         self.in_flight = 0
+        self.started = 0
         self.peak_in_flight = 0
         self.lock = threading.Lock()
 
@@ -46,7 +47,8 @@ class RecordingHandler(pafs.FileSystemHandler):
         with self.lock:
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            count = len(self.moved)
+            count = self.started  # moves started before this one: each count is seen once
+            self.started += 1
         try:
             if self.on_move is not None:
                 self.on_move(count)

@@ -325,47 +325,30 @@ def _state_merges(i: int, agg: AggregateFnV2) -> list[tuple[str, str, Any]]:
 
 
 def combine_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
-    """The finished aggregations from partial states (the reduce side)."""
-    specs: list[tuple[str, str, Any]] = []
-    for i, agg in enumerate(aggs):
-        specs += _state_merges(i, agg)
-        if agg.partial_kind == "std":
-            skip = _state_skip(agg)
-            mean = pc.divide(pc.cast(table.column(f"s{i}_sum"), pa.float64()), table.column(f"s{i}_n"))
-            m2 = pc.multiply(table.column(f"s{i}_var"), pc.cast(table.column(f"s{i}_n"), pa.float64()))
-            table = table.append_column(f"s{i}_m2", m2)
-            table = table.append_column(f"s{i}_sq", pc.multiply(pc.multiply(mean, mean), table.column(f"s{i}_n")))
-            specs.append((f"s{i}_m2", "sum", skip))
-            specs.append((f"s{i}_sq", "sum", skip))
-    grouped = table.group_by(list(keys), use_threads=False).aggregate(specs)
-    columns = {k: grouped.column(k) for k in keys}
+    """The finished aggregations from partial states (the reduce side): the states merged per
+    group (``merge_states``), then each aggregation's value from its merged states."""
+    merged = merge_states(table, keys, aggs)
+    columns = {k: merged.column(k) for k in keys}
+    null = pa.scalar(None, pa.float64())
     for i, agg in enumerate(aggs):
         kind = agg.partial_kind
         if kind in ("count", "sum", "min", "max", "abs_max"):
-            func = {"abs_max": "max", "count": "sum"}.get(kind or "", kind or "")
-            value = grouped.column(f"s{i}_{func}")
+            value = merged.column(f"s{i}")
             if kind == "count":
                 value = pc.fill_null(value, 0)
         elif kind in ("missing_pct", "zero_pct"):
-            whole = pc.cast(grouped.column(f"s{i}_all_sum"), pa.float64())
-            part = pc.cast(pc.fill_null(grouped.column(f"s{i}_part_sum"), 0), pa.float64())
-            value = pc.if_else(pc.greater(whole, 0), pc.multiply(pc.divide(part, whole), 100.0),
-                               pa.scalar(None, pa.float64()))
+            whole = pc.cast(merged.column(f"s{i}_all"), pa.float64())
+            part = pc.cast(pc.fill_null(merged.column(f"s{i}_part"), 0), pa.float64())
+            value = pc.if_else(pc.greater(whole, 0), pc.multiply(pc.divide(part, whole), 100.0), null)
         else:
-            total = pc.cast(grouped.column(f"s{i}_sum_sum"), pa.float64())
-            n = pc.cast(grouped.column(f"s{i}_n_sum"), pa.float64())
-            mean = pc.if_else(pc.greater(n, 0), pc.divide(total, n), pa.scalar(None, pa.float64()))
+            n = pc.cast(merged.column(f"s{i}_n"), pa.float64())
             if kind == "mean":
-                value = mean
-            else:
+                total = pc.cast(merged.column(f"s{i}_sum"), pa.float64())
+                value = pc.if_else(pc.greater(n, 0), pc.divide(total, n), null)
+            else:  # the pooled population variance, made a sample one (ddof)
                 assert isinstance(agg, Std)
-                m2 = pc.subtract(
-                    pc.add(grouped.column(f"s{i}_m2_sum"), grouped.column(f"s{i}_sq_sum")),
-                    pc.multiply(pc.multiply(mean, mean), n),
-                )
-                var = pc.divide(pc.max_element_wise(m2, 0.0), pc.subtract(n, agg.ddof))
-                value = pc.if_else(pc.greater(n, agg.ddof), pc.sqrt(var),
-                                   pc.if_else(pc.greater(n, 0), 0.0, pa.scalar(None, pa.float64())))
+                var = pc.divide(pc.multiply(merged.column(f"s{i}_var"), n), pc.subtract(n, agg.ddof))
+                value = pc.if_else(pc.greater(n, agg.ddof), pc.sqrt(var), pc.if_else(pc.greater(n, 0), 0.0, null))
         columns[agg.name] = value
     return pa.table(columns)
 

@@ -79,10 +79,10 @@ def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[Aggr
             raise TypeError(msg)
     partitions = FINE_PARTITIONS if keys else 1
     partial = decomposable(aggs)
-    partitioner: Any = (PartialAggPartitioner(keys, aggs, partitions) if partial
-                        else _Projecting(keys, needed_columns(keys, aggs), partitions))
-    label = f"Aggregate[{', '.join(keys)}]" if keys else "Aggregate"
     columns = needed_columns(keys, aggs)
+    partitioner: Any = (PartialAggPartitioner(keys, aggs, partitions) if partial
+                        else _Projecting(keys, columns, partitions))
+    label = f"Aggregate[{', '.join(keys)}]" if keys else "Aggregate"
     return Exchange((plan,), label, (partitioner,), AggregateReducer(keys, aggs, partial), small_in_one_task=True,
                     columns=tuple(columns) if columns else None)
 

@@ -2,8 +2,9 @@
 
 The map side samples the primary key of every block as it arrives (a few rows per block, taken
 by the task that made the block and sent with its ref, so the driver reads no block; a
-materialized input's blocks are sampled in the driver), cuts the sorted sample into ``FINE_PARTITIONS`` quantile ranges once the last block
-is in, and sends each row to the range its primary key falls in; nulls and NaNs go to the last
+materialized input's blocks are sampled in the driver), cuts the sorted sample into
+``FINE_PARTITIONS`` quantile ranges once the last block is in, and sends each row to the range
+its primary key falls in; nulls and NaNs go to the last
 range, as they sort last. Equal primary keys share a range, so ranges sorted on all the keys
 and emitted in range order are the sorted dataset. Reducers concatenate their slices in input
 order and sort stably: the sort is stable overall.

@@ -110,6 +110,7 @@ class Execution:
         store: BlockStore,
         stored: Callable[[BlockRef], None] | None = None,
         store_capacity: int | None = None,
+        shares_finished_budgets: bool = True,
     ) -> None:
         """``free`` frees a block; ``stored`` counts one the driver itself put in the store."""
         self.id = next(_execution_ids)
@@ -125,7 +126,7 @@ class Execution:
             self.store_capacity = min(self.store_capacity, int(store_limit))
         self.cpu_limit = options.cpu_limit()
         """``resource_limits.cpu``: the CPUs this execution's running tasks may use at once."""
-        self.shares_finished_budgets = True
+        self.shares_finished_budgets = shares_finished_budgets
         """The store's operator share is split between the operators still running tasks (an
         exchange's reduce gets the part of the steps before it). The Ray runner turns it off:
         there, the map outputs a reduce reads are restored from Ray's spill into a small object

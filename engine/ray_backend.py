@@ -759,8 +759,7 @@ class RayBackend(Backend):
 
     def execute(self, ops: list[PhysicalOperator], options: ExecutionOptions) -> ExecutionHandle:
         execution = Execution(ops, self.options.for_execution(options), self.store.free, self.store,
-                              store_capacity=self.executor.store_capacity)
-        execution.shares_finished_budgets = False
+                              store_capacity=self.executor.store_capacity, shares_finished_budgets=False)
         self._check_fits(execution)
         self.executor.submit(execution)
         return RayHandle(execution, self)

@@ -32,6 +32,7 @@ EXACT_TASK_BYTES = 32 << 20
 _task_ids = itertools.count(1)
 _op_ids = itertools.count(1)
 
+
 @dataclass(frozen=True)
 class Resources:
     """What one task (or one actor) needs."""

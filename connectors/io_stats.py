@@ -9,7 +9,7 @@ them directly to prove that a filter skipped row groups or that a fault was retr
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass
@@ -42,7 +42,7 @@ def snapshot(*, reset: bool = False) -> dict[str, int]:
     """The counters as a dict; with ``reset=True`` they start again from zero."""
     global _COUNTERS
     with _LOCK:
-        values = asdict(_COUNTERS)
+        values = dict(vars(_COUNTERS))  # (dataclasses.asdict deep-copies: 10x slower, twice a task)
         if reset:
             _COUNTERS = IOCounters()
     return values

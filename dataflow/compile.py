@@ -1,7 +1,8 @@
 """Logical plan -> engine operators, through one table of build functions.
 
 Each node becomes one operator; what is fused was decided by the optimizer (``can_fuse``),
-never here. A ``FusedRead`` becomes one MapOperator whose tasks read and transform in one go
+never here, with one exception that depends on the execution's options: an exchange over a bare
+read the source says is at most ``small_exchange_bytes`` runs whole in one task that reads. A ``FusedRead`` becomes one MapOperator whose tasks read and transform in one go
 (``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its upstream's blocks.
 The last operator can count rows instead of producing blocks (``count()``), or write them to a
 Datasink (``write_*``).
@@ -14,7 +15,7 @@ from typing import Any
 
 from dataflow import plan
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
-from engine.exchange import PartitionTransform, ReduceTransform
+from engine.exchange import PartitionTransform, ReduceTransform, WholeExchangeTransform
 from engine.operators.base import PhysicalOperator
 from engine.operators.exchange import MERGE_FAN_IN, PartitionOperator, ReduceOperator
 from engine.operators.input import InputOperator
@@ -22,7 +23,7 @@ from engine.operators.limit import LimitOperator
 from engine.operators.map import ActorPoolSpec, MapOperator, Resources
 from engine.operators.union import UnionOperator
 from engine.options import ExecutionOptions
-from engine.task import OUTPUT_BLOCKS
+from engine.task import OUTPUT_BLOCKS, ReadAll
 from engine.transform import BlockTransform
 
 
@@ -32,6 +33,14 @@ class _Compiler:
         self.ops: list[PhysicalOperator] = []
         self.ordering: set[int] = set()
         """Operators whose output order is the result (a sort's reduce)."""
+        self._estimates: dict[int, int | None] = {}
+
+    def estimate(self, datasource: Any) -> int | None:
+        """The source's decoded size, asked once (a Parquet source reads a footer for it)."""
+        key = id(datasource)
+        if key not in self._estimates:
+            self._estimates[key] = datasource.estimate_inmemory_data_size()
+        return self._estimates[key]
 
     def add(self, op: PhysicalOperator) -> PhysicalOperator:
         if isinstance(op, MapOperator):
@@ -44,7 +53,7 @@ class _Compiler:
 
     def bundle_bytes(self, datasource: Any) -> int:
         """Small reads are bundled, but never into fewer than ~2 tasks per worker."""
-        total = datasource.estimate_inmemory_data_size()
+        total = self.estimate(datasource)
         target = self.options.min_task_input_bytes
         if total:
             target = min(target, max(1, total // (2 * self.options.resolved_num_cpus())))
@@ -132,6 +141,9 @@ def _limit(c: _Compiler, node: Limit) -> PhysicalOperator:
 
 
 def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
+    whole = _whole_in_one_read(c, node)
+    if whole is not None:
+        return whole
     children = [c.build(child) for child in node.children]
     if node.ordered_input:
         for child in children:
@@ -164,6 +176,32 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     if node.orders_output:
         c.ordering.add(id(reduce))
     return c.add(reduce)
+
+
+def _whole_in_one_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
+    """A small exchange straight over a read, as one task that reads every file (several at
+    once, on as many threads as there are CPUs) and reduces: no block crosses the store before
+    the result, and no task waits for another. Chosen when the source's own estimate is at
+    most ``small_exchange_bytes``; the result is the one the partitioned path gives."""
+    read = node.children[0] if len(node.children) == 1 else None
+    limit = c.options.small_exchange_bytes
+    if (not isinstance(read, Read) or not node.small_in_one_task or node.num_tasks not in (None, 1)
+            or not limit or node.reducer is None or not node.partitioners or node.partitioners[0] is None):
+        return None
+    size = c.estimate(read.datasource)
+    if size is None or size > limit:
+        return None
+    parallelism = read.parallelism if read.parallelism > 0 else default_read_parallelism(c.options)
+    tasks = list(read.datasource.get_read_tasks(parallelism))
+    cpus = c.options.resolved_num_cpus()
+    reduce = ReduceTransform(node.label, node.reducer.for_execution(), c.options.target_max_block_size,
+                             node.partitioners[0].for_execution())
+    op = c.add(MapOperator(f"{read.name}->{node.label}", WholeExchangeTransform(reduce),
+                           source=[ReadAll(tasks, threads=cpus)] if tasks else [], min_bundle_bytes=1))
+    op.ordered_output = True
+    if node.orders_output:
+        c.ordering.add(id(op))
+    return op
 
 
 def _emit_in_order(op: PhysicalOperator) -> None:

@@ -141,6 +141,23 @@ class ReduceTransform(TaskTransform):
             raise UDFFailure(self.name, err) from err
 
 
+
+class WholeExchangeTransform(TaskTransform):
+    """A whole small exchange in the task that reads its input: the reduce side of a small
+    exchange (``ReduceTransform`` given every block unpartitioned), fed by the read tasks
+    themselves, so no block goes through the store on its way. The plan chooses it when the
+    source says its data is small; the result is the partitioned path's."""
+
+    def __init__(self, reduce: ReduceTransform) -> None:
+        assert reduce.partitioner is not None
+        self.reduce = reduce
+        self.name = reduce.name
+
+    def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
+        tables = list(blocks)
+        yield from self.reduce(tables, (0, (len(tables),), True))
+
+
 MERGE_PART = "__dataflow_merge_partition"
 
 

@@ -104,6 +104,65 @@ def _io_counters() -> dict[str, int]:
     return module.snapshot() if module is not None else {}
 
 
+class ReadAll:
+    """Several read tasks as one input item, read by up to ``threads`` threads at once and
+    yielded in order: a task that is alone on the workers (a small exchange that reads its
+    whole input) decodes on every core instead of one. Readers release the GIL while they
+    decode; each one's failure names its own files."""
+
+    __slots__ = ("metadata", "tasks", "threads")
+
+    def __init__(self, tasks: list[Any], threads: int) -> None:
+        self.tasks = tasks
+        self.threads = max(1, threads)
+        sizes = [getattr(getattr(t, "metadata", None), "size_bytes", None) for t in tasks]
+        rows = [getattr(getattr(t, "metadata", None), "num_rows", None) for t in tasks]
+        self.metadata = _Metadata(
+            num_rows=sum(rows) if None not in rows else None,  # type: ignore[arg-type]
+            size_bytes=sum(sizes) if None not in sizes else None,  # type: ignore[arg-type]
+            input_files=tuple(f for t in tasks for f in _files_of(t)),
+        )
+
+    def __call__(self) -> Iterator[pa.Table]:
+        if self.threads == 1 or len(self.tasks) < 2:
+            for task in self.tasks:
+                yield from _read(task)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(self.threads, len(self.tasks)), thread_name_prefix="read") as pool:
+            futures = [pool.submit(lambda t=task: list(_read(t))) for task in self.tasks]
+            try:
+                for future in futures:
+                    yield from future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+
+
+@dataclass(frozen=True)
+class _Metadata:
+    num_rows: int | None
+    size_bytes: int | None
+    input_files: tuple[str, ...]
+
+
+def _files_of(item: Any) -> tuple[str, ...]:
+    return tuple(getattr(getattr(item, "metadata", None), "input_files", ()) or ())
+
+
+def _read(item: Any) -> Iterator[pa.Table]:
+    """The tables of one read task; its failure as the step ``Read``'s, naming its files."""
+    try:
+        yield from item()
+    except UDFFailure:
+        raise
+    except Exception as err:
+        files = _files_of(item)
+        where = f"(reading {', '.join(files[:3])}{'...' if len(files) > 3 else ''})" if files else ""
+        raise UDFFailure("Read", err, where) from err
+
+
 def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
     for item in spec.inputs:
         if isinstance(item, BlockRef):
@@ -111,15 +170,8 @@ def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
         elif isinstance(item, BlockSlice):
             yield store.get(item.ref).slice(item.offset, item.length)
         else:
-            row_errors.note_input_files(getattr(getattr(item, "metadata", None), "input_files", ()) or ())
-            try:
-                yield from item()
-            except UDFFailure:
-                raise
-            except Exception as err:
-                files = getattr(getattr(item, "metadata", None), "input_files", ()) or ()
-                where = f"(reading {', '.join(files[:3])}{'...' if len(files) > 3 else ''})" if files else ""
-                raise UDFFailure("Read", err, where) from err
+            row_errors.note_input_files(_files_of(item))
+            yield from _read(item)
 
 
 def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:

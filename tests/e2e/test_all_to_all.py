@@ -225,6 +225,34 @@ def test_a_small_exchange_is_one_task_with_the_partitioned_result(streaming):
         ds.sort("k").take_all()
 
 
+def test_a_small_exchange_over_a_read_is_the_task_that_reads(streaming, tmp_path):
+    """A small exchange straight over a read runs in the one task that reads every file (on
+    several threads) and reduces: nothing else runs, and the result is the partitioned one. A
+    broken file among them fails the step naming that file."""
+    table = _rows(24_000, blocks=4).to_arrow()
+    for i in range(6):  # six files of 4,000 rows: read by two threads, in order
+        pq.write_table(table.slice(i * 4000, 4000), tmp_path / f"part-{i}.parquet")
+    steps = {
+        "RandomShuffle": lambda d: d.random_shuffle(seed=3),
+        "Sort": lambda d: d.sort(["s", "v"], descending=[False, True]),
+        "Aggregate[k]": lambda d: d.groupby("k").aggregate(Sum("v"), Count()),
+        "TopK[7]": lambda d: d.sort("v", descending=True).limit(7),
+    }
+    for name, step in steps.items():
+        small = step(dataflow.read_parquet(str(tmp_path)))
+        got = small.take_all()
+        with dataflow.options(small_exchange_bytes=0):
+            want = step(dataflow.read_parquet(str(tmp_path))).take_all()
+        if name.startswith("Aggregate"):
+            got, want = sorted(got, key=lambda r: r["k"]), sorted(want, key=lambda r: r["k"])
+        assert got == want, name
+        stats = small.stats()
+        assert f"ReadParquet->{name}: 1 tasks" in stats and f"{name}Map" not in stats, stats
+    (tmp_path / "part-3.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(Exception, match=r"part-3\.parquet"):
+        dataflow.read_parquet(str(tmp_path)).sort("v").take_all()
+
+
 # groupby ---------------------------------------------------------------------------------------
 def test_groupby_aggregations_match_python(mode, exchange):
     ds = _rows(7000)

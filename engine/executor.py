@@ -37,7 +37,7 @@ from engine.options import ExecutionOptions
 from engine.resources import GpuLedger, ResourceLedger, visible_gpu_ids
 from engine.scheduler import Candidate, pick
 from engine.task import TaskResult
-from engine.transport import CurveKeys, DriverSocket
+from engine.transport import CurveKeys, DriverSocket, Dropped, PeerUnreachable, StreamDriverSocket
 from engine.wakeup import WakeupPipe
 from engine.worker_pool import (
     BUSY,
@@ -111,8 +111,10 @@ class StreamingExecutor:
         self.store_capacity = options.resolved_store_capacity()
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._curve = CurveKeys.generate(0) if transport == "tcp" else None
-        address = "tcp://127.0.0.1:0" if transport == "tcp" else f"ipc://{socket_dir}/driver.sock"
-        self._socket = DriverSocket(self._ctx, address, self._curve)
+        self._socket: DriverSocket | StreamDriverSocket = (
+            DriverSocket(self._ctx, "tcp://127.0.0.1:0", self._curve) if transport == "tcp"
+            else StreamDriverSocket(f"{socket_dir}/driver.sock")
+        )
         self._wakeup = WakeupPipe()
         self.dropped_messages = 0
         """Frames from workers or peers that could not be decoded or handled (dropped, counted)."""
@@ -145,7 +147,7 @@ class StreamingExecutor:
 
     def _worker_keys(self) -> dict[str, Any]:
         """A fresh CurveZMQ key pair for one worker, admitted by the driver's socket."""
-        assert self._curve is not None
+        assert self._curve is not None and isinstance(self._socket, DriverSocket)
         public, secret = zmq.curve_keypair()
         self._socket.admit(public)
         return {"server_public": self._curve.server_public.decode(), "client_keys": [public.decode(), secret.decode()]}
@@ -255,7 +257,7 @@ class StreamingExecutor:
 
     # the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
-        self._poller.register(self._socket.sock, zmq.POLLIN)
+        self._socket.register(self._poller)
         self._poller.register(self._wakeup.fileno, zmq.POLLIN)
         failures = 0
         try:
@@ -315,21 +317,17 @@ class StreamingExecutor:
             self._wakeup.drain()
         while self._commands:
             self._guarded("a command", self._commands.popleft())
-        if self._socket.sock in events:
-            while True:
-                try:
-                    worker_id, frames = self._socket.recv()
-                except zmq.Again:
-                    break
-                except Exception as err:  # a peer with an identity that is not ours (not text)
-                    self._drop(f"unreadable message: {err!r}")
-                    continue
-                try:
-                    msg = protocol.decode(frames)
-                except Exception as err:  # bad header, no body, bad ids, a body that does not unpickle
-                    self._drop(f"undecodable message from {worker_id!r}: {err!r}")
-                    continue
-                self._guarded(f"handling {type(msg).__name__} from {worker_id}", partial(self._on_message, worker_id, msg))
+        for item in self._socket.receive(events):
+            if isinstance(item, Dropped):  # a peer that is not ours, bytes that are not messages
+                self._drop(item.reason)
+                continue
+            worker_id, frames = item
+            try:
+                msg = protocol.decode(frames)
+            except Exception as err:  # bad header, no body, bad ids, a body that does not unpickle
+                self._drop(f"undecodable message from {worker_id!r}: {err!r}")
+                continue
+            self._guarded(f"handling {type(msg).__name__} from {worker_id}", partial(self._on_message, worker_id, msg))
         if self._fs_fd is not None and self._fs_fd in events:
             self._guarded("watching the zygote", self._on_zygote_output)
         for fd in [fd for fd in events if isinstance(fd, int) and fd in self.pool.by_pidfd]:
@@ -748,7 +746,7 @@ class StreamingExecutor:
         slot.tasks.append((execution, op, pending))
         try:
             self._socket.send(slot.worker_id, frames)
-        except zmq.ZMQError:  # the worker vanished between Ready and now: its pidfd will say so
+        except PeerUnreachable:  # the worker vanished between Ready and now: its pidfd will say so
             pass
         return True
 
@@ -814,7 +812,7 @@ class StreamingExecutor:
         handle.state = RETIRING
         try:
             self._socket.send(handle.worker_id, protocol.encode(protocol.Shutdown()))
-        except zmq.ZMQError:
+        except PeerUnreachable:
             pass
 
     # executions ----------------------------------------------------------------------------

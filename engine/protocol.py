@@ -135,7 +135,9 @@ def encode(msg: Any) -> list[bytes]:
     """Frames for ``msg``."""
     header = MAGIC + bytes((VERSION, _KINDS[type(msg)]))
     if isinstance(msg, RunTask):
-        meta = json.dumps({"task_id": msg.spec.task_id, "sys_path": msg.sys_path}).encode()
+        # the task id alone as digits (most tasks); JSON when sys.path rides along
+        meta = (json.dumps({"task_id": msg.spec.task_id, "sys_path": msg.sys_path}).encode()
+                if msg.sys_path is not None else b"%d" % msg.spec.task_id)
         spec = msg.spec
         only_blocks = spec.sink is None and all(type(item) in _BLOCK_TYPES for item in spec.inputs)
         frames = [header + meta, serialization.dumps_data(spec) if only_blocks else serialization.dumps(spec)]
@@ -165,8 +167,12 @@ def decode(frames: list[bytes] | list[Any]) -> Any:
             msg = f"a task has 2 or 3 frames, got {len(frames)}"
             raise ProtocolError(msg)
         try:
-            meta = json.loads(bytes(frames[0][4:]))
-            task_id, sys_path = int(meta["task_id"]), meta["sys_path"]
+            raw = bytes(frames[0][4:])
+            if raw.isdigit():
+                task_id, sys_path = int(raw), None
+            else:
+                meta = json.loads(raw)
+                task_id, sys_path = int(meta["task_id"]), meta["sys_path"]
         except (ValueError, KeyError, TypeError) as err:
             msg = f"a task's metadata is not valid: {err}"
             raise ProtocolError(msg) from err

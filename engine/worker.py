@@ -32,7 +32,7 @@ def main(
     import pyarrow as pa
     import zmq
 
-    from engine.transport import WorkerSocket
+    from engine.transport import connect_worker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(env or {})
@@ -42,7 +42,7 @@ def main(
     transforms: dict[str, TaskTransform] = {}
     reported = set(frameworks_imported())  # what the zygote already has
     ctx = zmq.Context()
-    sock = WorkerSocket(
+    sock = connect_worker(
         ctx,
         address,
         worker_id,
@@ -52,7 +52,10 @@ def main(
     try:
         sock.send(protocol.encode(protocol.Ready(worker_id, os.getpid())))
         while True:
-            frames = sock.recv()
+            try:
+                frames = sock.recv()
+            except EOFError:  # the driver is gone
+                break
             assert frames is not None
             msg = protocol.decode(frames)
             if isinstance(msg, protocol.Shutdown):
@@ -61,7 +64,10 @@ def main(
                 result = _serve_task(msg, transforms, store)
                 imported = tuple(m for m in frameworks_imported() if m not in reported)
                 reported.update(imported)
-                sock.send(protocol.encode(protocol.TaskDone(result, imported)))
+                try:
+                    sock.send(protocol.encode(protocol.TaskDone(result, imported)))
+                except (BrokenPipeError, ConnectionResetError):  # the driver is gone
+                    break
     finally:
         sock.close()
         ctx.term()

@@ -11,15 +11,16 @@ import os
 import pickle
 import random
 import signal
+import socket
+import struct
 import threading
 import time
 
 import numpy as np
 import pytest
-import zmq
 
 import dataflow
-from engine import protocol
+from engine import protocol, transport
 from engine import session as engine_session
 
 
@@ -56,34 +57,73 @@ def _frames(rng: random.Random) -> list[list[bytes]]:
     ]
 
 
-def test_fuzzed_frames_at_the_driver_socket_leave_it_serving(ready):
-    executor = _executor()
-    before = executor.dropped_messages
-    ctx = zmq.Context()
-    rng = random.Random(7)
+def _peer(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    return sock
+
+
+def _write(sock: socket.socket, data: bytes) -> None:
+    """Send, unless the driver has already cut this peer off (what it does to a stranger)."""
     try:
-        identities = [b"", b"\xff\xfe\x00binary", b"w0", b"w1", rng.randbytes(8), b"x" * 200]
-        sockets = []
-        for ident in identities:
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            if ident:
-                sock.setsockopt(zmq.IDENTITY, ident)
-            sock.connect(executor.address)
-            sockets.append(sock)
-        for _ in range(5):
-            for sock in sockets:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def _send(sock: socket.socket, frames: list[bytes]) -> None:
+    _write(sock, b"".join(bytes(p) for p in transport.encode_frames(frames)))
+
+
+def test_fuzzed_frames_at_the_driver_socket_leave_it_serving(ready):
+    """Peers that are not workers (same user: the socket is in the session's 0700 folder) send
+    noise, messages without a hello, hellos with odd or taken names, lengths no sender writes and
+    messages cut short: each is dropped and counted, and the workers keep serving."""
+    executor = _executor()
+    path = executor.address.removeprefix(transport.STREAM_SCHEME)
+    before = executor.dropped_messages
+    rng = random.Random(7)
+    peers = []
+    try:
+        for _ in range(3):  # bytes that are not messages at all
+            sock = _peer(path)
+            _write(sock, rng.randbytes(rng.randint(1, 300)))
+            peers.append(sock)
+        for _ in range(2):  # well-framed messages, but no hello first
+            sock = _peer(path)
+            for frames in _frames(rng):
+                _send(sock, frames)
+            peers.append(sock)
+        for name in (b"\xff\xfe\x00binary", b"", b"w0", b"w1"):  # names that are not text, or taken
+            sock = _peer(path)
+            _send(sock, [transport.HELLO, name])
+            _send(sock, protocol.encode(protocol.Ready(name.decode(errors="replace"), 1)))
+            peers.append(sock)
+        for name in ("w-nobody", "w-stranger"):  # a fresh name: every fuzzed message after it
+            sock = _peer(path)
+            _send(sock, [transport.HELLO, name.encode()])
+            for _ in range(5):
                 for frames in _frames(rng):
-                    sock.send_multipart(frames)
-        # a peer claiming a real worker's identity is a second connection: zmq keeps the first
+                    _send(sock, frames)
+            peers.append(sock)
+        sock = _peer(path)  # a frame count and a length no sender writes
+        _send(sock, [transport.HELLO, b"w-huge"])
+        _write(sock, struct.pack("<IQ", 1, transport.MAX_MESSAGE_BYTES + 1))
+        peers.append(sock)
+        sock = _peer(path)
+        _write(sock, struct.pack("<I", 10_000))
+        peers.append(sock)
+        sock = _peer(path)  # a message cut short, then gone
+        _send(sock, [transport.HELLO, b"w-short"])
+        _write(sock, b"".join(bytes(p) for p in transport.encode_frames(protocol.encode(protocol.Ready("w-short", 1))))[:-3])
+        sock.close()
         assert executor.sync()
         _healthy()
         assert executor.sync()
     finally:
-        for sock in sockets:
-            sock.close(0)
-        ctx.term()
-    assert executor.dropped_messages > before
+        for sock in peers:
+            sock.close()
+    assert executor.dropped_messages >= before + 10
     assert executor._thread.is_alive()
     _healthy()
 

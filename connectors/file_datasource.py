@@ -212,6 +212,12 @@ class FileDatasource(Datasource):
             return partition_schema(self._partitioning, None, None)
         return partition_schema(self._partitioning, first.path, first.root)
 
+    @property
+    def lists_anew_each_execution(self) -> bool:
+        """Each execution lists the files in a new order (``shuffle="files"``): asking for read
+        tasks twice in one execution would advance that order twice."""
+        return getattr(self._files, "shuffle", None) is not None
+
     def get_read_tasks(self, parallelism: int) -> Iterator[ReadTask]:
         """Read tasks, yielded while the listing is still running."""
         if isinstance(self._files, SelectedFiles):

@@ -172,6 +172,40 @@ class ParquetDatasource(FileDatasource):
         ratio = max(1.0, encoded / max(1, entries[0].size or 1))
         return int(sum(e.size or 0 for e in entries) * ratio)
 
+    def decoded_bytes_at_most(self, limit: int) -> int | None:
+        """The bytes the rows take decoded, from the footers, when that can be told and is at
+        most ``limit``; None otherwise (the caller then assumes "large").
+
+        Unlike ``estimate_inmemory_data_size`` this never guesses low: a fixed-width column
+        counts its rows times its width, a plain-encoded string or binary column its
+        uncompressed bytes plus an offset per value, and a dictionary-encoded or nested column
+        (a few encoded bytes can stand for gigabytes decoded) makes the answer None. Reads at
+        most ``MAX_SIZED_FILES`` footers.
+        """
+        entries = []
+        for entry in self._files.iter_files():
+            entries.append(entry)
+            if len(entries) > MAX_SIZED_FILES:
+                return None
+        total = 0
+        retrier = Retrier(self._retry_policy)
+        for entry in entries:
+            metadata = _read_footer(self._files.filesystem, entry, self._display(entry), retrier)
+            schema = metadata.schema.to_arrow_schema()
+            wanted = {i for i, name in enumerate(schema.names) if self._columns is None or name in self._columns}
+            for g in range(metadata.num_row_groups):
+                group = metadata.row_group(g)
+                if group.num_columns != len(schema):
+                    return None  # nested columns: leaves do not map to fields one to one
+                for i in wanted:
+                    size = _decoded_column_bytes(schema.field(i).type, group.column(i), group.num_rows)
+                    if size is None:
+                        return None
+                    total += size
+                if total > limit:
+                    return None
+        return total
+
     def apply_projection(self, columns: list[str]) -> ParquetDatasource:
         """A copy reading only ``columns``."""
         if self._columns is not None:
@@ -267,7 +301,7 @@ class ParquetDatasource(FileDatasource):
             table = fragment.subset(row_group_ids=[rg_id]).to_table(
                 schema=dataset_schema, columns=columns, filter=self._filter, use_threads=False
             )
-            io_stats.record(bytes_read=metadata.row_group(rg_id).total_byte_size)
+            io_stats.record(bytes_read=_group_bytes(metadata.row_group(rg_id), columns))
             yield table
 
     def _check_schema(self, physical: pa.Schema, expected: pa.Schema, display: str) -> None:
@@ -293,6 +327,43 @@ class ParquetDatasource(FileDatasource):
 
 
 _SCHEMA_HINT = "; pass schema=... to read files with different schemas as one"
+
+
+def _group_bytes(group: pq.RowGroupMetaData, columns: list[str] | None) -> int:
+    """A row group's uncompressed bytes; of the projected columns only, when projected."""
+    if columns is None:
+        return int(group.total_byte_size)
+    wanted = set(columns)
+    return sum(int(group.column(i).total_uncompressed_size) for i in range(group.num_columns)
+               if group.column(i).path_in_schema.split(".")[0] in wanted)
+
+
+MAX_SIZED_FILES = 64
+"""Footers ``decoded_bytes_at_most`` reads at most (a small input has few files)."""
+
+
+def _decoded_column_bytes(typ: pa.DataType, column: Any, num_rows: int) -> int | None:
+    """One column chunk's decoded bytes, or None when the footer cannot tell."""
+    width = _fixed_width(typ)
+    if width is not None:
+        return num_rows * width + (num_rows + 7) // 8  # values, and a validity bitmap
+    plain_bytes = pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
+    if plain_bytes and not column.has_dictionary_page:
+        return int(column.total_uncompressed_size) + 8 * num_rows
+    return None
+
+
+def _fixed_width(typ: pa.DataType) -> int | None:
+    if pa.types.is_boolean(typ):
+        return 1
+    if pa.types.is_fixed_size_list(typ):
+        inner = _fixed_width(typ.value_type)
+        return None if inner is None else inner * typ.list_size
+    try:
+        bits = typ.bit_width
+    except ValueError:  # not fixed width
+        return None
+    return max(1, bits // 8)
 
 
 def _is_data_error(exc: BaseException) -> bool:

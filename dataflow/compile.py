@@ -17,13 +17,13 @@ from dataflow import plan
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
 from engine.exchange import PartitionTransform, ReduceTransform, WholeExchangeTransform
 from engine.operators.base import PhysicalOperator
-from engine.operators.exchange import MERGE_FAN_IN, PartitionOperator, ReduceOperator
+from engine.operators.exchange import MERGE_FAN_IN, PartitionOperator, ReduceOperator, SampledReadPartitionOperator
 from engine.operators.input import InputOperator
 from engine.operators.limit import LimitOperator
 from engine.operators.map import ActorPoolSpec, MapOperator, Resources
 from engine.operators.union import UnionOperator
 from engine.options import ExecutionOptions
-from engine.task import OUTPUT_BLOCKS, ReadAll
+from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, ReadAll
 from engine.transform import BlockTransform
 
 
@@ -144,12 +144,13 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     whole = _whole_in_one_read(c, node)
     if whole is not None:
         return whole
-    children = [c.build(child) for child in node.children]
+    sampled = _sampled_read(c, node)
+    children = [c.build(child) for child in node.children] if sampled is None else []
     if node.ordered_input:
         for child in children:
             _emit_in_order(child)
-    fed: list[PhysicalOperator] = []
-    partitioners = node.partitioners or (None,) * len(children)
+    fed: list[PhysicalOperator] = [sampled] if sampled is not None else []
+    partitioners = (node.partitioners or (None,) * len(children)) if children else ()
     direct_partitioner = None
     for i, (child, partitioner) in enumerate(zip(children, partitioners, strict=True)):
         if partitioner is None:
@@ -170,7 +171,8 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     reducer = node.reducer.for_execution() if node.reducer is not None else None
     transform = (ReduceTransform(node.label, reducer, c.options.target_max_block_size, direct_partitioner)
                  if reducer is not None else None)
-    merges = MERGE_FAN_IN if len(fed) == 1 and isinstance(fed[0], PartitionOperator) and reducer is not None else 0
+    partitioned = len(fed) == 1 and isinstance(fed[0], MapOperator) and fed[0].output == OUTPUT_PARTITIONS
+    merges = MERGE_FAN_IN if partitioned and reducer is not None else 0
     reduce = ReduceOperator(node.label, transform, fed, grouping=node.grouping, num_tasks=node.num_tasks,
                             rows_per_task=node.rows_per_task, seed=node.seed, merge_fan_in=merges)
     if node.orders_output:
@@ -188,8 +190,11 @@ def _whole_in_one_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
     if (not isinstance(read, Read) or not node.small_in_one_task or node.num_tasks not in (None, 1)
             or not limit or node.reducer is None or not node.partitioners or node.partitioners[0] is None):
         return None
-    size = c.estimate(read.datasource)
-    if size is None or size > limit:
+    # a sound bound from the source, not the estimate that sizes read tasks: compressed and
+    # dictionary-encoded files can decode to far more than their footers suggest, and this one
+    # task would hold all of it
+    sized = getattr(read.datasource, "decoded_bytes_at_most", None)
+    if sized is None or sized(limit) is None:
         return None
     parallelism = read.parallelism if read.parallelism > 0 else default_read_parallelism(c.options)
     tasks = list(read.datasource.get_read_tasks(parallelism))
@@ -202,6 +207,34 @@ def _whole_in_one_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
     if node.orders_output:
         c.ordering.add(id(op))
     return op
+
+
+def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
+    """A sort straight over a read that can read its key columns alone: the map side fused into
+    the read (``SampledReadPartitionOperator``: a key-only read fits the ranges first). None
+    where that does not apply: another step, other inputs, or a source without projection or a
+    schema that names every key column (the sort then reports a missing key as it always does)."""
+    read = node.children[0] if len(node.children) == 1 else None
+    bound = node.partitioners[0].for_execution() if node.partitioners and node.partitioners[0] is not None else None
+    columns = getattr(bound, "sample_columns", None)
+    if (not node.sampler or not isinstance(read, Read) or bound is None or columns is None
+            or getattr(read.datasource, "lists_anew_each_execution", False)):
+        return None
+    try:
+        schema = read.datasource.schema()
+        keys_only = read.datasource.apply_projection(list(columns)) if schema is not None else None
+    except Exception:  # a source that cannot say: the plain path reports whatever is wrong
+        return None
+    if keys_only is None or schema is None or not set(columns) <= set(schema.names):
+        return None
+    parallelism = read.parallelism if read.parallelism > 0 else default_read_parallelism(c.options)
+    bundle = (1 if read.parallelism > 0 or getattr(read.datasource, "sizes_own_tasks", False)
+              else c.bundle_bytes(read.datasource))
+    label = f"{node.label}Map"
+    return c.add(SampledReadPartitionOperator(
+        f"{read.name}->{label}", PartitionTransform(label, bound), keys_only.get_read_tasks(parallelism),
+        read.datasource.get_read_tasks(parallelism), bound.sample, min_bundle_bytes=bundle,
+    ))
 
 
 def _emit_in_order(op: PhysicalOperator) -> None:

@@ -87,6 +87,12 @@ class RangePartitioner:
         fixed.num_partitions = len(boundaries) + 1
         return fixed
 
+    @property
+    def sample_columns(self) -> tuple[str, ...] | None:
+        """The columns ``sample`` reads (a source may read them alone to fit the ranges); None
+        once the ranges are fixed."""
+        return self.key.columns if self.boundaries is None else None
+
     def sample(self, table: pa.Table) -> pa.Array:
         """Evenly spaced primary-key values of one block (in the task that made it)."""
         self.key.check(table)

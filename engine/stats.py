@@ -85,6 +85,7 @@ class ExecutionStats:
                     "peak_held_bytes": s.peak_held_bytes,
                     "retried": s.tasks_retried,
                     "merges": s.merges,
+                    "sampling_tasks": s.sampling_tasks,
                     "failed": s.tasks_failed,
                     "worker_deaths": list(s.worker_deaths),
                     "waits": dict(s.waits),
@@ -107,6 +108,8 @@ class ExecutionStats:
             )
             if s.merges:
                 lines.append(f"    merged its map outputs in {s.merges} tasks while the map tasks ran")
+            if s.sampling_tasks:
+                lines.append(f"    {s.sampling_tasks} of its tasks read the sort key columns alone first, to fit the ranges")
             if s.tasks_retried:
                 lines.append(f"    retried {s.tasks_retried} tasks after worker deaths")
             for death in s.worker_deaths[:5]:

@@ -43,6 +43,8 @@ class OpStats:
     """Summed I/O counters of its tasks (files and bytes read, row groups skipped, retries...)."""
     merges: int = 0
     """Pushed merges an exchange's reduce ran while its map tasks did (not in ``tasks``)."""
+    sampling_tasks: int = 0
+    """Tasks of a sort's map side that read the key columns alone to fit the ranges (in ``tasks``)."""
     rows_skipped: int = 0
     """Rows its ``on_error="skip"`` steps dropped because the UDF raised on them."""
     blocks_errored: int = 0

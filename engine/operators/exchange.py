@@ -13,6 +13,10 @@ ownership and stats as any map. What differs is when a task is ready and what it
   time once 64 wait (``MERGE_FAN_IN``), so a reduce task reads few slices however many map
   tasks there were.
 
+A sort straight over a source that can read its key columns alone runs its map side in the
+read (``SampledReadPartitionOperator``): a key-only read fits the ranges, then the tasks that
+read the rows partition them, so no row waits in the store (or the spill folder) for the ranges.
+
 An input of at most ``small_exchange_bytes`` in all skips the map tasks: the
 ``PartitionOperator`` holds it, then hands the blocks over unpartitioned (``direct``), and one
 reduce task partitions and reduces them at once, with the same result.
@@ -26,9 +30,10 @@ global row offset and the result are the same on every run and with any number o
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -38,7 +43,8 @@ from engine.exchange import PartitionTransform, ReduceTransform, partition_count
 from engine.object_store import BlockRef, BlockSlice
 from engine.operators.base import OperatorContext, PhysicalOperator
 from engine.operators.map import MapOperator, Pending, Resources, _task_ids
-from engine.task import OUTPUT_PARTITIONS, TaskSpec
+from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, TaskSpec
+from engine.transform import BlockTransform
 
 BY_PARTITIONS = "partitions"
 BY_ROWS = "rows"
@@ -167,6 +173,85 @@ class PartitionOperator(MapOperator):
             for item in pending.bundle[1:]:
                 self._offsets.pop(getattr(item, "block_id", ""), None)
         return pending
+
+
+class SampledReadPartitionOperator(MapOperator):
+    """A range exchange's map side fused into the read that feeds it (a sort over a file
+    source): its tasks first read the sort-key columns alone and sample them; once every sample
+    is in and the ranges are fitted, its tasks read the whole rows and partition them in the
+    same task. The unfused path must read all of the input, and past the store's capacity
+    spill it, before the first map task can start, then read it all back: at 1.4 GB through a
+    256 MiB store that is 1.4 GB written to disk and read again.
+
+    The sampling tasks' blocks (key columns only) never leave the operator: their samples are
+    kept and the blocks freed as each task ends. The partitioning tasks are numbered from 0, so
+    their outputs reach the reduce in input order (a stable sort keeps ties in that order)."""
+
+    def __init__(
+        self,
+        name: str,
+        transform: PartitionTransform,
+        sample_tasks: Iterable[Any],
+        read_tasks: Iterable[Any],
+        sampler: Callable[[pa.Table], Any],
+        *,
+        min_bundle_bytes: int,
+    ) -> None:
+        super().__init__(name, BlockTransform([]), source=list(sample_tasks), min_bundle_bytes=min_bundle_bytes)
+        self.partition_transform = transform
+        self.output_sampler = sampler
+        self.ordered_output = True
+        self.sampling = True
+        self._read_tasks = read_tasks
+        self._samples: list[Any] = []
+        self._ctx: OperatorContext | None = None
+
+    def start(self, ctx: OperatorContext) -> None:
+        self._ctx = ctx
+
+    def has_pending_work(self) -> bool:
+        return self.sampling or super().has_pending_work()
+
+    def has_ready_task(self, upstream_busy: bool) -> bool:
+        self._pull_source()
+        self._partition_when_sampled()
+        return super().has_ready_task(upstream_busy)
+
+    def keep_outputs(self, pending: Pending, refs: list[BlockRef]) -> bool:
+        if pending.spec.output != OUTPUT_BLOCKS:
+            return False
+        assert self._ctx is not None
+        self.stats.sampling_tasks += 1
+        for ref in refs:  # a sampling task's key columns: their samples stay, the blocks go
+            if isinstance(ref.sample, BaseException):  # a sort key the data does not have
+                self._ctx.fail(ref.sample)
+            elif ref.sample is not None:
+                self._samples.append(ref.sample)
+            self._ctx.release(ref)
+        self._partition_when_sampled()
+        return True
+
+    def _partition_when_sampled(self) -> None:
+        """Every sampling task is done: fit the ranges, then read and partition."""
+        if not self.sampling or self._source is not None or self._queue or self.pending or self.retry_queue:
+            return
+        self.sampling = False
+        samples, self._samples = self._samples, []
+        try:
+            self.partition_transform.partitioner.fit(samples)  # type: ignore[attr-defined]
+        except Exception as err:  # keys that cannot be ordered together (mixed types)
+            assert self._ctx is not None
+            self._ctx.fail(err)
+        self.transform = self.partition_transform
+        self._transform_bytes = None
+        self.digest += "-ranges"  # workers cached the sampling transform under the old digest
+        self.output = OUTPUT_PARTITIONS
+        self.output_sampler = None
+        self._source = iter(self._read_tasks)
+        self.inputs_done = False
+        self._task_index = itertools.count()
+        self._next_in_order = 0
+        self._out_ratio = self._out_bytes_per_task = None  # key columns told nothing about whole rows
 
 
 class ReduceOperator(MapOperator):

@@ -228,10 +228,18 @@ def test_a_small_exchange_is_one_task_with_the_partitioned_result(streaming):
 def test_a_small_exchange_over_a_read_is_the_task_that_reads(streaming, tmp_path):
     """A small exchange straight over a read runs in the one task that reads every file (on
     several threads) and reduces: nothing else runs, and the result is the partitioned one. A
-    broken file among them fails the step naming that file."""
+    broken file among them fails the step naming that file. Files whose decoded size the
+    footers cannot bound (dictionary-encoded strings) take the ordinary path."""
     table = _rows(24_000, blocks=4).to_arrow()
+    plain, dictionary = tmp_path / "plain", tmp_path / "dictionary"
+    plain.mkdir()
+    dictionary.mkdir()
     for i in range(6):  # six files of 4,000 rows: read by two threads, in order
-        pq.write_table(table.slice(i * 4000, 4000), tmp_path / f"part-{i}.parquet")
+        pq.write_table(table.slice(i * 4000, 4000), plain / f"part-{i}.parquet", use_dictionary=False)
+        pq.write_table(table.slice(i * 4000, 4000), dictionary / f"part-{i}.parquet")
+    shuffled = dataflow.read_parquet(str(tmp_path / "dictionary")).random_shuffle(seed=3)
+    assert len(shuffled.take_all()) == 24_000
+    assert "ReadParquet->RandomShuffle" not in shuffled.stats() and "RandomShuffleMap: 0 tasks" in shuffled.stats()
     steps = {
         "RandomShuffle": lambda d: d.random_shuffle(seed=3),
         "Sort": lambda d: d.sort(["s", "v"], descending=[False, True]),
@@ -239,18 +247,45 @@ def test_a_small_exchange_over_a_read_is_the_task_that_reads(streaming, tmp_path
         "TopK[7]": lambda d: d.sort("v", descending=True).limit(7),
     }
     for name, step in steps.items():
-        small = step(dataflow.read_parquet(str(tmp_path)))
+        small = step(dataflow.read_parquet(str(plain)))
         got = small.take_all()
         with dataflow.options(small_exchange_bytes=0):
-            want = step(dataflow.read_parquet(str(tmp_path))).take_all()
+            want = step(dataflow.read_parquet(str(plain))).take_all()
         if name.startswith("Aggregate"):
             got, want = sorted(got, key=lambda r: r["k"]), sorted(want, key=lambda r: r["k"])
         assert got == want, name
         stats = small.stats()
         assert f"ReadParquet->{name}: 1 tasks" in stats and f"{name}Map" not in stats, stats
-    (tmp_path / "part-3.parquet").write_bytes(b"PAR1 this is not parquet")
+    (plain / "part-3.parquet").write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(Exception, match=r"part-3\.parquet"):
-        dataflow.read_parquet(str(tmp_path)).sort("v").take_all()
+        dataflow.read_parquet(str(plain)).sort("v").take_all()
+
+
+def test_a_sort_over_a_read_samples_its_key_columns_first(mode, tmp_path):
+    """A sort straight over Parquet files reads their key columns alone to fit its ranges, then
+    reads and partitions whole rows in the same tasks: the order is the stable one (ties keep
+    the files' order), nulls last, and a key the files lack is still the sort's error."""
+    rng = np.random.default_rng(3)
+    tables = []
+    for i in range(5):
+        n = 3000
+        k = rng.integers(0, 50, n).astype(float)
+        k[rng.random(n) < 0.05] = np.nan
+        table = pa.table({"k": pa.array(k, from_pandas=True), "s": [f"s{j % 11}" for j in range(n)],
+                          "file": [i] * n, "row": np.arange(n)})
+        pq.write_table(table, tmp_path / f"part-{i}.parquet")
+        tables.append(table)
+    want = pa.concat_tables(tables).sort_by([("k", "descending", "at_end"), ("s", "ascending", "at_end")])
+    with dataflow.options(small_exchange_bytes=0):  # as a large input: not one task
+        ds = dataflow.read_parquet(str(tmp_path)).sort(["k", "s"], descending=[True, False])
+        got = ds.to_arrow()
+        assert got.select(["file", "row"]).to_pylist() == want.select(["file", "row"]).to_pylist()
+        if mode == "streaming":
+            stats = ds.stats()
+            assert "ReadParquet->SortMap" in stats and "\n  Operator 0 ReadParquet:" not in stats, stats
+            assert "of its tasks read the sort key columns alone first" in stats, stats
+        with pytest.raises(Exception, match="nope"):
+            dataflow.read_parquet(str(tmp_path)).sort("nope").take_all()
 
 
 # groupby ---------------------------------------------------------------------------------------
@@ -463,11 +498,17 @@ def _wide(batch):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("step", ["sort", "shuffle", "map_groups", "groupby"])
-def test_out_of_core_at_three_times_the_store(step, fresh_engine):
+@pytest.mark.parametrize("step", ["sort", "sort_files", "shuffle", "map_groups", "groupby"])
+def test_out_of_core_at_three_times_the_store(step, fresh_engine, tmp_path):
     dataflow.init(execution_mode="streaming", num_cpus=2, object_store_memory=32 * MiB)
     ds = dataflow.range(12_000, override_num_blocks=48).map_batches(_wide)  # ~96 MiB
-    if step == "sort":
+    if step == "sort_files":  # the same rows from files: sampled by a key-only read, partitioned as read
+        ds.write_parquet(str(tmp_path / "wide"), min_rows_per_file=500)
+        out = dataflow.read_parquet(str(tmp_path / "wide")).sort("id", descending=True).select_columns(["id"])
+        ids = [r["id"] for r in out.take_all()]
+        assert ids == list(range(11_999, -1, -1))
+        assert "ReadParquet->SortMap" in out.stats(), out.stats()
+    elif step == "sort":
         out = ds.sort("id", descending=True).select_columns(["id"])
         ids = [r["id"] for r in out.take_all()]
         assert ids == list(range(11_999, -1, -1))

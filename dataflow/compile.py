@@ -1,9 +1,12 @@
 """Logical plan -> engine operators, through one table of build functions.
 
 Each node becomes one operator; what is fused was decided by the optimizer (``can_fuse``),
-never here, with one exception that depends on the execution's options: an exchange over a bare
-read the source says is at most ``small_exchange_bytes`` runs whole in one task that reads. A ``FusedRead`` becomes one MapOperator whose tasks read and transform in one go
-(``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its upstream's blocks.
+never here, but for two exchanges straight over a read, whose choice depends on the execution's
+options and the source: a small one runs whole in the one task that reads
+(``_whole_in_one_read``), and a sort samples a key-only read, then partitions as it reads
+(``_sampled_read``). A ``FusedRead`` becomes one MapOperator whose tasks read and transform in
+one go (``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its
+upstream's blocks.
 The last operator can count rows instead of producing blocks (``count()``), or write them to a
 Datasink (``write_*``).
 """
@@ -183,8 +186,8 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
 def _whole_in_one_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
     """A small exchange straight over a read, as one task that reads every file (several at
     once, on as many threads as there are CPUs) and reduces: no block crosses the store before
-    the result, and no task waits for another. Chosen when the source's own estimate is at
-    most ``small_exchange_bytes``; the result is the one the partitioned path gives."""
+    the result, and no task waits for another. Chosen when the source can bound the decoded
+    size under ``small_exchange_bytes``; the result is the one the partitioned path gives."""
     read = node.children[0] if len(node.children) == 1 else None
     limit = c.options.small_exchange_bytes
     if (not isinstance(read, Read) or not node.small_in_one_task or node.num_tasks not in (None, 1)
@@ -212,8 +215,9 @@ def _whole_in_one_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
 def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
     """A sort straight over a read that can read its key columns alone: the map side fused into
     the read (``SampledReadPartitionOperator``: a key-only read fits the ranges first). None
-    where that does not apply: another step, other inputs, or a source without projection or a
-    schema that names every key column (the sort then reports a missing key as it always does)."""
+    where that does not apply: another step, other inputs, a source without projection or a
+    schema that names every key column (the sort then reports a missing key as it always does),
+    a file order that changes with each listing, or a listing too long to list twice up front."""
     read = node.children[0] if len(node.children) == 1 else None
     bound = node.partitioners[0].for_execution() if node.partitioners and node.partitioners[0] is not None else None
     columns = getattr(bound, "sample_columns", None)
@@ -225,7 +229,8 @@ def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
         keys_only = read.datasource.apply_projection(list(columns)) if schema is not None else None
     except Exception:  # a source that cannot say: the plain path reports whatever is wrong
         return None
-    if keys_only is None or schema is None or not set(columns) <= set(schema.names):
+    if (keys_only is None or schema is None or not set(columns) <= set(schema.names)
+            or c.estimate(read.datasource) is None):  # (None past a few thousand files)
         return None
     parallelism = read.parallelism if read.parallelism > 0 else default_read_parallelism(c.options)
     bundle = (1 if read.parallelism > 0 or getattr(read.datasource, "sizes_own_tasks", False)

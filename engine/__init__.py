@@ -22,10 +22,12 @@ The data path, in order:
 * ``backpressure``    pure: each operator's byte budget (from the store's capacity, its
                       parallelism and its learned output size) and whether it may start a task
 * ``operators/``      input, map (tasks and actor pools, exact batch slicing), limit, union,
-                      exchange (the partition and reduce sides of an all-to-all step), source
-                      (a listing pulled on its own thread, never the loop's)
+                      exchange (the partition and reduce sides of an all-to-all step; a
+                      sort's partition side fused into its read after a key-only sampling
+                      read), source (a listing pulled on its own thread, never the loop's)
 * ``exchange``        what an all-to-all step's tasks run: group rows by partition into one
-                      block per task, and hand a reducer one range of partitions
+                      block per task, and hand a reducer one range of partitions (or, for a
+                      small exchange over a read, every row in the task that reads)
 * ``units``           which read task ("input unit") a block came from, for resumable writes:
                       tasks never mix units and a resumable write takes each one whole
 * ``split``           streaming_split: the dealing policy (pure) and the per-epoch coordinator;

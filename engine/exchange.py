@@ -141,7 +141,6 @@ class ReduceTransform(TaskTransform):
             raise UDFFailure(self.name, err) from err
 
 
-
 class WholeExchangeTransform(TaskTransform):
     """A whole small exchange in the task that reads its input: the reduce side of a small
     exchange (``ReduceTransform`` given every block unpartitioned), fed by the read tasks

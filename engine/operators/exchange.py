@@ -205,9 +205,14 @@ class SampledReadPartitionOperator(MapOperator):
         self._read_tasks = read_tasks
         self._samples: list[Any] = []
         self._ctx: OperatorContext | None = None
+        self._wake: Callable[[], None] | None = None
 
     def start(self, ctx: OperatorContext) -> None:
         self._ctx = ctx
+
+    def pull_source_in_background(self, wake: Callable[[], None]) -> None:
+        self._wake = wake  # for the full read's listing, once the sampling is done
+        super().pull_source_in_background(wake)
 
     def has_pending_work(self) -> bool:
         return self.sampling or super().has_pending_work()
@@ -248,6 +253,9 @@ class SampledReadPartitionOperator(MapOperator):
         self.output = OUTPUT_PARTITIONS
         self.output_sampler = None
         self._source = iter(self._read_tasks)
+        self._lazy_source = True
+        if self._wake is not None:  # listed by a thread, as any source, never by the loop
+            self.pull_source_in_background(self._wake)
         self.inputs_done = False
         self._task_index = itertools.count()
         self._next_in_order = 0

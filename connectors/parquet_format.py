@@ -180,17 +180,20 @@ class ParquetDatasource(FileDatasource):
         counts its rows times its width, a plain-encoded string or binary column its
         uncompressed bytes plus an offset per value, and a dictionary-encoded or nested column
         (a few encoded bytes can stand for gigabytes decoded) makes the answer None. Reads at
-        most ``MAX_SIZED_FILES`` footers.
+        most ``MAX_SIZED_FILES`` footers, in parallel, and none when the files alone are larger.
         """
         entries = []
         for entry in self._files.iter_files():
             entries.append(entry)
             if len(entries) > MAX_SIZED_FILES:
                 return None
+        if sum(e.size or 0 for e in entries) > limit:  # bigger on disk already: no footer needed
+            return None
+        read = functools.partial(_read_footer, self._files.filesystem, retrier=Retrier(self._retry_policy))
+        with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, max(1, len(entries)))) as pool:
+            footers = list(pool.map(lambda e: read(e, self._display(e)), entries))  # (in parallel: S3 round trips)
         total = 0
-        retrier = Retrier(self._retry_policy)
-        for entry in entries:
-            metadata = _read_footer(self._files.filesystem, entry, self._display(entry), retrier)
+        for metadata in footers:
             schema = metadata.schema.to_arrow_schema()
             wanted = {i for i, name in enumerate(schema.names) if self._columns is None or name in self._columns}
             for g in range(metadata.num_row_groups):

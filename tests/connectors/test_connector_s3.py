@@ -150,3 +150,18 @@ def test_listing_pages_through_and_streams(s3) -> None:
     assert first == ("test-bucket/many/_tmp/skip.csv", 6)  # raw listing; the FileSet skips it
     assert len([first, *pages]) == 46
     assert _ids(read_all(CSVDatasource("s3://test-bucket/many"), parallelism=8)) == list(range(45))
+
+
+def test_decoded_size_of_small_parquet_on_s3_is_bounded_from_its_footers(s3) -> None:
+    """What lets a small exchange run in the task that reads: the footers (read in parallel)
+    bound the decoded bytes; a dictionary-encoded column cannot be bounded, and files larger on
+    disk than the limit are not even opened."""
+    for k in range(5):
+        s3.put(f"plain/part-{k}.parquet", _parquet_bytes(1000, k * 1000))
+    bound = ParquetDatasource("s3://test-bucket/plain").decoded_bytes_at_most(1 << 20)
+    assert bound is not None and 5 * 1000 * 8 <= bound <= 5 * 1000 * 9  # int64s and their validity bits
+    assert ParquetDatasource("s3://test-bucket/plain").decoded_bytes_at_most(1000) is None
+    out = io.BytesIO()
+    pq.write_table(pa.table({"s": ["same"] * 1000}), out)  # dictionary-encoded by default
+    s3.put("dict/part.parquet", out.getvalue())
+    assert ParquetDatasource("s3://test-bucket/dict").decoded_bytes_at_most(1 << 20) is None

@@ -79,6 +79,20 @@ def remove_abandoned(path: str) -> bool:
         os.close(fd)
 
 
+FREE_LOCK_WAIT_S = 1.0
+"""How long the zygote retries a dead driver's folder whose lock is busy: another process may be
+probing it that instant (a session's sweep, which then removes it itself, or a leak check,
+which does not), and the lock of a dead owner is only ever held for such a moment."""
+
+
+def _remove_when_free(path: str) -> None:
+    deadline = time.monotonic() + FREE_LOCK_WAIT_S
+    while not remove_abandoned(path) and os.path.exists(os.path.join(path, "lock")):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)
+
+
 def _reap(pid: int) -> int | None:
     """How child ``pid`` ended (``os.waitstatus_to_exitcode``: -N for signal N), or None when
     it is not our child or not dead within a second (the driver saw its pidfd fire: it is)."""
@@ -239,7 +253,7 @@ class Zygote:
             driver_gone = outcome == DRIVER_DIED or not self.driver_alive()
         if driver_gone:
             for folder in self.folders:
-                remove_abandoned(folder)
+                _remove_when_free(folder)
 
     def _kill_children(self) -> None:
         for pid in self.children:

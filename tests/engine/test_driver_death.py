@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -144,6 +145,33 @@ def test_a_sigkilled_driver_s_zygote_kills_the_workers_and_removes_the_folders(d
     assert driver.proc.wait(timeout=TIMEOUT) == -signal.SIGKILL
     assert _wait(driver.folders_gone), f"left behind: {driver.shm_dir}, {driver.spill_dir}"
     assert _wait(lambda: not driver.survivors()), f"survived their driver: {driver.survivors()}"
+
+
+def test_the_zygote_removes_the_folders_when_another_process_probes_their_lock(drivers, tmp_path):
+    """Other processes look at a dead session's lock (a sweep, a leak check), each for a moment:
+    the zygote's cleanup waits such a moment out instead of leaving the folders behind."""
+    driver = Driver(tmp_path)
+    drivers.append(driver)
+    fd = os.open(os.path.join(driver.shm_dir, "lock"), os.O_RDWR)
+    held = threading.Event()
+
+    def probe() -> None:  # takes the lock the instant the driver's death frees it, for 0.3 s
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held.set()
+        time.sleep(0.3)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        os.kill(driver.proc.pid, signal.SIGKILL)
+        assert driver.proc.wait(timeout=TIMEOUT) == -signal.SIGKILL
+        assert held.wait(TIMEOUT)
+        prober.join()
+        assert _wait(driver.folders_gone), f"left behind: {driver.shm_dir}, {driver.spill_dir}"
+    finally:
+        prober.join()
+        os.close(fd)
 
 
 def test_a_driver_started_from_a_thread_and_killed_by_sigterm_leaves_nothing(drivers, tmp_path):

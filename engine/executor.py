@@ -37,7 +37,7 @@ from engine.options import ExecutionOptions
 from engine.resources import GpuLedger, ResourceLedger, visible_gpu_ids
 from engine.scheduler import Candidate, pick
 from engine.task import TaskResult
-from engine.transport import CurveKeys, DriverSocket, Dropped, PeerUnreachable, StreamDriverSocket
+from engine.transport import MAX_MESSAGE_BYTES, CurveKeys, DriverSocket, Dropped, PeerUnreachable, StreamDriverSocket
 from engine.wakeup import WakeupPipe
 from engine.worker_pool import (
     BUSY,
@@ -733,6 +733,16 @@ class StreamingExecutor:
             except Exception as err:
                 op.pending.pop(spec.task_id, None)
                 execution.fail(unpicklable_error(op.name, "a task's inputs (its read task or arguments)", err))
+                return False
+            size = sum(len(frame) for frame in frames)
+            if size > MAX_MESSAGE_BYTES:  # a worker would refuse it: say why, instead of a dead worker
+                op.pending.pop(spec.task_id, None)
+                err = ValueError(
+                    f"it pickles to {size / 2**20:.0f} MiB, more than the {MAX_MESSAGE_BYTES >> 20} MiB a message to "
+                    "a worker may carry; load large objects inside the function (a callable class's __init__, "
+                    "or from a file) instead of capturing them"
+                )
+                execution.fail(unpicklable_error(op.name, "its function and a task's inputs", err))
                 return False
         if slot == INLINE:
             self._ledger.take(op.resources.num_cpus, op.resources.custom)

@@ -188,6 +188,21 @@ def test_a_udf_that_cannot_be_pickled_fails_its_job_only(ready):
     _healthy()
 
 
+def test_a_udf_too_big_to_send_fails_its_job_saying_so(ready):
+    """A function that captures more than a message to a worker may carry fails its job with
+    the reason, not with workers that die one after another; the next job runs."""
+    from engine.transport import MAX_MESSAGE_BYTES
+
+    blob = np.ones(MAX_MESSAGE_BYTES // 8 + 1024, dtype=np.float64)
+
+    def captures_a_blob(batch):
+        return {"id": batch["id"] + int(blob[0])}
+
+    with pytest.raises(ValueError, match=r"more than the 256 MiB a message to a worker may carry"):
+        dataflow.range(5000, override_num_blocks=10).map_batches(captures_a_blob).take_all()
+    _healthy()
+
+
 def test_the_zygote_killed_twice_in_one_job_then_a_worker(ready, tmp_path):
     executor = _executor()
     marker = str(tmp_path / "worker-killed")

@@ -218,6 +218,8 @@ class SampledReadPartitionOperator(MapOperator):
         return self.sampling or super().has_pending_work()
 
     def has_ready_task(self, upstream_busy: bool) -> bool:
+        if self.cancelled:
+            return False
         self._pull_source()
         self._partition_when_sampled()
         return super().has_ready_task(upstream_busy)
@@ -238,15 +240,17 @@ class SampledReadPartitionOperator(MapOperator):
 
     def _partition_when_sampled(self) -> None:
         """Every sampling task is done: fit the ranges, then read and partition."""
-        if not self.sampling or self._source is not None or self._queue or self.pending or self.retry_queue:
+        if (not self.sampling or self.cancelled or self._source is not None or self._queue or self.pending
+                or self.retry_queue):
             return
         self.sampling = False
         samples, self._samples = self._samples, []
         try:
             self.partition_transform.partitioner.fit(samples)  # type: ignore[attr-defined]
-        except Exception as err:  # keys that cannot be ordered together (mixed types)
+        except Exception as err:  # keys that cannot be ordered together (mixed types): the job's end
             assert self._ctx is not None
             self._ctx.fail(err)
+            return
         self.transform = self.partition_transform
         self._transform_bytes = None
         self.digest += "-ranges"  # workers cached the sampling transform under the old digest

@@ -189,6 +189,8 @@ class ParquetDatasource(FileDatasource):
                 return None
         if sum(e.size or 0 for e in entries) > limit:  # bigger on disk already: no footer needed
             return None
+        if self._include_paths or (entries and self._partition_schema(entries[0]) is not None):
+            return None  # a path or partition value on every row: not in the footers
         read = functools.partial(_read_footer, self._files.filesystem, retrier=Retrier(self._retry_policy))
         with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, max(1, len(entries)))) as pool:
             footers = list(pool.map(lambda e: read(e, self._display(e)), entries))  # (in parallel: S3 round trips)

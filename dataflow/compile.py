@@ -79,23 +79,34 @@ def default_read_parallelism(options: ExecutionOptions) -> int:
     return max(200, 2 * options.resolved_num_cpus())
 
 
-def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOperator:
+def _read_tasks(c: _Compiler, node: Read, datasource: Any = None) -> Any:
+    """``node``'s read tasks (of ``datasource``, a projection of its source, when given), as
+    many as ``override_num_blocks`` asked for, else Ray's default parallelism."""
     parallelism = node.parallelism if node.parallelism > 0 else default_read_parallelism(c.options)
+    return (datasource or node.datasource).get_read_tasks(parallelism)
+
+
+def _read_bundle_bytes(c: _Compiler, node: Read) -> int:
+    """Input bytes per read task: one read task each when ``override_num_blocks`` was given or
+    the source sizes its own tasks, else small ones bundled."""
+    if node.parallelism > 0 or getattr(node.datasource, "sizes_own_tasks", False):
+        return 1
+    return c.bundle_bytes(node.datasource)
+
+
+def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOperator:
     stages = maps.stages if maps is not None else ()
     name = node.name + ("->" + maps.name if maps is not None else "")
     return c.add(
         MapOperator(
             name,
             c.transform(stages),
-            source=node.datasource.get_read_tasks(parallelism),
+            source=_read_tasks(c, node),
             resources=_resources(maps.resources) if maps is not None else None,
             actor_pool=_actor_pool(maps.actor_pool) if maps is not None else None,
             max_concurrency=maps.max_concurrency if maps is not None else None,
             task_timeout_s=maps.task_timeout_s if maps is not None else None,
-            # override_num_blocks: one task per read task, as asked; else small ones are bundled
-            min_bundle_bytes=1
-            if node.parallelism > 0 or getattr(node.datasource, "sizes_own_tasks", False)
-            else c.bundle_bytes(node.datasource),
+            min_bundle_bytes=_read_bundle_bytes(c, node),
         )
     )
 
@@ -199,8 +210,7 @@ def _whole_in_one_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
     sized = getattr(read.datasource, "decoded_bytes_at_most", None)
     if sized is None or sized(limit) is None:
         return None
-    parallelism = read.parallelism if read.parallelism > 0 else default_read_parallelism(c.options)
-    tasks = list(read.datasource.get_read_tasks(parallelism))
+    tasks = list(_read_tasks(c, read))
     cpus = c.options.resolved_num_cpus()
     reduce = ReduceTransform(node.label, node.reducer.for_execution(), c.options.target_max_block_size,
                              node.partitioners[0].for_execution())
@@ -232,13 +242,10 @@ def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
     if (keys_only is None or schema is None or not set(columns) <= set(schema.names)
             or c.estimate(read.datasource) is None):  # (None past a few thousand files)
         return None
-    parallelism = read.parallelism if read.parallelism > 0 else default_read_parallelism(c.options)
-    bundle = (1 if read.parallelism > 0 or getattr(read.datasource, "sizes_own_tasks", False)
-              else c.bundle_bytes(read.datasource))
     label = f"{node.label}Map"
     return c.add(SampledReadPartitionOperator(
-        f"{read.name}->{label}", PartitionTransform(label, bound), keys_only.get_read_tasks(parallelism),
-        read.datasource.get_read_tasks(parallelism), bound.sample, min_bundle_bytes=bundle,
+        f"{read.name}->{label}", PartitionTransform(label, bound), _read_tasks(c, read, keys_only),
+        _read_tasks(c, read), bound.sample, min_bundle_bytes=_read_bundle_bytes(c, read),
     ))
 
 

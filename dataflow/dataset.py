@@ -510,6 +510,7 @@ class Dataset:
         for ref in handle.iter_refs():
             handle.release(ref)
         self._last_stats = handle.stats()
+        progress.settle(handle)  # the summary is out before the call returns
         return handle.row_count()
 
     def schema(self) -> pa.Schema | None:
@@ -569,6 +570,7 @@ class Dataset:
                 owned.append(ref)
             refs.append(ref)
         self._last_stats = handle.stats()
+        progress.settle(handle)  # the summary is out before the call returns
         # blocks passed through from a materialized input stay that dataset's: keep it alive
         inputs = [node.owner for node in walk(self._plan) if isinstance(node, InputBlocks)] if len(owned) < len(refs) else []
         result = MaterializedDataset(refs, handle, self._last_stats, owned=owned, keepalive=inputs)
@@ -597,6 +599,7 @@ class Dataset:
             for ref in handle.iter_refs():
                 handle.release(ref)
             self._last_stats = handle.stats()
+            progress.settle(handle)  # the summary is out before the call returns
         except BaseException as err:
             if handle is not None:
                 handle.wait_stopped(60.0)  # no write task may still be staging files
@@ -1021,6 +1024,7 @@ class Dataset:
             total += ref.size_bytes
             handle.release(ref)
         self._last_stats = handle.stats()
+        progress.settle(handle)  # the summary is out before the call returns
         return total
 
     def input_files(self) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from dataflow import progress
 from engine.block_format import iter_rows, to_batch
 
 _END = object()
@@ -167,6 +168,7 @@ class DataIterator:
                     handle.release(ref)
         finally:
             refs.close()  # type: ignore[attr-defined]
+            progress.settle(handle)  # its summary is out before the last call on the iterator returns
 
     def iter_batches(
         self,

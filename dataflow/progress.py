@@ -449,6 +449,19 @@ class ProgressManager:
         out += [(name, handle.progress()) for name, handle in running]
         return out
 
+    def settle(self, handle: Any) -> None:
+        """Summarize ``handle``'s execution now if it has ended, from the caller's thread: a
+        consuming call (``count()``, ``take_all()``...) returns after its summary is drawn, so a
+        notebook cell ends with it rather than with the last bar the thread drew."""
+        with self._lock:
+            for execution_id, tracked in list(self._tracked.items()):
+                if tracked.handle is not handle:
+                    continue
+                p = handle.progress()
+                if not p.running:
+                    tracked.rates.add(time.monotonic(), p)
+                    self._finish(execution_id, tracked, View(tracked.label, p, tuple(tracked.rates.per_op()), tracked.operators))
+
     def tracked(self) -> int:
         """Executions followed now (one that just ended counts until the thread notices)."""
         return len(self._tracked)
@@ -535,6 +548,14 @@ def track(handle: Any, name: str | None = None) -> None:
         _manager.track(handle, name)
     except Exception:  # the job runs on without its progress
         progress_log.warning("progress: cannot follow an execution (this is a bug in dataflow)", exc_info=True)
+
+
+def settle(handle: Any) -> None:
+    """Draw the summary of ``handle``'s execution if it has ended (see ``ProgressManager.settle``)."""
+    try:
+        _manager.settle(handle)
+    except Exception:  # the thread summarizes it at its next tick instead
+        progress_log.debug("progress: cannot summarize an execution now", exc_info=True)
 
 
 def _serve_metrics_from_env() -> None:

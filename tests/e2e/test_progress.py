@@ -192,6 +192,29 @@ def test_a_failure_and_a_stopped_iterator_are_summarized(mode, caplog):
     assert "was stopped by its consumer" in text
 
 
+def test_every_consuming_call_returns_after_its_summary(mode, tmp_path, caplog):
+    """The summary is drawn in the caller's thread before the call returns (a notebook cell
+    must end with it), not whenever the progress thread next wakes."""
+    def ended() -> int:
+        return sum("finished in" in r.getMessage() for r in caplog.records if r.name == "dataflow.execution")
+
+    ds = dataflow.range(400, override_num_blocks=4).map_batches(lambda b: b)
+    calls = [
+        ds.count,
+        ds.take_all,
+        lambda: ds.materialize().count(),
+        lambda: list(ds.iter_batches(batch_size=50)),
+        ds.size_bytes,
+        lambda: ds.write_parquet(str(tmp_path / "out")),
+    ]
+    with caplog.at_level(logging.INFO, logger="dataflow.execution"):
+        for i, call in enumerate(calls * 3):
+            before = ended()
+            call()
+            assert ended() == before + 1, f"call {i % len(calls)} returned before its summary"
+            assert not progress.manager().tracked()
+
+
 def test_stats_as_a_dict(mode):
     ds = dataflow.range(1000, override_num_blocks=4).map_batches(lambda b: b)
     assert ds.stats(format="dict") == {}

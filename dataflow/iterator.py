@@ -166,9 +166,15 @@ class DataIterator:
                     yield table
                 finally:
                     handle.release(ref)
-        finally:
+        except GeneratorExit:  # closed early (perhaps by the garbage collector, on any thread)
             refs.close()  # type: ignore[attr-defined]
-            progress.settle(handle)  # its summary is out before the last call on the iterator returns
+            raise
+        except BaseException:
+            refs.close()  # type: ignore[attr-defined]
+            progress.settle(handle)  # a failed execution's summary comes before the caller's error
+            raise
+        refs.close()  # type: ignore[attr-defined]
+        progress.settle(handle)  # its summary is out before the last call on the iterator returns
 
     def iter_batches(
         self,

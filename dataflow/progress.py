@@ -30,6 +30,7 @@ while more may still come from them.
 from __future__ import annotations
 
 import atexit
+import functools
 import html
 import importlib.util
 import logging
@@ -57,6 +58,9 @@ RATE_WINDOW_S = 3.0
 """Rates on bars are over the last few seconds (in log mode: over the interval between lines)."""
 RECENT = 20
 """Finished executions kept for the metrics endpoint."""
+SETTLE_WAIT_S = 1.0
+"""How long a consuming call waits for the thread to finish drawing before it leaves the summary
+to the thread (a bound: the call must not hang on the progress display)."""
 BAR_WIDTH = 24
 CONSOLE = {"console": True}
 """``extra`` of a log record the console fallback prints (``dataflow.logs.ConsoleFallback``)."""
@@ -414,7 +418,7 @@ class ProgressManager:
             ctx.progress_mode,
             terminal=_stderr_is_terminal(),
             notebook=_in_notebook(),
-            rich_available=importlib.util.find_spec("rich") is not None,
+            rich_available=_rich_available(),
         )
         with self._lock:
             if kind is not None and self._renderer is None:
@@ -453,7 +457,9 @@ class ProgressManager:
         """Summarize ``handle``'s execution now if it has ended, from the caller's thread: a
         consuming call (``count()``, ``take_all()``...) returns after its summary is drawn, so a
         notebook cell ends with it rather than with the last bar the thread drew."""
-        with self._lock:
+        if not self._lock.acquire(timeout=SETTLE_WAIT_S):  # drawing now: the thread summarizes it
+            return
+        try:
             for execution_id, tracked in list(self._tracked.items()):
                 if tracked.handle is not handle:
                     continue
@@ -461,6 +467,12 @@ class ProgressManager:
                 if not p.running:
                     tracked.rates.add(time.monotonic(), p)
                     self._finish(execution_id, tracked, View(tracked.label, p, tuple(tracked.rates.per_op()), tracked.operators))
+            if not self._tracked:
+                # the view goes here too, not on the thread: rich's live display swaps
+                # sys.stdout as it stops, which must not race the caller's next print()
+                self._close_renderer()
+        finally:
+            self._lock.release()
 
     def tracked(self) -> int:
         """Executions followed now (one that just ended counts until the thread notices)."""
@@ -556,6 +568,12 @@ def settle(handle: Any) -> None:
         _manager.settle(handle)
     except Exception:  # the thread summarizes it at its next tick instead
         progress_log.debug("progress: cannot summarize an execution now", exc_info=True)
+
+
+@functools.cache
+def _rich_available() -> bool:
+    """Whether rich can be imported (looked up once: a lookup walks sys.path)."""
+    return importlib.util.find_spec("rich") is not None
 
 
 def _serve_metrics_from_env() -> None:

@@ -52,8 +52,8 @@ from connectors import io_stats
 from connectors.base import Block, TaskContext
 from connectors.errors import PathNotFoundError
 from connectors.file_datasink import WriteResult
-from connectors.filesystem import FileEntry, FileSet, resolve_filesystem
-from connectors.parquet_format import FOOTER_THREADS, ParquetDatasink, ParquetDatasource
+from connectors.filesystem import METADATA_THREADS, FileEntry, FileSet, resolve_filesystem
+from connectors.parquet_format import ParquetDatasink, ParquetDatasource
 from connectors.partitioning import parse_hive
 from connectors.tables import conform, import_extra
 
@@ -417,7 +417,7 @@ class DeltaDatasink(ParquetDatasink):
                 yield block
 
         staged = super().write(conformed(), ctx)
-        with ThreadPoolExecutor(max(1, min(FOOTER_THREADS, len(staged.files))), thread_name_prefix="delta-stats") as pool:
+        with ThreadPoolExecutor(max(1, min(METADATA_THREADS, len(staged.files))), thread_name_prefix="delta-stats") as pool:
             files = tuple(pool.map(self._describe, staged.files))
         return DeltaWriteResult(staged.files, staged.num_rows, staged.num_bytes, files, schema[0] if schema else None)
 

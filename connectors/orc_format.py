@@ -23,7 +23,6 @@ import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -38,11 +37,10 @@ from connectors.errors import (
 )
 from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import FileDatasource, FilePiece
-from connectors.filesystem import FileEntry, open_input_file
+from connectors.filesystem import FileEntry, map_small_reads, open_input_file
 from connectors.retry import Retrier
 
 ORC_EXTENSIONS = (".orc",)
-FOOTER_THREADS = 16
 
 
 def stripe_range(num_stripes: int, piece: FilePiece) -> range:
@@ -102,8 +100,7 @@ class ORCDatasource(FileDatasource):
         def rows(entry: FileEntry) -> int:
             return int(_read_footer(fs, entry, self._files.display(entry.path), retrier).nrows)
 
-        with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, max(1, len(entries)))) as pool:
-            return sum(pool.map(rows, entries))
+        return sum(map_small_reads(fs, rows, entries))
 
     def apply_projection(self, columns: list[str]) -> ORCDatasource:
         """A copy reading only ``columns``."""

@@ -26,7 +26,6 @@ import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -44,12 +43,11 @@ from connectors.errors import (
 )
 from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import LOOKAHEAD, FileDatasource, FilePiece
-from connectors.filesystem import FileEntry, open_input_file
+from connectors.filesystem import FileEntry, map_small_reads, open_input_file
 from connectors.partitioning import partition_expression
 from connectors.retry import Retrier
 
 PARQUET_EXTENSIONS = (".parquet", ".parq", ".pq")
-FOOTER_THREADS = 16
 
 
 def parquet_file_format() -> pads.ParquetFileFormat:
@@ -155,8 +153,7 @@ class ParquetDatasource(FileDatasource):
         fs = self._files.filesystem
         entries = list(self._files.iter_files())
         read = functools.partial(_footer_rows, fs, retrier=Retrier(self._retry_policy), display=self._display)
-        with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, max(1, len(entries)))) as pool:
-            return sum(pool.map(read, entries))
+        return sum(map_small_reads(fs, read, entries))
 
     def estimate_inmemory_data_size(self) -> int | None:
         """On-disk bytes times the first file's decoded/encoded ratio; None for huge listings."""
@@ -192,8 +189,7 @@ class ParquetDatasource(FileDatasource):
         if self._include_paths or (entries and self._partition_schema(entries[0]) is not None):
             return None  # a path or partition value on every row: not in the footers
         read = functools.partial(_read_footer, self._files.filesystem, retrier=Retrier(self._retry_policy))
-        with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, max(1, len(entries)))) as pool:
-            footers = list(pool.map(lambda e: read(e, self._display(e)), entries))  # (in parallel: S3 round trips)
+        footers = map_small_reads(self._files.filesystem, lambda e: read(e, self._display(e)), entries)
         total = 0
         for metadata in footers:
             schema = metadata.schema.to_arrow_schema()

@@ -451,6 +451,12 @@ def _preload() -> None:
     import pyarrow.dataset  # Parquet reads: 0.27 s and ~25 MB per worker otherwise
     import pyarrow.parquet  # noqa: F401
 
+    # besides the worker: what the tasks of every plan unpickle (the API package, the Parquet
+    # reader), imported once here, not on the first task of every worker (~0.12 s each). Not
+    # polars: its import starts threads, and a child forked while another thread holds a lock
+    # can deadlock
+    import connectors.parquet_format  # noqa: F401
+    import dataflow  # noqa: F401
     import engine.worker  # noqa: F401
 
 

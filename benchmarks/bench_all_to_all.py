@@ -4,7 +4,8 @@ Every side reads the same Parquet files, generated first into a temporary folder
 removed at the end unless ``--keep-data``), and times **read + the operation + materializing the
 result** (dataflow and Ray: ``.materialize()``; Daft: ``.collect()``; pyarrow and polars are
 eager, so their result is in memory when the call returns). Engines are started before the
-clock (``dataflow.init``, ``ray.init``); interpreter start and imports are not timed. Cases
+clock (``dataflow.init`` and its worker processes up, ``ray.init``); interpreter start and
+imports are not timed. Cases
 (``--cases``; ``N`` = 1 at the issue's sizes, 1/20 with ``--small``):
 
 * ``shuffle``, ``sort``, ``repartition`` (group a): 200k N rows, 4 files, columns ``key`` int64
@@ -358,6 +359,7 @@ def run_dataflow(a: dict) -> dict:
 
     store = a.get("store_bytes") if any(GROUP[c] == "b" for c in a["cases"]) else None
     dataflow.init(num_cpus=a["num_cpus"], object_store_memory=store)
+    bc.wait_for_dataflow_workers()
 
     def job(case):
         def fn(small):

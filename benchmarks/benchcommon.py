@@ -91,6 +91,17 @@ def maybe_init_dataflow():
     return dataflow
 
 
+def wait_for_dataflow_workers(timeout: float = 60.0) -> None:
+    """Block until dataflow's worker processes are up. ``dataflow.init()`` returns before they
+    are (a first small job runs in the driver meanwhile), so a benchmark whose rule is "engines
+    are started before the clock" waits for them, as ``ray.init()`` waits for its cluster."""
+    from engine import session
+
+    current = session.current_session()
+    if current is not None and not current.executor.wait_for_workers(timeout):
+        raise RuntimeError(f"dataflow's workers were not up after {timeout} s")
+
+
 def maybe_shutdown(mod) -> None:
     fn = getattr(mod, "shutdown", None)
     if callable(fn):

@@ -18,6 +18,17 @@ def test_key_order_is_argsort_of_distinct_keys(n):
     assert np.array_equal(key_order(keys), np.argsort(keys, kind="stable"))
 
 
+@pytest.mark.parametrize("distinct_tops", [1, 3, 1000])
+def test_key_order_puts_keys_that_share_their_top_bits_in_order(distinct_tops):
+    """Keys whose top bits repeat (rare in random keys; all of them here) come out ordered by
+    their whole value, equal keys in their input order."""
+    rng = np.random.default_rng(distinct_tops)
+    tops = rng.integers(0, 1 << 32, distinct_tops, dtype=np.uint64)
+    keys = (tops[rng.integers(0, distinct_tops, 50_000)] << np.uint64(32)) | rng.integers(0, 1 << 32, 50_000, dtype=np.uint64)
+    keys[::7] = keys[0]  # and exact duplicates
+    assert np.array_equal(key_order(keys), np.argsort(keys, kind="stable"))
+
+
 @pytest.mark.parametrize("dtype", ["int64", "int32", "uint64", "int8"])
 @pytest.mark.parametrize("span", [50, COUNTING_SORT_RANGE * 4, 1 << 40])
 @pytest.mark.parametrize("descending", [False, True])

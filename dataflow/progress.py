@@ -423,6 +423,7 @@ class ProgressManager:
         with self._lock:
             if kind is not None and self._renderer is None:
                 self._renderer = self._make_renderer(kind, ctx)
+                self._wake.set()  # the thread may be asleep for the half second it waits without one
             renderer = self._renderer if kind is not None else None
             if isinstance(renderer, LogRenderer) and renderer.interval_s != ctx.progress_log_interval_s:
                 renderer.set_interval(ctx.progress_log_interval_s)  # made for an earlier execution

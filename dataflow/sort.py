@@ -24,6 +24,10 @@ from engine.exchange import FINE_PARTITIONS, concat
 
 SAMPLES_PER_BLOCK = 64
 
+BUCKETS = 1 << 14
+"""Buckets ``count_at_most`` cuts the span of a sort's boundaries into (a 16k-entry table fits
+the L2 cache; with 255 boundaries about 1.6% of the rows still need a binary search)."""
+
 COUNTING_SORT_RANGE = 4096
 """Arrow sorts integers whose values span at most about this many by counting (faster than
 anything else); wider integer keys are sorted by polars' radix sort, 2.5-3x faster than
@@ -121,15 +125,56 @@ class RangePartitioner:
         column = table.column(self.key.columns[0]).combine_chunks()
         if column.type != self.boundaries.type:
             column = column.cast(self.boundaries.type)
-        found = pc.search_sorted(self.boundaries, column, side="right")
         missing = pc.is_null(column)
         if pa.types.is_floating(column.type):
             missing = pc.or_(missing, pc.fill_null(pc.is_nan(column), False))
-        parts = pc.fill_null(found, last).to_numpy(zero_copy_only=False).astype(np.intp)
+        if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
+            values = pc.fill_null(column, pa.scalar(0, column.type)).to_numpy(zero_copy_only=False)
+            parts = count_at_most(self.boundaries.to_numpy(zero_copy_only=False), values).astype(np.intp)
+        else:
+            found = pc.search_sorted(self.boundaries, column, side="right")
+            parts = pc.fill_null(found, last).to_numpy(zero_copy_only=False).astype(np.intp)
         if self.key.descending[0]:
             parts = last - parts
         parts[missing.to_numpy(zero_copy_only=False)] = last
         return table, parts
+
+
+def count_at_most(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each value, how many of the sorted ``bounds`` are at most it: ``np.searchsorted(bounds,
+    values, side="right")``, 5x faster for 255 bounds (a binary search mispredicts a branch at
+    every step; 200k int64 values: 7.4 ms in numpy or Arrow).
+
+    The span of the bounds is cut into ``BUCKETS`` equal buckets. A value alone in its bucket,
+    with no bound there, is past exactly the bounds of the buckets below it, which a table gives;
+    only values sharing a bucket with a bound are searched. Exact for any values: a value's
+    bucket never decreases as the value grows (rounding is monotone), so a value below a bound
+    never lands in a later bucket than the bound's. NaN values count as the lowest (the caller
+    sends them last itself)."""
+    lo, hi = (float(bounds[0]), float(bounds[-1])) if len(bounds) else (0.0, 0.0)
+    if len(bounds) <= 8 or len(values) < 4096 or not (np.isfinite(lo) and np.isfinite(hi) and hi > lo):
+        return np.searchsorted(bounds, values, side="right")
+    scale = (BUCKETS - 2) / (hi - lo)
+
+    def bucket(x: np.ndarray) -> np.ndarray:  # 0 below the first bound, BUCKETS - 1 past the last
+        f = x.astype(np.float64)
+        f -= lo
+        f *= scale
+        f += 1.0
+        if np.issubdtype(x.dtype, np.floating):
+            np.nan_to_num(f, copy=False, nan=0.0)
+        np.clip(f, 0.0, BUCKETS - 1, out=f)
+        return f.astype(np.intp)  # (truncation is floor here: nothing is negative)
+
+    edges = bucket(bounds)
+    below = np.searchsorted(edges, np.arange(BUCKETS), side="left")  # bounds in earlier buckets
+    shared = np.zeros(BUCKETS, dtype=bool)
+    shared[edges] = True
+    buckets = bucket(values)
+    out = below[buckets]
+    rows = np.flatnonzero(shared[buckets])
+    out[rows] = np.searchsorted(bounds, values[rows], side="right")
+    return out
 
 
 def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:

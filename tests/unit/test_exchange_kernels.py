@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from dataflow.shuffle import key_order, splitmix64
-from dataflow.sort import COUNTING_SORT_RANGE, SortKey, sort_indices
+from dataflow.sort import COUNTING_SORT_RANGE, RangePartitioner, SortKey, count_at_most, sort_indices
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 1000, 200_000])
@@ -49,3 +49,59 @@ def test_sort_indices_is_arrows_stable_order(dtype, span, descending):
     got = np.asarray(order)
     want = pc.sort_indices(table, sort_keys=key.arrow()).to_numpy()
     assert np.array_equal(got, want)  # ties (many with a narrow span) keep their input order
+
+
+def _values(dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    if dtype.startswith("float"):
+        values = (rng.standard_normal(n) * 1e3).astype(dtype)
+        values[rng.random(n) < 0.01] = np.inf
+        values[rng.random(n) < 0.01] = -np.inf
+        return values
+    info = np.iinfo(dtype)
+    values = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    values[: n // 4] = rng.integers(-50 if info.min < 0 else 0, 50, n // 4).astype(dtype)  # a narrow, crowded span too
+    values[rng.random(n) < 0.01] = info.max
+    values[rng.random(n) < 0.01] = info.min
+    return values
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint64", "float32", "float64"])
+@pytest.mark.parametrize("num_bounds", [3, 9, 255])
+def test_count_at_most_is_a_binary_search(dtype, num_bounds):
+    """Every value, including ones equal to a bound, the type's extremes, infinities and values
+    in a crowded span, lands where ``np.searchsorted`` puts it."""
+    rng = np.random.default_rng([num_bounds, len(dtype)])
+    values = _values(dtype, 50_000, rng)
+    for bounds in (np.sort(rng.choice(values, num_bounds)), np.sort(rng.choice(values[: 50_000 // 4], num_bounds))):
+        bounds = bounds[np.isfinite(bounds)] if dtype.startswith("float") else bounds
+        assert np.array_equal(count_at_most(bounds, values), np.searchsorted(bounds, values, side="right"))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float64", "string"])
+@pytest.mark.parametrize("descending", [False, True])
+def test_range_assignment_is_arrows_search(dtype, descending):
+    """A row's range from ``assign`` is Arrow's ``search_sorted`` on the boundaries, with nulls
+    and NaNs in the last range (descending: the ranges reversed)."""
+    rng = np.random.default_rng(len(dtype) + descending)
+    n = 20_000
+    raw = rng.integers(-10**6, 10**6, n)
+    if dtype == "string":
+        column = pa.array([f"k{v:08d}" for v in raw], mask=rng.random(n) < 0.02)
+    else:
+        values = raw.astype(dtype)
+        if dtype == "float64":
+            values[rng.random(n) < 0.02] = np.nan
+        column = pa.array(values, mask=rng.random(n) < 0.02)
+    key = SortKey.of("k", descending)
+    partitioner = RangePartitioner(key)
+    table = pa.table({"k": column})
+    partitioner.fit([partitioner.sample(table)])
+    _, parts = partitioner.assign(table, 0)
+    last = partitioner.num_partitions - 1
+    want = pc.fill_null(pc.search_sorted(partitioner.boundaries, column, side="right"), last).to_numpy(zero_copy_only=False).copy()
+    if descending:
+        want = last - want
+    missing = pc.is_null(column, nan_is_null=True).to_numpy(zero_copy_only=False)
+    want[missing] = last
+    assert partitioner.num_partitions > 9
+    assert np.array_equal(parts, want)

@@ -159,6 +159,7 @@ class DataIterator:
         if on_execute is not None:
             on_execute(handle)
         refs = handle.iter_refs()
+        closed_early = False
         try:
             for ref in refs:
                 table = handle.get(ref)
@@ -166,15 +167,13 @@ class DataIterator:
                     yield table
                 finally:
                     handle.release(ref)
-        except GeneratorExit:  # closed early (perhaps by the garbage collector, on any thread)
-            refs.close()  # type: ignore[attr-defined]
+        except GeneratorExit:  # perhaps by the garbage collector, on any thread: the summary is the thread's
+            closed_early = True
             raise
-        except BaseException:
+        finally:
             refs.close()  # type: ignore[attr-defined]
-            progress.settle(handle)  # a failed execution's summary comes before the caller's error
-            raise
-        refs.close()  # type: ignore[attr-defined]
-        progress.settle(handle)  # its summary is out before the last call on the iterator returns
+            if not closed_early:  # run to its end or failed: the summary is out before the caller goes on
+                progress.settle(handle)
 
     def iter_batches(
         self,

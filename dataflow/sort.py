@@ -142,8 +142,8 @@ class RangePartitioner:
 
 def count_at_most(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:
     """For each value, how many of the sorted ``bounds`` are at most it: ``np.searchsorted(bounds,
-    values, side="right")``, 5x faster for 255 bounds (a binary search mispredicts a branch at
-    every step; 200k int64 values: 7.4 ms in numpy or Arrow).
+    values, side="right")``, 3-6x faster for 255 bounds (a binary search mispredicts a branch at
+    every step; 200k values: 2.4 against 7.4 ms for int64, 1.7 against 10.3 for float64).
 
     The span of the bounds is cut into ``BUCKETS`` equal buckets. A value alone in its bucket,
     with no bound there, is past exactly the bounds of the buckets below it, which a table gives;

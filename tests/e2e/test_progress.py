@@ -184,7 +184,9 @@ def test_a_failure_and_a_stopped_iterator_are_summarized(mode, caplog):
     with caplog.at_level(logging.INFO, logger="dataflow.execution"):
         with pytest.raises(ValueError, match="no"):
             dataflow.range(10).map_batches(boom).take_all()
-        for _ in dataflow.range(10_000, override_num_blocks=20).iter_batches(batch_size=10):
+        # 20 tasks of 0.1 s each: the run cannot have produced everything by the first batch
+        sleepy = dataflow.range(10_000, override_num_blocks=20).map_batches(_sleepy)
+        for _ in sleepy.iter_batches(batch_size=10):
             break
         _wait_until_ended()
     text = caplog.text

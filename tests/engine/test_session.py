@@ -203,3 +203,31 @@ def test_a_full_shared_memory_folder_spills_the_block_instead(tmp_path):
     assert read_block(ref).equals(table)
     store.free(ref)
     assert list(spill_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("rows", [10, 100_000])
+def test_a_block_read_back_is_private_and_writable_whatever_its_size(tmp_path, rows):
+    """Small block files are read into memory, big ones mapped copy-on-write: either way the
+    table is the one stored, its buffers may be written, and a write changes nothing stored."""
+    import ctypes
+
+    import numpy as np
+    import pyarrow as pa
+
+    from engine.object_store import SMALL_BLOCK_BYTES, SharedMemoryStore, read_block
+
+    (tmp_path / "shm").mkdir()
+    store = SharedMemoryStore(str(tmp_path / "shm"), str(tmp_path / "spill"), owner="t")
+    table = pa.table({"x": np.arange(rows, dtype=np.int64)})
+    ref = store.put(table)
+    assert (os.path.getsize(ref.path) <= SMALL_BLOCK_BYTES) == (rows == 10)
+    got = read_block(ref)
+    assert got.equals(table)
+    # numpy flags Arrow's buffers read-only; torch writes through such views (zero-copy
+    # tensors), so the memory under them must take writes: write through its address
+    buffer = got.column("x").chunks[0].buffers()[1]
+    values = np.ctypeslib.as_array((ctypes.c_int64 * rows).from_address(buffer.address))
+    values += 1
+    assert got.column("x").to_pylist()[:3] == [1, 2, 3]
+    assert read_block(ref).equals(table)  # the stored block is unchanged
+    store.free(ref)

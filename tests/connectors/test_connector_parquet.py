@@ -169,6 +169,28 @@ def test_schema_mismatch_between_files_names_the_file_and_column(tmp_path: Path)
     assert out.num_rows == 20 and out.schema.field("id").type == pa.int64()
 
 
+def test_plain_reads_match_the_dataset_path_whatever_the_column_order(tmp_path: Path) -> None:
+    """Without a filter or partitions, row groups are read straight from ``ParquetFile``: the
+    columns come in the dataset's order (a file may store them in another), projected, with
+    the dataset's schema, the same rows as Arrow's dataset reader gives."""
+    first = pa.table({"id": pa.array(range(10), pa.int64()), "name": [f"n{i}" for i in range(10)],
+                      "v": pa.array([i / 2 for i in range(10)])})
+    pq.write_table(first, tmp_path / "a.parquet", row_group_size=3)
+    reordered = first.select(["v", "name", "id"])
+    pq.write_table(reordered, tmp_path / "b.parquet", row_group_size=4)
+    tables = [t for task in ParquetDatasource(str(tmp_path)).get_read_tasks(4) for t in task()]
+    assert all(t.schema == first.schema for t in tables)  # each block, not only their union
+    out = pa.concat_tables(tables)
+    assert out.sort_by("id").equals(pa.concat_tables([first, first]).sort_by("id"))
+    projected = read_all(ParquetDatasource(str(tmp_path), columns=["v", "id"]))
+    assert projected.column_names == ["v", "id"] and projected.num_rows == 20
+    nullable = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()),
+                          pa.field("v", pa.float64())])
+    typed = read_all(ParquetDatasource(str(tmp_path), schema=nullable))  # the dataset path casts
+    assert typed.schema.field("id").nullable is False and typed.num_rows == 20
+    assert read_all(ParquetDatasource(str(tmp_path), filter=pc.field("id") >= 5)).num_rows == 10
+
+
 def test_partition_value_of_another_type_is_a_clear_error(tmp_path: Path) -> None:
     for value in ("1", "abc"):
         (tmp_path / f"k={value}").mkdir()

@@ -232,6 +232,8 @@ class ParquetDatasource(FileDatasource):
         """Read tasks, planned from the listing; the dataset schema comes from one footer."""
         first = self._first_file()
         self._file_schema(first)  # fixed on the driver, so every task checks against the same schema
+        if self._columns is not None:
+            self.schema()  # a projected column the data lacks: a ValueError naming it, here, once
         return super().get_read_tasks(parallelism)
 
     # ----- worker-side: reading ----------------------------------------------------------

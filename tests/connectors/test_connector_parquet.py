@@ -191,6 +191,12 @@ def test_plain_reads_match_the_dataset_path_whatever_the_column_order(tmp_path: 
     assert read_all(ParquetDatasource(str(tmp_path), filter=pc.field("id") >= 5)).num_rows == 10
 
 
+def test_a_projected_column_the_data_lacks_is_named(tmp_path: Path) -> None:
+    pq.write_table(_table(10), tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match=r"\['nope'\] are not in the data; available: \['id', 'name'\]"):
+        read_all(ParquetDatasource(str(tmp_path), columns=["id", "nope"]))
+
+
 def test_partition_value_of_another_type_is_a_clear_error(tmp_path: Path) -> None:
     for value in ("1", "abc"):
         (tmp_path / f"k={value}").mkdir()

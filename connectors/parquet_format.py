@@ -278,13 +278,29 @@ class ParquetDatasource(FileDatasource):
         display: str,
         part_schema: pa.Schema | None,
         values: dict[str, pa.Scalar],
-        force_fragment: bool = False,
     ) -> Iterator[pa.Table]:
         expected = self._file_schema_cache
         assert expected is not None, "get_read_tasks fixes the schema before tasks run"
-        if self._filter is None and part_schema is None and not force_fragment:
-            yield from self._read_plain(fs, piece, display, expected)
-            return
+        if self._filter is None and part_schema is None:
+            return self._read_plain(fmt, fs, piece, display, expected)
+        return self._read_fragment(fmt, fs, piece, display, expected, part_schema, values)
+
+    def _projected_file_columns(self) -> list[str] | None:
+        """The projected columns the files hold (``path`` is added after reading); None: all."""
+        return [c for c in self._columns if c != "path"] if self._columns is not None else None
+
+    def _read_fragment(
+        self,
+        fmt: pads.ParquetFileFormat,
+        fs: Any,
+        piece: FilePiece,
+        display: str,
+        expected: pa.Schema,
+        part_schema: pa.Schema | None,
+        values: dict[str, pa.Scalar],
+    ) -> Iterator[pa.Table]:
+        """Through a dataset fragment: row groups pruned by the filter, rows filtered, partition
+        values added, and each file cast to the dataset's schema."""
         fragment = fmt.make_fragment(piece.entry.path, fs, partition_expression=partition_expression(values))
         metadata = fragment.metadata
         self._check_schema(fragment.physical_schema, expected, display)
@@ -300,7 +316,7 @@ class ParquetDatasource(FileDatasource):
             matching_ids = {rg.id for rg in matching.row_groups}
             kept = [i for i in ids if i in matching_ids]
         io_stats.record(files_read=1, row_groups_read=len(kept), row_groups_skipped=len(ids) - len(kept))
-        columns = [c for c in self._columns if c != "path"] if self._columns is not None else None
+        columns = self._projected_file_columns()
         for rg_id in kept:
             # use_threads=False: a task is one thread of work (the engine runs one per CPU), and
             # with page checksums on the threaded scanner is ~3x slower on one row group
@@ -310,7 +326,9 @@ class ParquetDatasource(FileDatasource):
             io_stats.record(bytes_read=_group_bytes(metadata.row_group(rg_id), columns))
             yield table
 
-    def _read_plain(self, fs: Any, piece: FilePiece, display: str, expected: pa.Schema) -> Iterator[pa.Table]:
+    def _read_plain(
+        self, fmt: pads.ParquetFileFormat, fs: Any, piece: FilePiece, display: str, expected: pa.Schema
+    ) -> Iterator[pa.Table]:
         """Without a filter or partition columns: the row groups straight from ``ParquetFile``,
         which costs half the CPU of a dataset fragment per file (a 1,000-row file: ~200 against
         ~450 us), the same checks, checksums and results. A file whose columns differ from the
@@ -319,12 +337,10 @@ class ParquetDatasource(FileDatasource):
             parquet = pq.ParquetFile(handle, pre_buffer=True, page_checksum_verification=True)
             physical = parquet.schema_arrow
             self._check_schema(physical, expected, display)
-            columns = [c for c in self._columns if c != "path"] if self._columns is not None else None
+            columns = self._projected_file_columns()
             wanted = columns if columns is not None else expected.names
             if [physical.field(n) for n in wanted if n in physical.names] != [expected.field(n) for n in wanted]:
-                yield from self._open_row_groups(
-                    parquet_file_format(), fs, piece, display, None, {}, force_fragment=True
-                )
+                yield from self._read_fragment(fmt, fs, piece, display, expected, None, {})
                 return
             metadata = parquet.metadata
             ids = _piece_row_groups(metadata, piece)

@@ -36,3 +36,57 @@ def test_actors_of_a_later_execution_start_with_torch_already_imported():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["{False}", "{True}"], out.stdout
+
+
+_MALLOC_PROBE = textwrap.dedent("""
+    import json, os, resource
+    import numpy as np
+    import dataflow
+
+    def probe(batch):
+        def temporaries():  # three 2 MiB arrays at once, freed together: a task's scratch
+            a, b, c = np.ones(1 << 18), np.ones(1 << 18), np.ones(1 << 18)
+            del a, b, c
+        temporaries()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(4):
+            temporaries()
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        env = [os.environ.get(n) for n in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")]
+        return {"faults": [faults], "env": [json.dumps(env)], "pid": [os.getpid()]}
+
+    dataflow.init(num_cpus=1, inline_cold_start=False)
+    ds = dataflow.range(4, override_num_blocks=1).map_batches(probe, batch_size=None)
+    row = ds.take_all()[0]
+    assert row["pid"] != os.getpid(), "the probe must run in a worker"
+    print(json.dumps({"faults": row["faults"], "env": json.loads(row["env"])}))
+""")
+
+
+def _run_probe(env: dict[str, str]) -> dict:
+    import json
+    import os
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _MALLOC_PROBE], capture_output=True, text=True, timeout=120,
+                         env={**full, **env})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_workers_keep_freed_scratch_memory_instead_of_faulting_it_in_again():
+    """A worker's glibc allocator keeps a task's freed temporaries of a few MiB (the zygote sets
+    it up): 0 page faults for the next ones, against ~1,500 a round with glibc's defaults. The
+    variables themselves are not left in a worker's environment."""
+    ours = _run_probe({})
+    assert ours["faults"] < 200, ours
+    assert ours["env"] == [None, None], ours
+
+
+def test_a_user_choice_of_malloc_settings_is_left_alone():
+    """Set in the driver's environment, glibc's defaults (here an empty ``GLIBC_TUNABLES``)
+    hold in the workers too: the same temporaries fault in again every round."""
+    theirs = _run_probe({"GLIBC_TUNABLES": ""})
+    assert theirs["faults"] > 2_000, theirs
+    mine = _run_probe({"MALLOC_TRIM_THRESHOLD_": str(1 << 20)})
+    assert mine["env"] == [None, str(1 << 20)], mine

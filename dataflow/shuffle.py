@@ -63,11 +63,18 @@ class RandomPartitioner:
         return bound
 
     def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
+        keys = self._keys(table, row_offset)
+        return table.append_column(SHUFFLE_KEY, pa.array(keys)), spread(keys, self.num_partitions)
+
+    def keyed(self, table: pa.Table, row_offset: int) -> pa.Table:
+        """``assign``'s table alone: all rows go to one reducer, which needs no partitions."""
+        return table.append_column(SHUFFLE_KEY, pa.array(self._keys(table, row_offset)))
+
+    def _keys(self, table: pa.Table, row_offset: int) -> np.ndarray:
         assert self.seed is not None
         keys = np.arange(row_offset, row_offset + table.num_rows, dtype=np.uint64)
         keys ^= splitmix64(np.array([self.seed], dtype=np.uint64))
-        splitmix64(keys, inplace=True)
-        return table.append_column(SHUFFLE_KEY, pa.array(keys)), spread(keys, self.num_partitions)
+        return splitmix64(keys, inplace=True)
 
 
 def key_hashes(table: pa.Table, keys: Sequence[str]) -> np.ndarray:

@@ -130,7 +130,7 @@ class ReduceTransform(TaskTransform):
             if direct and direct[0]:  # the map side's work first: all rows, in order, are here
                 assert self.partitioner is not None
                 whole = [t for t in sides[0] if t.num_columns]
-                sides = [[self.partitioner.assign(concat(whole), 0)[0]]] if whole else [[]]
+                sides = [[self._keyed(concat(whole))]] if whole else [[]]
             out = self.reducer(sides, index)
             if not self.reducer.exact_blocks:
                 out = _shape_output(out, self.target_block_bytes)
@@ -139,6 +139,14 @@ class ReduceTransform(TaskTransform):
             raise
         except Exception as err:
             raise UDFFailure(self.name, err) from err
+
+
+    def _keyed(self, table: pa.Table) -> pa.Table:
+        """The whole input as the map side would store it; a partitioner with a ``keyed``
+        method skips computing partition numbers nobody reads."""
+        assert self.partitioner is not None
+        keyed = getattr(self.partitioner, "keyed", None)
+        return keyed(table, 0) if keyed is not None else self.partitioner.assign(table, 0)[0]
 
 
 class WholeExchangeTransform(TaskTransform):

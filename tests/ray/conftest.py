@@ -35,6 +35,12 @@ def ray_cluster() -> Iterator[Any]:
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     temp_dir = tempfile.mkdtemp(prefix="dfray-", dir="/tmp")
+    # Ray writes the cluster's address to <system temp>/ray/ray_current_cluster whatever the
+    # nodes' temp_dir, and only creates that folder when a node uses it: a machine where Ray
+    # never ran fails without it
+    from ray._common.utils import get_default_ray_temp_dir
+
+    os.makedirs(get_default_ray_temp_dir(), exist_ok=True)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={

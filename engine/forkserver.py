@@ -448,9 +448,9 @@ class ForkServer:
 
 
 HEAVY_MODULES = ("torch", "transformers", "sklearn")
-"""Frameworks the zygote imports on request: those the driver imported, before the first actor
-is forked, and those an actor's UDF imported, once no job runs. Seconds each to import, rarely
-needed by task workers, so never up front. Only frameworks whose import starts no thread: the
+"""Frameworks the zygote imports on request: those the driver imported, once the session's task
+workers are forked (they start without them), and those a UDF imported, once no job runs.
+Seconds each to import, so never before the task workers are forked. Only frameworks whose import starts no thread: the
 zygote forks afterwards, and a child forked while another thread holds a lock can deadlock
 (tensorflow and jax are left to each actor)."""
 

@@ -348,6 +348,8 @@ class StreamDriverSocket:
             data = conn.sock.recv(_READ_BYTES)
         except (BlockingIOError, InterruptedError):
             return
+        except ConnectionResetError:  # its end closed with our bytes unread: an exit, as below
+            data = b""
         except OSError as err:
             self._close(conn)
             yield Dropped(f"a connection failed: {err!r}")

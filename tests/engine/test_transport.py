@@ -126,6 +126,34 @@ def test_stream_sockets_carry_messages_both_ways_in_order(tmp_path):
     assert not (tmp_path / "driver.sock").exists()
 
 
+def test_a_worker_that_exits_with_messages_unread_is_a_close_not_a_dropped_message(tmp_path):
+    """A worker that closes its end with bytes of ours unread resets the connection (an actor
+    retired while a message was on its way): the driver forgets it as after an ordinary exit
+    and reports nothing dropped."""
+    from engine.transport import Dropped
+
+    server = StreamDriverSocket(str(tmp_path / "driver.sock"))
+    poller = zmq.Poller()
+    server.register(poller)
+    worker = StreamWorkerSocket(server.address, "w3")
+    try:
+        worker.send(protocol.encode(protocol.Ready("w3", 1)))
+        assert len(_drain(server, poller, 1)) == 1
+        server.send("w3", [b"never read"])
+        list(server.receive(dict(poller.poll(100))))  # the loop's turn writes it
+        time.sleep(0.1)
+        worker.close()  # unread bytes: the kernel resets the connection
+        got = []
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            got.extend(server.receive(dict(poller.poll(50))))
+        assert not [item for item in got if isinstance(item, Dropped)], got
+        with pytest.raises(PeerUnreachable):
+            server.send("w3", [b"x"])
+    finally:
+        server.close()
+
+
 def test_a_stream_worker_learns_that_its_driver_is_gone(tmp_path):
     server = StreamDriverSocket(str(tmp_path / "driver.sock"))
     poller = zmq.Poller()

@@ -90,3 +90,31 @@ def test_a_user_choice_of_malloc_settings_is_left_alone():
     assert theirs["faults"] > 2_000, theirs
     mine = _run_probe({"MALLOC_TRIM_THRESHOLD_": str(1 << 20)})
     assert mine["env"] == [None, str(1 << 20)], mine
+
+
+def test_the_zygote_imports_torch_at_start_when_the_driver_has():
+    """A driver that imported torch: the zygote imports it once the task workers are forked,
+    with no job asking, so the first actors fork with it instead of waiting for the import."""
+    pytest.importorskip("torch")
+    script = textwrap.dedent("""
+        import time
+        import torch
+        import dataflow
+        from engine import session
+
+        dataflow.init(num_cpus=1)
+        pool = session.current_session().executor.pool
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            zygote = pool.forkserver
+            if zygote is not None:
+                with open(f"/proc/{zygote.proc.pid}/maps") as maps:
+                    if "libtorch" in maps.read():
+                        print("zygote has torch")
+                        break
+            time.sleep(0.1)
+        dataflow.shutdown()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "zygote has torch", out.stdout

@@ -92,13 +92,18 @@ def _drain(server: StreamDriverSocket, poller: zmq.Poller, want: int, timeout: f
     return got
 
 
-def test_stream_sockets_carry_messages_both_ways_in_order(tmp_path):
-    """Messages of every size keep their frames and their order; one bigger than the socket's
-    buffer is written over several turns of the driver's loop (never blocking it)."""
+def _served(tmp_path, worker_id: str) -> tuple[StreamDriverSocket, zmq.Poller, StreamWorkerSocket]:
+    """A driver's socket, its poller, and a worker connected to it (its hello not yet read)."""
     server = StreamDriverSocket(str(tmp_path / "driver.sock"))
     poller = zmq.Poller()
     server.register(poller)
-    worker = StreamWorkerSocket(server.address, "w7")
+    return server, poller, StreamWorkerSocket(server.address, worker_id)
+
+
+def test_stream_sockets_carry_messages_both_ways_in_order(tmp_path):
+    """Messages of every size keep their frames and their order; one bigger than the socket's
+    buffer is written over several turns of the driver's loop (never blocking it)."""
+    server, poller, worker = _served(tmp_path, "w7")
     try:
         worker.send(protocol.encode(protocol.Ready("w7", 123)))
         (first,) = _drain(server, poller, 1)
@@ -132,10 +137,7 @@ def test_a_worker_that_exits_with_messages_unread_is_a_close_not_a_dropped_messa
     and reports nothing dropped."""
     from engine.transport import Dropped
 
-    server = StreamDriverSocket(str(tmp_path / "driver.sock"))
-    poller = zmq.Poller()
-    server.register(poller)
-    worker = StreamWorkerSocket(server.address, "w3")
+    server, poller, worker = _served(tmp_path, "w3")
     try:
         worker.send(protocol.encode(protocol.Ready("w3", 1)))
         assert len(_drain(server, poller, 1)) == 1

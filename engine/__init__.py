@@ -46,8 +46,9 @@ The data path, in order:
 * ``serialization``   the only module that pickles
 * ``worker_pool``     the driver's handles on worker processes (pidfds)
 * ``forkserver``      the zygote that forks workers with pyarrow already imported; torch once the
-                      driver or an actor has imported it; it tells how a dead worker ended, and
-                      cleans up the session's folders if the driver dies
+                      driver or an actor has imported it; glibc malloc set to keep a task's
+                      freed scratch memory; it tells how a dead worker ended, and cleans up the
+                      session's folders if the driver dies
 * ``worker``          a worker process's loop
 * ``object_store``    Arrow IPC files in /dev/shm, zero-copy reads (small blocks copied), spill to disk
 * ``local``           the synchronous in-process mode (the in-process backend)

@@ -29,11 +29,10 @@ import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from connectors import io_stats
@@ -50,11 +49,21 @@ from connectors.filesystem import FileEntry, map_small_reads, open_input_file
 from connectors.partitioning import partition_expression
 from connectors.retry import Retrier
 
+if TYPE_CHECKING:
+    import pyarrow.dataset as pads
+
 PARQUET_EXTENSIONS = (".parquet", ".parq", ".pq")
 
 
+@functools.cache
 def parquet_file_format() -> pads.ParquetFileFormat:
-    """The reader settings every task uses: page checksums verified, I/O coalesced."""
+    """The reader settings of the fragment path: page checksums verified, I/O coalesced (one
+    per process; it holds settings only).
+
+    ``pyarrow.dataset`` is imported here, when a read needs a fragment, not with this module: it
+    imports pandas (~0.25 s), which neither a driver that plans reads nor a plain read needs."""
+    import pyarrow.dataset as pads
+
     scan_options = pads.ParquetFragmentScanOptions(page_checksum_verification=True, pre_buffer=True)
     return pads.ParquetFileFormat(default_fragment_scan_options=scan_options)
 
@@ -242,13 +251,12 @@ class ParquetDatasource(FileDatasource):
         self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None, retrier: Retrier
     ) -> Iterator[pa.Table]:
         fs = self._files.filesystem
-        fmt = parquet_file_format()
         for piece in pieces:
             display = self._display(piece.entry)
             values = self._partition_values(part_schema, piece.entry, display) if part_schema else {}
             try:
                 for table in retrier.iterate(
-                    functools.partial(self._open_row_groups, fmt, fs, piece, display, part_schema, values),
+                    functools.partial(self._open_row_groups, fs, piece, display, part_schema, values),
                     path=display,
                 ):
                     if self._include_paths and (self._columns is None or "path" in self._columns):
@@ -272,7 +280,6 @@ class ParquetDatasource(FileDatasource):
 
     def _open_row_groups(
         self,
-        fmt: pads.ParquetFileFormat,
         fs: Any,
         piece: FilePiece,
         display: str,
@@ -282,8 +289,8 @@ class ParquetDatasource(FileDatasource):
         expected = self._file_schema_cache
         assert expected is not None, "get_read_tasks fixes the schema before tasks run"
         if self._filter is None and part_schema is None:
-            return self._read_plain(fmt, fs, piece, display, expected)
-        return self._read_fragment(fmt, fs, piece, display, expected, part_schema, values)
+            return self._read_plain(fs, piece, display, expected)
+        return self._read_fragment(fs, piece, display, expected, part_schema, values)
 
     def _projected_file_columns(self) -> list[str] | None:
         """The projected columns the files hold (``path`` is added after reading); None: all."""
@@ -291,7 +298,6 @@ class ParquetDatasource(FileDatasource):
 
     def _read_fragment(
         self,
-        fmt: pads.ParquetFileFormat,
         fs: Any,
         piece: FilePiece,
         display: str,
@@ -301,7 +307,7 @@ class ParquetDatasource(FileDatasource):
     ) -> Iterator[pa.Table]:
         """Through a dataset fragment: row groups pruned by the filter, rows filtered, partition
         values added, and each file cast to the dataset's schema."""
-        fragment = fmt.make_fragment(piece.entry.path, fs, partition_expression=partition_expression(values))
+        fragment = parquet_file_format().make_fragment(piece.entry.path, fs, partition_expression=partition_expression(values))
         metadata = fragment.metadata
         self._check_schema(fragment.physical_schema, expected, display)
         dataset_schema = expected
@@ -326,9 +332,7 @@ class ParquetDatasource(FileDatasource):
             io_stats.record(bytes_read=_group_bytes(metadata.row_group(rg_id), columns))
             yield table
 
-    def _read_plain(
-        self, fmt: pads.ParquetFileFormat, fs: Any, piece: FilePiece, display: str, expected: pa.Schema
-    ) -> Iterator[pa.Table]:
+    def _read_plain(self, fs: Any, piece: FilePiece, display: str, expected: pa.Schema) -> Iterator[pa.Table]:
         """Without a filter or partition columns: the row groups straight from ``ParquetFile``,
         which costs half the CPU of a dataset fragment per file (a 1,000-row file: ~200 against
         ~450 us), the same checks, checksums and results. A file whose columns differ from the
@@ -340,7 +344,7 @@ class ParquetDatasource(FileDatasource):
             columns = self._projected_file_columns()
             wanted = columns if columns is not None else expected.names
             if [physical.field(n) for n in wanted if n in physical.names] != [expected.field(n) for n in wanted]:
-                yield from self._read_fragment(fmt, fs, piece, display, expected, None, {})
+                yield from self._read_fragment(fs, piece, display, expected, None, {})
                 return
             metadata = parquet.metadata
             ids = _piece_row_groups(metadata, piece)

@@ -16,7 +16,6 @@ from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from connectors.errors import SchemaMismatchError
 
@@ -102,7 +101,7 @@ def partition_expression(values: dict[str, pa.Scalar]) -> pc.Expression | None:
     """An expression true for this file's rows (``k1 == v1 and ...``), for pruning by filter."""
     expr: pc.Expression | None = None
     for name, scalar in values.items():
-        term = pads.field(name).is_null() if not scalar.is_valid else pads.field(name) == scalar
+        term = pc.field(name).is_null() if not scalar.is_valid else pc.field(name) == scalar
         expr = term if expr is None else expr & term
     return expr
 

@@ -151,6 +151,26 @@ def test_from_torch_does_not_import_torch_at_import():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_planning_and_counting_a_parquet_read_does_not_import_pandas(tmp_path):
+    """``pyarrow.dataset`` imports pandas (~0.25 s); the driver plans a Parquet read, reads its
+    footers and counts rows without it, and a hive-partitioned read plans without it too."""
+    import subprocess
+    import sys
+
+    pq.write_table(pa.table({"a": list(range(10))}), tmp_path / "x.parquet")
+    (tmp_path / "hive" / "k=1").mkdir(parents=True)
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "hive" / "k=1" / "y.parquet")
+    code = (
+        "import sys, dataflow\n"
+        f"assert dataflow.read_parquet({str(tmp_path / 'x.parquet')!r}).count() == 10\n"
+        f"ds = dataflow.read_parquet({str(tmp_path / 'hive')!r})\n"
+        "assert ds.schema().names == ['a', 'k'], ds.schema()\n"
+        "assert 'pyarrow.dataset' not in sys.modules and 'pandas' not in sys.modules, "
+        "[m for m in ('pyarrow.dataset', 'pandas') if m in sys.modules]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_from_huggingface(mode):
     hf = pytest.importorskip("datasets")
     data = hf.Dataset.from_dict({"id": list(range(100)), "text": [f"t{i}" for i in range(100)]})

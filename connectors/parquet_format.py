@@ -307,7 +307,9 @@ class ParquetDatasource(FileDatasource):
     ) -> Iterator[pa.Table]:
         """Through a dataset fragment: row groups pruned by the filter, rows filtered, partition
         values added, and each file cast to the dataset's schema."""
-        fragment = parquet_file_format().make_fragment(piece.entry.path, fs, partition_expression=partition_expression(values))
+        fragment = parquet_file_format().make_fragment(
+            piece.entry.path, fs, partition_expression=partition_expression(values)
+        )
         metadata = fragment.metadata
         self._check_schema(fragment.physical_schema, expected, display)
         dataset_schema = expected

@@ -140,7 +140,6 @@ class ReduceTransform(TaskTransform):
         except Exception as err:
             raise UDFFailure(self.name, err) from err
 
-
     def _keyed(self, table: pa.Table) -> pa.Table:
         """The whole input as the map side would store it; a partitioner with a ``keyed``
         method skips computing partition numbers nobody reads."""

@@ -54,8 +54,8 @@ heap, and free memory at its top goes back to the kernel only past 64 MiB.
 With glibc's defaults a task's numpy temporaries of a few MiB are handed back to the kernel when
 freed and fault in again, page by page, on the next task: a 200k-row shuffle's keys and order
 took 750-1,100 page faults per step and ~1.5x the time (splitmix of 200k keys 3.2 against 0.6 ms,
-a whole 200k-row shuffle task 30 against 21-25 ms). A worker keeps at most 64 MiB it does not
-use. Set either variable (or ``GLIBC_TUNABLES``) in the driver's environment to choose yourself."""
+a whole 200k-row shuffle task 30 against 21-25 ms). A worker keeps at most 64 MiB free at the
+top of its heap. Set either variable (or ``GLIBC_TUNABLES``) in the driver's environment to choose yourself."""
 MALLOC_SET_ENV = "DATAFLOW_ZYGOTE_MALLOC"
 """The ``MALLOC_ENV`` names the driver set for the zygote (which removes them from its
 environment once glibc has read them, so a UDF's own subprocesses get the user's)."""

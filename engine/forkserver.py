@@ -55,7 +55,8 @@ With glibc's defaults a task's numpy temporaries of a few MiB are handed back to
 freed and fault in again, page by page, on the next task: a 200k-row shuffle's keys and order
 took 750-1,100 page faults per step and ~1.5x the time (splitmix of 200k keys 3.2 against 0.6 ms,
 a whole 200k-row shuffle task 30 against 21-25 ms). A worker keeps at most 64 MiB free at the
-top of its heap. Set either variable (or ``GLIBC_TUNABLES``) in the driver's environment to choose yourself."""
+top of its heap. Set either variable (or ``GLIBC_TUNABLES``) in the driver's environment to
+choose yourself."""
 MALLOC_SET_ENV = "DATAFLOW_ZYGOTE_MALLOC"
 """The ``MALLOC_ENV`` names the driver set for the zygote (which removes them from its
 environment once glibc has read them, so a UDF's own subprocesses get the user's)."""
@@ -450,9 +451,9 @@ class ForkServer:
 HEAVY_MODULES = ("torch", "transformers", "sklearn")
 """Frameworks the zygote imports on request: those the driver imported, once the session's task
 workers are forked (they start without them), and those a UDF imported, once no job runs.
-Seconds each to import, so never before the task workers are forked. Only frameworks whose import starts no thread: the
-zygote forks afterwards, and a child forked while another thread holds a lock can deadlock
-(tensorflow and jax are left to each actor)."""
+Seconds each to import, so never before the task workers are forked. Only frameworks whose
+import starts no thread: the zygote forks afterwards, and a child forked while another thread
+holds a lock can deadlock (tensorflow and jax are left to each actor)."""
 
 
 def frameworks_imported() -> tuple[str, ...]:

@@ -453,8 +453,8 @@ def shard_plan(node: Any, index: int, count: int, num_read_tasks: int, in_proces
         return replace(node, datasource=ShardedDatasource(node.datasource, index, count, tasks))
     if isinstance(node, InputBlocks):
         refs = node.refs[index::count]
-        if in_process and any(getattr(r, "path", None) for r in refs):
-            # blocks of the parent's shared-memory store: read the files directly
+        if in_process and any(getattr(r, "path", None) or getattr(r, "data", None) for r in refs):
+            # blocks of the parent's shared-memory store (files, or bytes in their refs): read directly
             return Read(BlockFilesDatasource(tuple(refs), node.owner), max(1, len(refs)))
         return InputBlocks(tuple(refs), node.owner)
     if isinstance(node, MapStages):
@@ -505,7 +505,8 @@ class ShardedDatasource(Datasource):
 
 
 class BlockFilesDatasource:
-    """Blocks of a materialized dataset, read from their Arrow IPC files (mapped, zero-copy).
+    """Blocks of a materialized dataset, read from their Arrow IPC files (mapped, zero-copy)
+    or, for small ones, from the bytes their refs carry.
 
     Used in DataLoader workers, which cannot ask the parent's engine for blocks; ``owner``
     (the parent's materialized dataset, inherited through fork) keeps the files in place.
@@ -520,7 +521,7 @@ class BlockFilesDatasource:
     def get_read_tasks(self, parallelism: int) -> list[Any]:
         from connectors.base import BlockMetadata, ReadTask
 
-        return [ReadTask(_BlockFileReader(r.path), BlockMetadata(r.num_rows, r.size_bytes)) for r in self.refs]
+        return [ReadTask(_BlockFileReader(r), BlockMetadata(r.num_rows, r.size_bytes)) for r in self.refs]
 
     def estimate_inmemory_data_size(self) -> int:
         return sum(r.size_bytes for r in self.refs)
@@ -539,12 +540,15 @@ class BlockFilesDatasource:
 
 
 class _BlockFileReader:
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
 
     def __call__(self) -> list[pa.Table]:
-        # the mapping stays open as long as the table's buffers reference it
-        return [pa.ipc.open_file(pa.memory_map(self.path)).read_all()]
+        from engine import runner
+
+        # the in-process backend reads a shared-memory store's blocks (files, or a ref's bytes);
+        # a mapping stays open as long as the table's buffers reference it
+        return [runner.backend(mode="local").get(self.ref)]
 
 
 # ----- DataIterator.to_torch (deprecated in Ray Data, kept for code ported from it) -----------

@@ -209,8 +209,9 @@ class StreamingExecutor:
         self._thread.join(timeout)
 
     def stored(self, ref: BlockRef) -> None:
-        """Count a block written to the store (loop thread only)."""
-        if ref.path is not None and not ref.spilled:
+        """Count a block written to the store (loop thread only); one held in its ref counts
+        too, as memory of the driver's."""
+        if (ref.path is not None or ref.data is not None) and not ref.spilled:
             self.store_used += ref.size_bytes
             self.store_peak = max(self.store_peak, self.store_used)
         elif ref.spilled:
@@ -230,7 +231,7 @@ class StreamingExecutor:
 
     def free(self, ref: BlockRef) -> None:
         """Free a block (loop thread only)."""
-        if ref.path is not None and not ref.spilled:
+        if (ref.path is not None or ref.data is not None) and not ref.spilled:
             self.store_used -= ref.size_bytes
         self.store.free(ref)
 

@@ -39,6 +39,10 @@ _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 MAX_FRAMES = 16
 _READ_BYTES = 1 << 18
+_POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+_POLLIN_OR_ERR = _POLLIN | int(zmq.POLLERR)
+"""As plain ints: pyzmq's are ``IntFlag`` members, and each ``&`` or ``|`` on one runs
+``enum``'s Python code (~1 us), several times a message in the loop."""
 
 
 class PeerUnreachable(Exception):
@@ -286,9 +290,9 @@ class StreamDriverSocket:
             conn = self._by_fd.get(fd) if isinstance(fd, int) else None
             if conn is None:
                 continue
-            if flags & zmq.POLLOUT:
+            if flags & _POLLOUT:
                 self._flush(conn)
-            if flags & (zmq.POLLIN | zmq.POLLERR) and conn.sock.fileno() >= 0:
+            if flags & _POLLIN_OR_ERR and conn.sock.fileno() >= 0:
                 yield from self._read(conn)
 
     def close(self) -> None:
@@ -322,7 +326,7 @@ class StreamDriverSocket:
         """Poll the connection for input, and for room to write while output is queued
         (registering again updates the flags)."""
         if self._poller is not None:
-            self._poller.register(conn.sock.fileno(), zmq.POLLIN | (zmq.POLLOUT if writable else 0))
+            self._poller.register(conn.sock.fileno(), _POLLIN | (_POLLOUT if writable else 0))
 
     def _flush(self, conn: _Connection) -> None:
         while conn.outbox:

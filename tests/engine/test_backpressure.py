@@ -47,6 +47,33 @@ def test_the_store_usage_count_returns_to_zero_after_limits_slice_blocks(streami
     assert executor.statistics()["store_used"] == 0
 
 
+def test_small_blocks_travel_in_their_refs_and_count_like_files(streaming):
+    """Blocks of at most 64 KiB have no file in the store's folder, big ones do; the store
+    counts both while they live and neither once they are freed; the rows come back exact,
+    every time the dataset is read."""
+    import glob
+
+    from engine.object_store import INLINE_BLOCK_BYTES
+
+    current = engine_session.current_session()
+    executor = current.executor
+    files = lambda: glob.glob(os.path.join(current.shm_dir, "*.arrow"))  # noqa: E731
+    small = dataflow.range(8_000, override_num_blocks=8).materialize()  # 8 KB blocks
+    assert max(b.size_bytes for b in small._blocks.refs) <= INLINE_BLOCK_BYTES
+    assert files() == []
+    assert executor.statistics()["store_used"] == 8_000 * 8
+    big = dataflow.range(40_000, override_num_blocks=2).map_batches(_big_rows).materialize()  # ~20 MiB blocks
+    assert len(files()) == 2
+    assert executor.statistics()["store_used"] == 8_000 * 8 + sum(b.size_bytes for b in big._blocks.refs)
+    for _ in range(2):
+        assert sorted(small.map_batches(lambda b: {"id": b["id"] * 2}).to_arrow()["id"].to_pylist()) == list(
+            range(0, 16_000, 2))
+        assert big.sum("id") == sum(range(40_000))
+    del small, big
+    assert executor.sync()
+    assert executor.statistics()["store_used"] == 0 and files() == []
+
+
 def _busy(batch):
     x = np.random.default_rng(0).random(100_000)
     for _ in range(3):

@@ -205,11 +205,13 @@ def test_a_full_shared_memory_folder_spills_the_block_instead(tmp_path):
     assert list(spill_dir.iterdir()) == []
 
 
-@pytest.mark.parametrize("rows", [10, 100_000])
-def test_a_block_read_back_is_private_and_writable_whatever_its_size(tmp_path, rows):
-    """Small block files are read into memory, big ones mapped copy-on-write: either way the
-    table is the one stored, its buffers may be written, and a write changes nothing stored."""
+@pytest.mark.parametrize(("rows", "spill"), [(10, False), (10, True), (100_000, False)])
+def test_a_block_read_back_is_private_and_writable_whatever_its_size(tmp_path, rows, spill):
+    """Small blocks travel in their ref (or, spilled, are files read into memory), big ones are
+    files mapped copy-on-write: either way the table is the one stored, its buffers may be
+    written, and a write changes nothing stored."""
     import ctypes
+    import pickle
 
     import numpy as np
     import pyarrow as pa
@@ -219,8 +221,13 @@ def test_a_block_read_back_is_private_and_writable_whatever_its_size(tmp_path, r
     (tmp_path / "shm").mkdir()
     store = SharedMemoryStore(str(tmp_path / "shm"), str(tmp_path / "spill"), owner="t")
     table = pa.table({"x": np.arange(rows, dtype=np.int64)})
-    ref = store.put(table)
-    assert (os.path.getsize(ref.path) <= SMALL_BLOCK_BYTES) == (rows == 10)
+    ref = store.put(table, spill=spill)
+    if rows == 10 and not spill:
+        assert ref.path is None and ref.data is not None and list((tmp_path / "shm").iterdir()) == []
+        assert "data" not in repr(ref)
+        ref = pickle.loads(pickle.dumps(ref))  # as it reaches another process
+    else:
+        assert (os.path.getsize(ref.path) <= SMALL_BLOCK_BYTES) == (rows == 10)
     got = read_block(ref)
     assert got.equals(table)
     # numpy flags Arrow's buffers read-only; torch writes through such views (zero-copy

@@ -8,6 +8,12 @@
               1 torch thread each): pq.ParquetFile(f).iter_batches(B) -> torch.from_numpy ->
               model -> one Parquet file per input file
 
+``--raw-procs 2`` runs only the 2-process raw baseline, so its first timed run is in a fresh
+process as dataflow's is (by default the 1-process runs come first and warm the memory the
+2-process ones reuse). Each side's first timed run of each fresh process is reported as
+``first run`` and compared in the ``fresh process`` line: the engine issue's line is <= 1.1x
+there.
+
 The model is built with a fixed seed, in inference mode, on the CPU (no GPU here). B = 4096.
 The page cache is warmed first. Every side imports torch before its clock starts (a script that
 defines a model does), so no side times the import; engines are started before it (dataflow's
@@ -83,7 +89,7 @@ def run_raw(a: dict) -> dict:
 
     files = _files(a["data"])
     results = {}
-    for procs in (1, 2):
+    for procs in a["raw_procs"]:
         out = tempfile.mkdtemp(prefix="bench-inference-raw-")
         try:
             if procs == 1:
@@ -100,7 +106,7 @@ def run_raw(a: dict) -> dict:
         results[procs] = (bc.median(times), times, rows)
     best = min(results, key=lambda p: results[p][0])
     return {"times": results[best][1], "rows": results[best][2], "procs": best,
-            "median_1proc_s": results[1][0], "median_2proc_s": results[2][0]}
+            **{f"median_{p}proc_s": results[p][0] for p in results}}
 
 
 def run_dataflow(a: dict) -> dict:
@@ -167,17 +173,28 @@ def main() -> int:
 
     ap = bc.base_parser(__doc__.splitlines()[0])
     ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--raw-procs", default="1,2", help="raw baselines to run: 1, 2 or 1,2 (the better is kept)")
     args = ap.parse_args()
     data = bc.dataset(args)
     bc.warm_page_cache(data)
-    wargs = {"data": str(data), "runs": args.runs, "batch_size": args.batch_size}
+    wargs = {"data": str(data), "runs": args.runs, "batch_size": args.batch_size,
+             "raw_procs": [int(p) for p in args.raw_procs.split(",")]}
     results = bc.run_timed_sides("inference", __file__, args, wargs, "krows_per_s", 1e3)
+    for res in results.values():
+        if res.get("first_times"):
+            res["first_run_s"] = bc.median(res["first_times"])
+    notes = []
+    raw_first, df_first = (results.get(s, {}).get("first_run_s") for s in ("raw", "dataflow"))
+    if raw_first and df_first:
+        notes.append(f"fresh process (median first run of each): dataflow {df_first:.3f} s / raw {raw_first:.3f} s "
+                     f"= {df_first / raw_first:.2f}x (engine issue: <= 1.1x)")
     bc.report("inference", results, metric="median_s",
               target={"text": "dataflow <= 1.2x the better raw (1 or 2 processes)", "kind": "ratio", "max": 1.2,
                       "baseline": "raw"},
               extra={"dataset": str(data), "batch_size": args.batch_size, "runs": args.runs},
-              columns=[("krows/s", "krows_per_s", ""), ("raw 1 proc", "median_1proc_s", "s"),
-                       ("raw 2 procs", "median_2proc_s", "s")], json_out=args.json_out)
+              columns=[("krows/s", "krows_per_s", ""), ("first run", "first_run_s", "s"),
+                       ("raw 1 proc", "median_1proc_s", "s"), ("raw 2 procs", "median_2proc_s", "s")],
+              json_out=args.json_out, notes=notes)
     return 0
 
 

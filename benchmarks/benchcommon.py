@@ -305,6 +305,8 @@ def run_timed_sides(workload: str, script: str, args: Any, wargs: dict, rate_key
 def _pool_rounds(runs: list[dict]) -> dict:
     """One side's results from several rounds: times pooled, other numbers the median."""
     res = dict(runs[-1])
+    if all(r.get("times") for r in runs):
+        res["first_times"] = [r["times"][0] for r in runs]  # the first timed run of each fresh process
     if len(runs) == 1:
         return res
     res["rounds"] = len(runs)

@@ -90,7 +90,9 @@ class BlockStore:
     """True when what ``get`` returns may be written in place without changing the block
     (copy-on-write mappings); False when it is the block itself (in-process tables)."""
 
-    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+    def put(self, table: pa.Table, spill: bool = False, sliced: bool = False) -> BlockRef:
+        """Store ``table``; ``spill``: on disk; ``sliced``: many tasks will each read a slice of
+        it (an exchange's map output)."""
         raise NotImplementedError
 
     def get(self, ref: BlockRef) -> pa.Table:
@@ -116,11 +118,12 @@ class SharedMemoryStore(BlockStore):
         with self._lock:
             return f"{self._prefix}-{next(self._counter)}"
 
-    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+    def put(self, table: pa.Table, spill: bool = False, sliced: bool = False) -> BlockRef:
         """``table`` in the ref itself when small, else as one IPC file: in shared memory, or on
-        disk when ``spill`` or when shared memory is full."""
+        disk when ``spill`` or when shared memory is full. A ``sliced`` block is always a file:
+        every task reading a slice of it would carry all its bytes."""
         block_id = self._next_id()
-        if not spill and table.nbytes <= INLINE_BLOCK_BYTES:
+        if not spill and not sliced and table.nbytes <= INLINE_BLOCK_BYTES:
             return BlockRef(block_id, None, table.num_rows, table.nbytes, data=ipc_stream_bytes(table))
         if not spill:
             path = os.path.join(self.shm_dir, block_id + ".arrow")
@@ -253,7 +256,7 @@ class MemoryStore(BlockStore):
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
-    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+    def put(self, table: pa.Table, spill: bool = False, sliced: bool = False) -> BlockRef:
         with self._lock:
             block_id = f"mem-{next(self._counter)}"
             self._blocks[block_id] = table

@@ -86,7 +86,7 @@ class _TaskStore(BlockStore):
         self.outputs: dict[str, pa.Table] = {}
         self._ids = itertools.count()
 
-    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+    def put(self, table: pa.Table, spill: bool = False, sliced: bool = False) -> BlockRef:
         block_id = f"out{next(self._ids)}"
         self.outputs[block_id] = table
         return BlockRef(block_id, None, table.num_rows, table.nbytes)
@@ -201,7 +201,7 @@ class RayStore(BlockStore):
         with self._lock:
             return self._refs[block_id]
 
-    def put(self, table: pa.Table, spill: bool = False) -> BlockRef:
+    def put(self, table: pa.Table, spill: bool = False, sliced: bool = False) -> BlockRef:
         return self.register(ray.put(table), BlockRef("", None, table.num_rows, table.nbytes))
 
     def get(self, ref: BlockRef) -> pa.Table:

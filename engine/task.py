@@ -197,7 +197,7 @@ def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Tas
                 raise UDFFailure(spec.sink.get_name(), err) from err
         elif spec.output == OUTPUT_PARTITIONS:
             for block, counts in transform.partition(_input_blocks(spec, store), spec.params):  # type: ignore[attr-defined]
-                ref = dataclasses.replace(store.put(block, spill=spec.spill), partitions=counts)
+                ref = dataclasses.replace(store.put(block, spill=spec.spill, sliced=True), partitions=counts)
                 written.append(ref)
                 result.num_rows += ref.num_rows
                 result.size_bytes += ref.size_bytes

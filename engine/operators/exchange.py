@@ -30,6 +30,7 @@ global row offset and the result are the same on every run and with any number o
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -462,6 +463,9 @@ class ReduceOperator(MapOperator):
             return
         offsets = {r.block_id: np.concatenate(([0], np.cumsum(partition_counts(r.partitions or b""), dtype=np.int64)))
                    for r in all_refs}
+        # what a reducer is sent: the counts (4 bytes a partition) and sort samples are the
+        # planner's, and would otherwise travel in every slice to every reducer
+        lean = {r.block_id: dataclasses.replace(r, partitions=None, sample=None) for r in all_refs}
         num_parts = max(len(o) - 1 for o in offsets.values())
         part_bytes = np.zeros(num_parts, dtype=np.float64)
         for r in all_refs:
@@ -478,13 +482,13 @@ class ReduceOperator(MapOperator):
                     o = offsets[r.block_id]
                     start, end = int(o[lo]), int(o[hi])
                     if end > start:
-                        piece = BlockSlice(r, start, end - start)
+                        piece = BlockSlice(lean[r.block_id], start, end - start)
                         bundle.append(piece)
                         size += piece.size_bytes
                         self._slices[r.block_id] = self._slices.get(r.block_id, 0) + 1
                         n += 1
                 if n == 0 and side and len(sides) > 1:  # no rows from this side: its schema
-                    bundle.append(BlockSlice(side[0], 0, 0))
+                    bundle.append(BlockSlice(lean[side[0].block_id], 0, 0))
                     self._slices[side[0].block_id] = self._slices.get(side[0].block_id, 0) + 1
                     n = 1
                 counts.append(n)

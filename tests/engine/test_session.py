@@ -238,3 +238,37 @@ def test_a_block_read_back_is_private_and_writable_whatever_its_size(tmp_path, r
     assert got.column("x").to_pylist()[:3] == [1, 2, 3]
     assert read_block(ref).equals(table)  # the stored block is unchanged
     store.free(ref)
+
+
+def test_an_exchange_map_output_is_a_file_however_small(tmp_path):
+    """Reducers each read a slice of every map output: a small one carried in its ref would
+    travel whole in every reducer's spec (``repartition(1000)`` of 64 KiB blocks: 64 MB a block),
+    so the map side always writes a file; a plain small output travels in its ref."""
+    import numpy as np
+    import pyarrow as pa
+
+    from engine.exchange import PartitionTransform
+    from engine.object_store import SharedMemoryStore
+    from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, TaskSpec, run_task
+
+    class Halves:
+        num_partitions = 2
+
+        def assign(self, table, row_offset):
+            return table, (np.arange(table.num_rows) >= table.num_rows // 2).astype(np.int64)
+
+    (tmp_path / "shm").mkdir()
+    store = SharedMemoryStore(str(tmp_path / "shm"), str(tmp_path / "spill"), owner="t")
+    block = store.put(pa.table({"x": np.arange(100)}))
+    assert block.path is None and block.data is not None
+    transform = PartitionTransform("Repartition", Halves())
+    for output, carried in ((OUTPUT_PARTITIONS, False), (OUTPUT_BLOCKS, True)):
+        result = run_task(TaskSpec(1, "op", "d", [block], output=output), transform, store)
+        assert result.error is None, result.error
+        (ref,) = result.refs
+        assert (ref.data is not None) == carried and (ref.path is None) == carried
+        assert store.get(ref).column("x").to_pylist() == list(range(100))
+        if output == OUTPUT_PARTITIONS:
+            assert np.frombuffer(ref.partitions, "<u4").tolist() == [50, 50]
+        store.free(ref)
+    assert list((tmp_path / "shm").iterdir()) == []

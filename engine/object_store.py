@@ -218,11 +218,12 @@ def write_ipc_file(path: str, table: pa.Table) -> None:
 def read_block(ref: BlockRef) -> pa.Table:
     """A block's table, from any process of the session (see ``get``).
 
-    A block held in its ref is read from a private copy of its bytes. A file is mapped copy-on-write, zero-copy; one of at most ``SMALL_BLOCK_BYTES`` is
-    read into a private buffer instead, which is as writable and as private. Mapping a small
-    file costs more than copying it: the mapping's page faults and, when it is unmapped in a
-    process with other threads, a TLB shootdown on every CPU they run on. Measured for 8 KiB
-    blocks with a second thread busy: 32 us a block read against 52 us mapped.
+    A block held in its ref is read from a private copy of its bytes. A file is mapped
+    copy-on-write, zero-copy; one of at most ``SMALL_BLOCK_BYTES`` is read into a private buffer
+    instead, which is as writable and as private. Mapping a small file costs more than copying
+    it: the mapping's page faults and, when it is unmapped in a process with other threads, a
+    TLB shootdown on every CPU they run on. Measured for 8 KiB blocks with a second thread busy:
+    32 us a block read against 52 us mapped.
     """
     if ref.data is not None:  # a copy: the ref's bytes are shared and must not be written
         return pa.ipc.open_stream(pa.py_buffer(bytearray(ref.data))).read_all()

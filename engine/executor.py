@@ -80,6 +80,12 @@ def _pipelinable(op: MapOperator) -> bool:
     )
 
 
+def _in_memory(ref: BlockRef) -> bool:
+    """Whether ``ref`` counts against the store's capacity: a file in shared memory, or bytes
+    held in the ref (memory of the driver's); not a spilled block."""
+    return (ref.path is not None or ref.data is not None) and not ref.spilled
+
+
 MAX_LOOP_FAILURES = 100
 """Turns of the loop failing in a row before it gives up (and fails every execution)."""
 RSS_SAMPLE_S = 1.0
@@ -209,9 +215,8 @@ class StreamingExecutor:
         self._thread.join(timeout)
 
     def stored(self, ref: BlockRef) -> None:
-        """Count a block written to the store (loop thread only); one held in its ref counts
-        too, as memory of the driver's."""
-        if (ref.path is not None or ref.data is not None) and not ref.spilled:
+        """Count a block written to the store (loop thread only)."""
+        if _in_memory(ref):
             self.store_used += ref.size_bytes
             self.store_peak = max(self.store_peak, self.store_used)
         elif ref.spilled:
@@ -231,7 +236,7 @@ class StreamingExecutor:
 
     def free(self, ref: BlockRef) -> None:
         """Free a block (loop thread only)."""
-        if (ref.path is not None or ref.data is not None) and not ref.spilled:
+        if _in_memory(ref):
             self.store_used -= ref.size_bytes
         self.store.free(ref)
 

@@ -264,10 +264,9 @@ class MemoryStore(BlockStore):
         return BlockRef(block_id, None, table.num_rows, table.nbytes)
 
     def get(self, ref: BlockRef) -> pa.Table:
-        table = self._blocks.get(ref.block_id)
-        if table is None:  # a shared-memory store's block (a parent's, in a forked process)
-            return read_block(ref)
-        return table
+        if ref.path is not None or ref.data is not None:
+            return read_block(ref)  # a shared-memory store's block (a parent's, in a forked process)
+        return self._blocks[ref.block_id]
 
     def free(self, ref: BlockRef) -> None:
         with self._lock:

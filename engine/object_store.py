@@ -183,6 +183,13 @@ open, a write and a close, its reader an open, a stat, a read and a close, and i
 unlink: more than moving 64 KiB through a socket twice."""
 
 
+IPC_BATCH_BYTES = 128 << 20
+"""A block file holds record batches of at most about this many bytes. Arrow's IPC format
+cannot hold an array of 2^31 or more values, which one column of a bigger block can need (2,048
+rows of a 1 MiB tensor are 2^31 bytes in one child array: ``repartition(1)`` of such rows, or
+an exchange's map output); 128 MiB is at most 2^30 values even of booleans."""
+
+
 def ipc_stream_bytes(table: pa.Table) -> bytes:
     """``table`` as an Arrow IPC stream, in memory."""
     sink = pa.BufferOutputStream()
@@ -197,11 +204,15 @@ def write_ipc_file(path: str, table: pa.Table) -> None:
     A table of at most ``SMALL_BLOCK_BYTES`` is serialized in memory and written with one
     call: the IPC writer's own writes (magic, schema, batch, footer) are a system call each,
     which for an 8 KiB block costs more than the data (26 against 42 us a block). A bigger one
-    streams to the file, without a second copy in memory.
+    streams to the file, without a second copy in memory, in batches of at most
+    ``IPC_BATCH_BYTES``.
     """
     if table.nbytes > SMALL_BLOCK_BYTES:
+        rows = None
+        if table.nbytes > IPC_BATCH_BYTES:
+            rows = max(1, table.num_rows * IPC_BATCH_BYTES // table.nbytes)
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
+            writer.write_table(table, max_chunksize=rows)
         return
     buffer = pa.BufferOutputStream()
     with pa.ipc.new_file(buffer, table.schema) as writer:

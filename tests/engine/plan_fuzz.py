@@ -1,11 +1,13 @@
 """Random plans with a model of their result: the generator behind the stress test and the soak.
 
 A case is a seeded random plan (range or a materialized input; map, map_batches with and without
-batch_size, filter, flat_map, actor pools, union, limit, materialize and reuse), a row width
+batch_size, filter, flat_map, actor pools, union, limit, materialize and reuse, and the exchanges:
+sort, random_shuffle, repartition with and without a shuffle), a row width
 (block sizes from bytes to hundreds of MiB), ``preserve_order``, a consumer (take_all, a slow or
 fast iter_batches, count, a Parquet write read back) and, in the multi-process engine, worker
 SIGKILLs at random moments. The model applies the same operations to a Python list of ids, so
-every case checks the exact multiset of rows (the exact order with ``preserve_order``).
+every case checks the exact multiset of rows (the exact order with ``preserve_order``, and right
+after a sort).
 
 ``tests/engine/test_stress.py`` runs a fixed set of seeds; ``benchmarks/soak.py`` runs many more,
 with bigger blocks.
@@ -102,6 +104,18 @@ def make_case(seed: int, max_block_bytes: int = 4 * MiB, kills: bool = True) -> 
             steps.append((kind, rng.randint(1, 300), rng.choice([1, 3, 8])))
         else:
             steps.append((kind,))
+    # exchanges come from a generator of their own, so that every seed keeps the plan it had
+    # before they were added, with an exchange inserted into about a third of them
+    exchange_rng = random.Random(seed * 7919 + 1)
+    if exchange_rng.random() < 0.35:
+        kind = exchange_rng.choice(["sort", "sort", "random_shuffle", "repartition"])
+        if kind == "sort":
+            step: tuple[Any, ...] = (kind, exchange_rng.random() < 0.5)
+        elif kind == "random_shuffle":
+            step = (kind, exchange_rng.randrange(1000))
+        else:
+            step = (kind, exchange_rng.choice([1, 2, 5, 13]), exchange_rng.random() < 0.5)
+        steps.insert(exchange_rng.randint(0, len(steps)), step)
     if rng.random() < 0.3:
         steps.append(("limit", rng.randint(0, rows * 2)))
     consumer = rng.choice(["take_all", "iter_fast", "iter_slow", "count", "write", "materialize_twice"])
@@ -123,8 +137,13 @@ def build(case: Case) -> tuple[dataflow.Dataset, list[int], bool, list[Any]]:
     ds = _source(case.rows, case.blocks, case.row_bytes)
     ids = list(range(case.rows))
     keep: list[Any] = []
+    known = True  # the model's order is the plan's (under preserve_order)
+    sorted_tail = False  # the last steps were a sort (and perhaps a limit): ordered whatever the options
     for step in case.steps:
         kind = step[0]
+        sorted_tail = sorted_tail and kind == "limit"
+        if kind == "limit" and not (sorted_tail or (case.preserve_order and known)):
+            known = False  # which rows a limit keeps is not defined then
         if kind == "map":
             ds, ids = ds.map(_plus_seven), [i + 7 for i in ids]
         elif kind == "map_batches":
@@ -149,8 +168,16 @@ def build(case: Case) -> tuple[dataflow.Dataset, list[int], bool, list[Any]]:
         elif kind == "limit":
             ds = ds.limit(step[1])
             ids = ids[: step[1]]
-        case.description.append(kind + (f"({step[1]})" if len(step) > 1 else ""))
-    exact_order = case.preserve_order
+        elif kind == "sort":
+            ds, ids = ds.sort("id", descending=step[1]), sorted(ids, reverse=step[1])
+            known = sorted_tail = True
+        elif kind == "random_shuffle":
+            ds, known = ds.random_shuffle(seed=step[1]), False
+        elif kind == "repartition":
+            ds = ds.repartition(step[1], shuffle=step[2])
+            known = known and not step[2]
+        case.description.append(kind + (f"({', '.join(str(x) for x in step[1:])})" if len(step) > 1 else ""))
+    exact_order = known and (sorted_tail or case.preserve_order)
     return ds, ids, exact_order, keep
 
 

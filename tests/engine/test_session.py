@@ -205,6 +205,33 @@ def test_a_full_shared_memory_folder_spills_the_block_instead(tmp_path):
     assert list(spill_dir.iterdir()) == []
 
 
+def test_a_block_with_an_array_past_arrows_ipc_limit_is_stored(tmp_path):
+    """Arrow's IPC format holds no array of 2^31 values or more; one column of a big block can
+    need one (2,048 rows of a 1 MiB tensor: an exchange's map output, ``repartition(1)``). Here
+    2,048 rows of 2^20 booleans, 2^31 values in 256 MiB: stored in batches, read back whole."""
+    import numpy as np
+    import pyarrow as pa
+
+    from engine.object_store import SharedMemoryStore, read_block
+
+    rows, width = 2048, 1 << 20
+    bits = np.zeros(rows * width // 8, dtype=np.uint8)
+    bits[::4097] = 0xFF  # some values true, so the batches' contents are checked too
+    values = pa.Array.from_buffers(pa.bool_(), rows * width, [None, pa.py_buffer(bits)])
+    table = pa.table({"id": np.arange(rows), "flags": pa.FixedSizeListArray.from_arrays(values, width)})
+    del values
+    (tmp_path / "shm").mkdir()
+    store = SharedMemoryStore(str(tmp_path / "shm"), str(tmp_path / "spill"), owner="t")
+    ref = store.put(table, spill=True)  # on disk: the test needs no 256 MiB of /dev/shm
+    got = read_block(ref)
+    assert got.num_rows == rows and got.column("id").to_pylist() == list(range(rows))
+    assert got.column("flags").num_chunks > 1
+    for row in (0, 1, 1023, 1024, rows - 1):
+        assert got.column("flags")[row].values.equals(table.column("flags")[row].values)
+    del got
+    store.free(ref)
+
+
 @pytest.mark.parametrize(("rows", "spill"), [(10, False), (10, True), (100_000, False)])
 def test_a_block_read_back_is_private_and_writable_whatever_its_size(tmp_path, rows, spill):
     """Small blocks travel in their ref (or, spilled, are files read into memory), big ones are

@@ -1,13 +1,13 @@
 """Random plans with a model of their result: the generator behind the stress test and the soak.
 
 A case is a seeded random plan (range or a materialized input; map, map_batches with and without
-batch_size, filter, flat_map, actor pools, union, limit, materialize and reuse, and the exchanges:
-sort, random_shuffle, repartition with and without a shuffle), a row width
-(block sizes from bytes to hundreds of MiB), ``preserve_order``, a consumer (take_all, a slow or
-fast iter_batches, count, a Parquet write read back) and, in the multi-process engine, worker
-SIGKILLs at random moments. The model applies the same operations to a Python list of ids, so
-every case checks the exact multiset of rows (the exact order with ``preserve_order``, and right
-after a sort).
+batch_size, filter, flat_map, actor pools, union, limit, materialize and reuse, and the
+exchanges: sort, random_shuffle, repartition with and without a shuffle), a row width (block
+sizes from bytes to hundreds of MiB), ``preserve_order``, a consumer (take_all, a slow or fast
+iter_batches, count, a Parquet write read back, a groupby count) and, in the multi-process
+engine, worker SIGKILLs at random moments. The model applies the same operations to a Python
+list of ids, so every case checks the exact multiset of rows (the exact order with
+``preserve_order``, and right after a sort).
 
 ``tests/engine/test_stress.py`` runs a fixed set of seeds; ``benchmarks/soak.py`` runs many more,
 with bigger blocks.
@@ -120,6 +120,8 @@ def make_case(seed: int, max_block_bytes: int = 4 * MiB, kills: bool = True) -> 
         steps.append(("limit", rng.randint(0, rows * 2)))
     consumer = rng.choice(["take_all", "iter_fast", "iter_slow", "count", "write", "materialize_twice"])
     n_kills = rng.choice([0, 0, 1, 2]) if kills else 0
+    if exchange_rng.random() < 0.12:
+        consumer = "groupby_count"  # an aggregation over everything the plan produced
     return Case(seed, rows, blocks, row_bytes, preserve_order, steps, consumer, n_kills)
 
 
@@ -177,7 +179,7 @@ def build(case: Case) -> tuple[dataflow.Dataset, list[int], bool, list[Any]]:
             ds = ds.repartition(step[1], shuffle=step[2])
             known = known and not step[2]
         case.description.append(kind + (f"({', '.join(str(x) for x in step[1:])})" if len(step) > 1 else ""))
-    exact_order = known and (sorted_tail or case.preserve_order)
+    exact_order = known and (sorted_tail or case.preserve_order) and case.consumer != "groupby_count"
     return ds, ids, exact_order, keep
 
 
@@ -236,6 +238,8 @@ def consume(ds: dataflow.Dataset, consumer: str, tmp_dir: str, rng: random.Rando
         return [r["id"] for r in ds.take_all()]
     if consumer == "count":
         return ds.count()
+    if consumer == "groupby_count":  # each id as many times as its group counted it
+        return [row["id"] for row in ds.groupby("id").count().take_all() for _ in range(row["count()"])]
     if consumer in ("iter_fast", "iter_slow"):
         out: list[int] = []
         batch_size = rng.choice([None, 1, 7, 256, 10_000])

@@ -251,6 +251,21 @@ class FileDatasink(Datasink):
         """Write an empty ``_SUCCESS`` in the destination once every file is in place."""
         self.written_files: list[str] = []
         self._resume: ResumeState | None = None
+        self._try_create_dir = True
+        self._open_args: dict[str, Any] = {}
+
+    def set_output_options(self, try_create_dir: bool = True, arrow_open_stream_args: dict[str, Any] | None = None) -> None:
+        """Ray's ``try_create_dir`` (False: a local destination must exist already) and
+        ``arrow_open_stream_args`` (passed to ``open_output_stream`` for each data file: its
+        ``compression``, an object store's ``metadata``)."""
+        if arrow_open_stream_args is not None and not isinstance(arrow_open_stream_args, dict):
+            raise TypeError(f"arrow_open_stream_args must be a dict, got {type(arrow_open_stream_args).__name__}")
+        unknown = sorted(set(arrow_open_stream_args or ()) - {"compression", "buffer_size", "metadata"})
+        if unknown:
+            raise TypeError(f"arrow_open_stream_args: {unknown[0]!r} is not an argument of "
+                            "pyarrow.fs.FileSystem.open_output_stream (compression, buffer_size, metadata)")
+        self._try_create_dir = bool(try_create_dir)
+        self._open_args = dict(arrow_open_stream_args or {})
 
     @property
     def resumes(self) -> bool:
@@ -295,6 +310,11 @@ class FileDatasink(Datasink):
         if exists and self.mode is SaveMode.IGNORE:
             self.skip_write = True
             return
+        if not exists and not self._try_create_dir and self.writes_local_files:  # object stores have no folders
+            raise FileNotFoundError(
+                f"{self._display(self._root)} does not exist and try_create_dir=False: create it first, "
+                "or leave try_create_dir at True"
+            )
         self._replace_existing = exists and self.mode is SaveMode.OVERWRITE
         retrier.call(
             lambda: self._fs.create_dir(self.staging_dir, recursive=True),
@@ -589,7 +609,7 @@ class FileDatasink(Datasink):
 
         def put() -> None:
             self._fs.create_dir(parent, recursive=True)
-            with self._fs.open_output_stream(target) as out:
+            with self._fs.open_output_stream(target, **self._open_args) as out:
                 out.write(data)
 
         retrier.call(put, path=self._display(target), action="write")

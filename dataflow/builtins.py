@@ -21,6 +21,12 @@ def _missing(table: pa.Table, names: list[str], what: str) -> None:
         raise KeyError(msg)
 
 
+def pass_through(table: pa.Table) -> pa.Table:
+    """The rows as they are: the step a write with tasks of its own (``concurrency``,
+    ``ray_remote_args``) runs before writing."""
+    return table
+
+
 class SelectColumns:
     def __init__(self, cols: list[str]) -> None:
         self.cols = cols

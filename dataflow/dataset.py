@@ -219,33 +219,46 @@ class Dataset:
                      ray_remote_args=ray_remote_args, on_error=on_error, error_sink=error_sink)
         )
 
-    def add_column(self, col: str, fn: Callable[[Any], Any], *, batch_format: str = "pandas") -> Dataset:
-        """Add (or replace) column ``col`` with ``fn(batch)``."""
-        return self._derive(builtin_node(self._plan, f"AddColumn({col})", bi.AddColumn(col, fn, batch_format)))
+    def add_column(self, col: str, fn: Callable[[Any], Any], *, batch_format: str = "pandas", **remote: Any) -> Dataset:
+        """Add (or replace) column ``col`` with ``fn(batch)``. ``**remote``: Ray's task
+        arguments (``concurrency``, ``num_cpus``, ``num_gpus``, ``memory``, ``resources``,
+        ``compute`` with tasks, and Ray's remote arguments), as ``map_batches`` takes them."""
+        return self._column_step("add_column", f"AddColumn({col})", bi.AddColumn(col, fn, batch_format), remote)
 
-    def with_column(self, column_name: str, expr: ex.Expr) -> Dataset:
-        """Add (or replace) ``column_name`` with the values of ``expr``: ``col("a") * 2``."""
+    def with_column(self, column_name: str, expr: ex.Expr, **remote: Any) -> Dataset:
+        """Add (or replace) ``column_name`` with the values of ``expr``: ``col("a") * 2``
+        (``**remote``: as ``add_column``)."""
         exprs = ex.named_exprs({column_name: expr}, "with_column")
-        return self._derive(builtin_node(self._plan, f"WithColumn({column_name}={expr})", ex.WithColumns(exprs)))
+        return self._column_step("with_column", f"WithColumn({column_name}={expr})", ex.WithColumns(exprs), remote)
 
-    def with_columns(self, exprs: dict[str, ex.Expr] | list[ex.Expr]) -> Dataset:
+    def with_columns(self, exprs: dict[str, ex.Expr] | list[ex.Expr], **remote: Any) -> Dataset:
         """Add (or replace) several columns at once; every expression reads the input columns.
 
-        ``exprs`` is ``{name: expr}`` or a list of named expressions (``col("a").alias("b")``).
+        ``exprs`` is ``{name: expr}`` or a list of named expressions (``col("a").alias("b")``);
+        ``**remote``: as ``add_column``.
         """
         named = ex.named_exprs(exprs, "with_columns")
-        return self._derive(builtin_node(self._plan, f"WithColumns({list(named)})", ex.WithColumns(named)))
+        return self._column_step("with_columns", f"WithColumns({list(named)})", ex.WithColumns(named), remote)
 
-    def drop_columns(self, cols: list[str]) -> Dataset:
-        return self._derive(builtin_node(self._plan, f"DropColumns({cols})", bi.DropColumns(list(cols))))
+    def drop_columns(self, cols: list[str], **remote: Any) -> Dataset:
+        return self._column_step("drop_columns", f"DropColumns({cols})", bi.DropColumns(list(cols)), remote)
 
-    def select_columns(self, cols: list[str] | str) -> Dataset:
+    def select_columns(self, cols: list[str] | str, **remote: Any) -> Dataset:
         cols = [cols] if isinstance(cols, str) else list(cols)
-        return self._derive(builtin_node(self._plan, f"SelectColumns({cols})", bi.SelectColumns(cols),
-                                         projection=tuple(cols)))
+        return self._column_step("select_columns", f"SelectColumns({cols})", bi.SelectColumns(cols), remote,
+                                 projection=tuple(cols))
 
-    def rename_columns(self, names: dict[str, str] | list[str]) -> Dataset:
-        return self._derive(builtin_node(self._plan, "RenameColumns", bi.RenameColumns(names)))
+    def rename_columns(self, names: dict[str, str] | list[str], **remote: Any) -> Dataset:
+        return self._column_step("rename_columns", "RenameColumns", bi.RenameColumns(names), remote)
+
+    def _column_step(self, method: str, name: str, fn: Any, remote: dict[str, Any], **node_args: Any) -> Dataset:
+        """A column step of dataflow's own, with the task arguments its call passed."""
+        node = builtin_node(self._plan, name, fn, **node_args)
+        if remote:
+            named = {k: remote.pop(k) for k in ("compute", "concurrency", "num_cpus", "num_gpus", "memory",
+                                                 "resources", "task_timeout_s") if k in remote}
+            node = with_remote_args(node, method, ray_remote_args=remote, **named)
+        return self._derive(node)
 
     def limit(self, limit: int) -> Dataset:
         """The first ``limit`` rows; upstream work stops once they have been produced."""
@@ -286,13 +299,18 @@ class Dataset:
         num_blocks: int | None = None,
         target_num_rows_per_block: int | None = None,
         *,
+        strict: bool = False,
         shuffle: bool = False,
         keys: str | list[str] | None = None,
         sort: bool = False,
     ) -> Dataset:
         """``num_blocks`` blocks of about equal rows (in order; ``shuffle=True``: random rows;
         ``keys``: rows with equal keys together), or blocks of ``target_num_rows_per_block``.
-        A ``write_*`` after it writes one file per block."""
+        A ``write_*`` after it writes one file per block.
+
+        With ``target_num_rows_per_block`` every block but the last has exactly that many rows,
+        with ``strict`` or without (Ray's ``strict=False`` allows a short block per input
+        block; here blocks are cut from the rows in order, so none is short)."""
         return self._derive(all_to_all.repartition(self._plan, num_blocks, target_num_rows_per_block, shuffle, keys, sort))
 
     def join(
@@ -513,8 +531,10 @@ class Dataset:
         progress.settle(handle)  # the summary is out before the call returns
         return handle.row_count()
 
-    def schema(self) -> pa.Schema | None:
-        """The schema; from the source when the plan does not change it, else from the first block."""
+    def schema(self, fetch_if_missing: bool = True) -> pa.Schema | None:
+        """The schema; from the source when the plan does not change it, from the first block
+        of a materialized dataset, else by running the plan for its first block (with
+        ``fetch_if_missing=False``: None instead, as Ray's)."""
         plan = optimize(self._plan)
         if isinstance(plan, Read):
             known = plan.datasource.schema()
@@ -522,12 +542,14 @@ class Dataset:
                 return known
         if isinstance(plan, InputBlocks) and not plan.refs:
             return None
+        if not fetch_if_missing and not isinstance(plan, InputBlocks):
+            return None
         for table in self.limit(1).iterator().iter_blocks():
             return table.schema
         return None
 
-    def columns(self) -> list[str] | None:
-        schema = self.schema()
+    def columns(self, fetch_if_missing: bool = True) -> list[str] | None:
+        schema = self.schema(fetch_if_missing)
         return list(schema.names) if schema is not None else None
 
     def show(self, limit: int = 20) -> None:
@@ -579,8 +601,27 @@ class Dataset:
         return result
 
     # writing --------------------------------------------------------------------------------
-    def write_datasink(self, datasink: Any) -> None:
-        """Write every block with ``datasink``: ``write`` on workers, the commit on the driver."""
+    def write_datasink(
+        self, datasink: Any, *, ray_remote_args: dict[str, Any] | None = None, concurrency: int | None = None
+    ) -> None:
+        """Write every block with ``datasink``: ``write`` on workers, the commit on the driver.
+
+        ``concurrency`` caps the write tasks running at once, and ``ray_remote_args`` gives
+        them resources (``num_cpus``, ``memory``...), as Ray's: the writes then run in an
+        operator of their own rather than in the tasks of the step before them.
+        """
+        if ray_remote_args is not None or concurrency is not None:
+            if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
+                msg = f"ray_remote_args must be a dict, got {type(ray_remote_args).__name__}"
+                raise TypeError(msg)
+            node = with_remote_args(builtin_node(self._plan, "WriteTasks", bi.pass_through), "write",
+                                    concurrency=concurrency, ray_remote_args=ray_remote_args)
+            writing = self._derive(node)
+            try:
+                writing.write_datasink(datasink)
+            finally:
+                self._last_stats = getattr(writing, "_last_stats", None)
+            return
         _check_reachable(datasink)  # before on_write_start, which may create or clear the folder
         datasink.on_write_start()
         if getattr(datasink, "skip_write", False):  # SaveMode.IGNORE and the destination exists
@@ -607,6 +648,12 @@ class Dataset:
             raise
         datasink.on_write_complete(handle.results())
 
+    def _write_files(self, sink: Any, try_create_dir: bool, arrow_open_stream_args: dict[str, Any] | None,
+                     ray_remote_args: dict[str, Any] | None, concurrency: int | None) -> None:
+        """A file sink's write with Ray's arguments common to every ``write_*`` of files."""
+        sink.set_output_options(try_create_dir, arrow_open_stream_args)
+        self.write_datasink(sink, ray_remote_args=ray_remote_args, concurrency=concurrency)
+
     def write_parquet(
         self,
         path: str,
@@ -622,6 +669,10 @@ class Dataset:
         num_rows_per_file: int | None = None,
         min_bytes_per_file: int | None = None,
         arrow_parquet_args_fn: Callable[[], dict[str, Any]] | None = None,
+        try_create_dir: bool = True,
+        arrow_open_stream_args: dict[str, Any] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
         **arrow_parquet_args: Any,
     ) -> None:
         """Write Parquet files under ``path`` (a folder, local or ``s3://``), atomically.
@@ -639,13 +690,13 @@ class Dataset:
         from connectors.file_datasink import rows_per_file
         from connectors.parquet_format import ParquetDatasink
 
-        self.write_datasink(ParquetDatasink(
+        self._write_files(ParquetDatasink(
             path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, filesystem=filesystem, compression=compression,
             row_group_size=row_group_size, mode=mode, filename_provider=filename_provider,
             min_bytes_per_file=min_bytes_per_file, arrow_parquet_args=arrow_parquet_args,
             arrow_parquet_args_fn=arrow_parquet_args_fn,
-        ))
+        ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
     def write_csv(
         self,
@@ -659,6 +710,10 @@ class Dataset:
         mode: Any = "append",
         filename_provider: Any = None,
         num_rows_per_file: int | None = None,
+        try_create_dir: bool = True,
+        arrow_open_stream_args: dict[str, Any] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         """Write CSV files (with a header) under ``path``, atomically, as ``write_parquet``.
 
@@ -667,11 +722,11 @@ class Dataset:
         from connectors.csv_format import CSVDatasink
         from connectors.file_datasink import rows_per_file
 
-        self.write_datasink(CSVDatasink(
+        self._write_files(CSVDatasink(
             path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, filesystem=filesystem, write_options=write_options,
             mode=mode, filename_provider=filename_provider,
-        ))
+        ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
     def write_json(
         self,
@@ -684,15 +739,19 @@ class Dataset:
         mode: Any = "append",
         filename_provider: Any = None,
         num_rows_per_file: int | None = None,
+        try_create_dir: bool = True,
+        arrow_open_stream_args: dict[str, Any] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         """Write JSON Lines files (one object per row) under ``path``, atomically, as ``write_parquet``."""
         from connectors.file_datasink import rows_per_file
         from connectors.json_format import JSONDatasink
 
-        self.write_datasink(JSONDatasink(
+        self._write_files(JSONDatasink(
             path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, filesystem=filesystem, mode=mode, filename_provider=filename_provider,
-        ))
+        ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
     def write_lance(
         self,
@@ -704,6 +763,8 @@ class Dataset:
         max_rows_per_file: int = 64 * 1024 * 1024,
         data_storage_version: str | None = None,
         storage_options: dict[str, str] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         """Write a Lance dataset (needs the ``lance`` extra): tasks write fragments, one commit at the end.
 
@@ -715,7 +776,7 @@ class Dataset:
         self.write_datasink(LanceDatasink(
             path, schema=schema, mode=mode, min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file,
             data_storage_version=data_storage_version, storage_options=storage_options,
-        ))
+        ), ray_remote_args=ray_remote_args, concurrency=concurrency)
 
     def write_delta(
         self,
@@ -730,6 +791,8 @@ class Dataset:
         description: str | None = None,
         min_rows_per_file: int | None = None,
         max_rows_per_file: int | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         """Write a Delta Lake table (needs the ``delta`` extra): Parquet files, one Delta commit at the end.
 
@@ -746,7 +809,7 @@ class Dataset:
             path, mode=mode, partition_by=partition_by if partition_by is not None else partition_cols,
             storage_options=storage_options, filesystem=filesystem, name=name, description=description,
             min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file,
-        ))
+        ), ray_remote_args=ray_remote_args, concurrency=concurrency)
 
     def write_iceberg(
         self,
@@ -755,6 +818,8 @@ class Dataset:
         snapshot_properties: dict[str, str] | None = None,
         mode: Any = "append",
         overwrite_filter: Any = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         """Write to an existing Iceberg table (needs the ``iceberg`` extra): data files, one commit at the end.
 
@@ -766,7 +831,7 @@ class Dataset:
         self.write_datasink(IcebergDatasink(
             table_identifier, catalog_kwargs=catalog_kwargs, snapshot_properties=snapshot_properties, mode=mode,
             overwrite_filter=overwrite_filter,
-        ))
+        ), ray_remote_args=ray_remote_args, concurrency=concurrency)
 
     def write_orc(
         self,
@@ -779,6 +844,10 @@ class Dataset:
         filename_provider: Any = None,
         num_rows_per_file: int | None = None,
         arrow_orc_args_fn: Callable[[], dict[str, Any]] | None = None,
+        try_create_dir: bool = True,
+        arrow_open_stream_args: dict[str, Any] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
         **arrow_orc_args: Any,
     ) -> None:
         """Write ORC files under ``path``, atomically, as ``write_parquet``.
@@ -790,11 +859,11 @@ class Dataset:
         from connectors.file_datasink import rows_per_file
         from connectors.orc_format import ORCDatasink
 
-        self.write_datasink(ORCDatasink(
+        self._write_files(ORCDatasink(
             path, filesystem=filesystem, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, mode=mode, filename_provider=filename_provider,
             arrow_orc_args_fn=arrow_orc_args_fn, **arrow_orc_args,
-        ))
+        ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
     def write_numpy(
         self,
@@ -807,6 +876,10 @@ class Dataset:
         mode: Any = "append",
         filename_provider: Any = None,
         num_rows_per_file: int | None = None,
+        try_create_dir: bool = True,
+        arrow_open_stream_args: dict[str, Any] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         """Write ``column`` as ``.npy`` files under ``path``, one per write task, atomically.
 
@@ -816,10 +889,10 @@ class Dataset:
         from connectors.file_datasink import rows_per_file
         from connectors.numpy_format import NumpyDatasink
 
-        self.write_datasink(NumpyDatasink(
+        self._write_files(NumpyDatasink(
             path, column=column, filesystem=filesystem, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, mode=mode, filename_provider=filename_provider,
-        ))
+        ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
     def write_images(
         self,
@@ -830,6 +903,10 @@ class Dataset:
         filesystem: Any = None,
         mode: Any = "append",
         filename_provider: Any = None,
+        try_create_dir: bool = True,
+        arrow_open_stream_args: dict[str, Any] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         """Write one image file per row of ``column`` (``uint8`` arrays) under ``path``, atomically.
 
@@ -837,12 +914,19 @@ class Dataset:
         """
         from connectors.image_format import ImageDatasink
 
-        self.write_datasink(ImageDatasink(
+        self._write_files(ImageDatasink(
             path, column=column, file_format=file_format, filesystem=filesystem, mode=mode,
             filename_provider=filename_provider,
-        ))
+        ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
-    def write_sql(self, sql: str, connection_factory: Callable[[], Any]) -> None:
+    def write_sql(
+        self,
+        sql: str,
+        connection_factory: Callable[[], Any],
+        *,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
+    ) -> None:
         """Insert every row with ``sql`` (``INSERT ... VALUES (?, ?)``, one placeholder per column).
 
         Each write task runs ``executemany`` on its own connection and commits once; see
@@ -850,7 +934,7 @@ class Dataset:
         """
         from connectors.sql import SQLDatasink
 
-        self.write_datasink(SQLDatasink(sql, connection_factory))
+        self.write_datasink(SQLDatasink(sql, connection_factory), ray_remote_args=ray_remote_args, concurrency=concurrency)
 
     def write_webdataset(
         self,
@@ -860,6 +944,10 @@ class Dataset:
         min_rows_per_file: int | None = None,
         max_rows_per_file: int | None = None,
         encoder: Any = True,
+        try_create_dir: bool = True,
+        arrow_open_stream_args: dict[str, Any] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
         **file_options: Any,
     ) -> None:
         """Write WebDataset ``.tar`` shards under ``path``, one sample per row, atomically.
@@ -870,12 +958,14 @@ class Dataset:
         ``file_options`` are the file sinks' others (``mode``...). See
         ``connectors.webdataset_format.WebDatasetDatasink``.
         """
+        from connectors.file_datasink import rows_per_file
         from connectors.webdataset_format import WebDatasetDatasink
 
-        self.write_datasink(WebDatasetDatasink(
-            path, encoder=encoder, filesystem=filesystem, min_rows_per_file=min_rows_per_file,
+        min_rows = rows_per_file(file_options.pop("num_rows_per_file", None), min_rows_per_file)
+        self._write_files(WebDatasetDatasink(
+            path, encoder=encoder, filesystem=filesystem, min_rows_per_file=min_rows,
             max_rows_per_file=max_rows_per_file, **file_options,
-        ))
+        ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
     def write_tfrecords(
         self,
@@ -886,7 +976,10 @@ class Dataset:
         min_rows_per_file: int | None = None,
         max_rows_per_file: int | None = None,
         compression: str | None = None,
+        try_create_dir: bool = True,
         arrow_open_stream_args: dict[str, Any] | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+        concurrency: int | None = None,
         **file_options: Any,
     ) -> None:
         """Write ``tf.train.Example`` records (one per row) in ``.tfrecords`` files under ``path``, atomically.
@@ -896,19 +989,23 @@ class Dataset:
         ``arrow_open_stream_args={"compression": "gzip"}``, as Ray) writes ``.tfrecords.gz``.
         TensorFlow is not needed. See ``connectors.tfrecords_format.TFRecordDatasink``.
         """
+        from connectors.file_datasink import rows_per_file
         from connectors.tfrecords_format import TFRecordDatasink
 
-        if compression is None and arrow_open_stream_args:
-            compression = arrow_open_stream_args.get("compression")
-        self.write_datasink(TFRecordDatasink(
+        open_args = dict(arrow_open_stream_args or {})
+        compression = compression or open_args.pop("compression", None)  # the sink compresses itself
+        min_rows = rows_per_file(file_options.pop("num_rows_per_file", None), min_rows_per_file)
+        self._write_files(TFRecordDatasink(
             path, tf_schema=tf_schema, compression=compression, filesystem=filesystem,
-            min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file, **file_options,
-        ))
+            min_rows_per_file=min_rows, max_rows_per_file=max_rows_per_file, **file_options,
+        ), try_create_dir, open_args, ray_remote_args, concurrency)
 
     # aggregates -----------------------------------------------------------------------------
-    def groupby(self, key: str | list[str] | None) -> GroupedData:
-        """Rows grouped by ``key`` (a column or several; None: one group of all rows)."""
-        return GroupedData(self, key)
+    def groupby(self, key: str | list[str] | None, num_partitions: int | None = None) -> GroupedData:
+        """Rows grouped by ``key`` (a column or several; None: one group of all rows).
+        ``num_partitions``: how many reduce tasks (and output blocks) the groups are hashed
+        into; by default as many as the data's size asks for."""
+        return GroupedData(self, key, num_partitions)
 
     def aggregate(self, *aggs: AggregateFnV2) -> dict[str, Any] | None:
         """Each aggregation over the whole dataset, as ``{name: value}`` (Ray's ``aggregate``)."""

@@ -69,7 +69,17 @@ class _Projecting(HashPartitioner):
         return super().assign(table, row_offset)
 
 
-def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[AggregateFnV2]) -> Exchange:
+def check_num_partitions(num_partitions: int | None) -> None:
+    if num_partitions is not None and (isinstance(num_partitions, bool) or not isinstance(num_partitions, int)
+                                       or num_partitions < 1):
+        msg = f"num_partitions must be a positive int or None, got {num_partitions!r}"
+        raise ValueError(msg)
+
+
+def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[AggregateFnV2],
+                   num_partitions: int | None = None) -> Exchange:
+    """``num_partitions``: the reduce tasks (the output's blocks) of a keyed aggregation; None:
+    as many as the data's size asks for."""
     if not aggs:
         msg = "aggregate() needs at least one aggregation"
         raise ValueError(msg)
@@ -77,14 +87,14 @@ def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[Aggr
         if not isinstance(agg, AggregateFnV2):
             msg = f"aggregations must be AggregateFn or AggregateFnV2 objects, got {type(agg).__name__}"
             raise TypeError(msg)
-    partitions = FINE_PARTITIONS if keys else 1
+    partitions = max(FINE_PARTITIONS, num_partitions or 0) if keys else 1
     partial = decomposable(aggs)
     columns = needed_columns(keys, aggs)
     partitioner: Any = (PartialAggPartitioner(keys, aggs, partitions) if partial
                         else _Projecting(keys, columns, partitions))
     label = f"Aggregate[{', '.join(keys)}]" if keys else "Aggregate"
     return Exchange((plan,), label, (partitioner,), AggregateReducer(keys, aggs, partial), small_in_one_task=True,
-                    columns=tuple(columns) if columns else None)
+                    columns=tuple(columns) if columns else None, num_tasks=num_partitions if keys else None)
 
 
 class MapGroupsReducer:
@@ -123,15 +133,17 @@ class MapGroupsReducer:
 class GroupedData:
     """Rows grouped by ``key`` (``Dataset.groupby``); each method returns a new Dataset."""
 
-    def __init__(self, dataset: Dataset, key: str | Sequence[str] | None) -> None:
+    def __init__(self, dataset: Dataset, key: str | Sequence[str] | None, num_partitions: int | None = None) -> None:
+        check_num_partitions(num_partitions)
         self._dataset = dataset
         self._keys = keys_of(key)
+        self._num_partitions = num_partitions
 
     def __repr__(self) -> str:
         return f"GroupedData(dataset={self._dataset!r}, key={list(self._keys)!r})"
 
     def aggregate(self, *aggs: AggregateFnV2) -> Dataset:
-        return self._dataset._derive(aggregate_node(self._dataset._plan, self._keys, aggs))
+        return self._dataset._derive(aggregate_node(self._dataset._plan, self._keys, aggs, self._num_partitions))
 
     def count(self) -> Dataset:
         return self.aggregate(Count())
@@ -182,7 +194,8 @@ class GroupedData:
             fn_constructor_kwargs=dict(fn_constructor_kwargs or {}), batch_format=batch_format or "default",
         )
         reducer = MapGroupsReducer(self._keys, stage)
+        partitions = max(FINE_PARTITIONS, self._num_partitions or 0)
         node = Exchange((self._dataset._plan,), reducer.name,
-                        (HashPartitioner(self._keys, FINE_PARTITIONS) if self._keys else _Projecting((), None, 1),),
-                        reducer)
+                        (HashPartitioner(self._keys, partitions) if self._keys else _Projecting((), None, 1),),
+                        reducer, num_tasks=self._num_partitions if self._keys else None)
         return self._dataset._derive(node)

@@ -509,7 +509,7 @@ def with_remote_args(
     """A step provided by dataflow (``filter(expr=...)``) with the compute, resources and
     limits its call asked for, checked as a UDF's are."""
     if isinstance(compute, ActorPoolStrategy) or compute == "actors":
-        msg = f"{method}(expr=...) runs as tasks; compute={compute!r} is for callable classes"
+        msg = f"{method}() runs as tasks; compute={compute!r} is for callable classes"
         raise ValueError(msg)
     concurrency = concurrency_from_compute(compute, concurrency)
     if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):

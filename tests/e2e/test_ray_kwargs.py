@@ -6,6 +6,7 @@ read from its source (and, for partitions and ``to_pandas``, seen running it).
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import logging
@@ -350,3 +351,120 @@ def test_max_retries_bounds_the_attempts_of_a_task_whose_worker_dies(streaming):
     with pytest.raises(dataflow.WorkerDiedError, match="failed 2 times"):
         dataflow.range(100, override_num_blocks=4).map_batches(die, max_retries=1).take_all()
     assert dataflow.range(10).map(lambda r: r).count() == 10  # still usable
+
+
+# ----- writes, groupby, schema and column steps: the rest of Ray's keywords ----------------------
+
+
+class _TimedSink(dataflow.Datasink):
+    """Records when each write task ran (in files: tasks run in other processes)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def write(self, blocks, ctx):
+        start = time.monotonic()
+        rows = sum(b.num_rows for b in blocks)
+        time.sleep(0.15)
+        with open(os.path.join(self.folder, f"{ctx.task_index}-{ctx.attempt}.json"), "w") as f:
+            json.dump({"start": start, "end": time.monotonic(), "rows": rows}, f)
+        return rows
+
+
+def _spans(folder):
+    spans = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name)) as f:
+            spans.append(json.load(f))
+    return sorted((s["start"], s["end"]) for s in spans), sum(s["rows"] for s in spans)
+
+
+def _overlaps(spans):
+    return any(b[0] < a[1] for a, b in itertools.pairwise(spans))
+
+
+@pytest.mark.parametrize("args", [{"concurrency": 1}, {"ray_remote_args": {"num_cpus": 2}}])
+def test_write_concurrency_and_remote_args_bound_the_write_tasks(streaming, tmp_path, args):
+    """``concurrency=1`` (or tasks that each take both CPUs) writes one block at a time; without
+    either, the two workers write at once."""
+    ds = dataflow.range(600, override_num_blocks=6).materialize()
+    for kwargs, overlapping in ((args, False), ({}, True)):
+        folder = tmp_path / f"spans{len(kwargs)}"
+        folder.mkdir()
+        with dataflow.options(min_task_input_bytes=1):  # a task per block, not one for all six
+            ds.write_datasink(_TimedSink(str(folder)), **kwargs)
+        spans, rows = _spans(str(folder))
+        assert rows == 600 and len(spans) >= 2
+        assert _overlaps(spans) == overlapping, (kwargs, spans)
+    with pytest.raises(ResourceError, match=r"num_gpus|GPU"):
+        ds.write_parquet(str(tmp_path / "gpu"), ray_remote_args={"num_gpus": 1})
+    with pytest.raises(TypeError, match="num_cpu"):
+        ds.write_parquet(str(tmp_path / "typo"), ray_remote_args={"num_cpu": 1})
+
+
+def test_write_parquet_with_concurrency_writes_every_row(mode, tmp_path):
+    dataflow.range(1000, override_num_blocks=5).map_batches(lambda b: b).write_parquet(
+        str(tmp_path / "out"), concurrency=1, ray_remote_args={"num_cpus": 1})
+    assert sorted(pq.read_table(tmp_path / "out")["id"].to_pylist()) == list(range(1000))
+
+
+def test_try_create_dir_and_open_stream_args(mode, tmp_path):
+    ds = dataflow.range(50)
+    with pytest.raises(FileNotFoundError, match="try_create_dir=False"):
+        ds.write_csv(str(tmp_path / "missing" / "out"), try_create_dir=False)
+    assert not (tmp_path / "missing").exists()
+    (tmp_path / "there").mkdir()
+    ds.write_csv(str(tmp_path / "there"), try_create_dir=False, arrow_open_stream_args={"compression": "gzip"})
+    files = [p for p in (tmp_path / "there").iterdir() if p.name.endswith(".csv")]
+    assert files and all(p.read_bytes()[:2] == b"\x1f\x8b" for p in files)  # gzip
+    import gzip
+
+    import pyarrow.csv as pacsv
+
+    ids = [i for p in files for i in pacsv.read_csv(io.BytesIO(gzip.decompress(p.read_bytes())))["id"].to_pylist()]
+    assert sorted(ids) == list(range(50))
+    with pytest.raises(TypeError, match="'compresion' is not an argument"):
+        ds.write_json(str(tmp_path / "j"), arrow_open_stream_args={"compresion": "gzip"})
+
+
+def test_groupby_num_partitions_sets_the_reduce_tasks(mode):
+    ds = dataflow.range(3000, override_num_blocks=6).map(lambda r: {"k": r["id"] % 50, "v": r["id"]})
+    for n in (1, 4):
+        counted = ds.groupby("k", num_partitions=n).count().materialize()
+        assert counted.num_blocks() == n
+        assert sorted((r["k"], r["count()"]) for r in counted.take_all()) == [(k, 60) for k in range(50)]
+        groups = ds.groupby("k", num_partitions=n).map_groups(lambda b: {"k": b["k"][:1], "n": [len(b["k"])]})
+        groups = groups.materialize()
+        assert groups.num_blocks() == n and sorted(r["n"] for r in groups.take_all()) == [60] * 50
+    with pytest.raises(ValueError, match="num_partitions"):
+        ds.groupby("k", num_partitions=0)
+
+
+def test_schema_without_fetching(mode):
+    ds = dataflow.range(10)
+    mapped = ds.map(lambda r: {"x": r["id"]})
+    assert mapped.schema(fetch_if_missing=False) is None and mapped.columns(fetch_if_missing=False) is None
+    assert mapped.columns() == ["x"]
+    assert ds.columns(fetch_if_missing=False) == ["id"]  # the source knows it
+    assert mapped.materialize().columns(fetch_if_missing=False) == ["x"]
+
+
+def test_column_steps_take_task_arguments(mode):
+    ds = dataflow.range(100, override_num_blocks=4)
+    out = (ds.add_column("d", lambda df: df["id"] * 2, concurrency=1, num_cpus=1)
+           .with_column("t", dataflow.col("id") * 3, num_cpus=0.5)
+           .rename_columns({"id": "i"}, concurrency=2)
+           .drop_columns(["t"], memory=1 << 20)
+           .select_columns(["i", "d"], ray_remote_args_fn=lambda: {"num_cpus": 1}))
+    assert sorted((r["i"], r["d"]) for r in out.take_all()) == [(i, 2 * i) for i in range(100)]
+    with pytest.raises(TypeError, match=r"^select_columns\(\) got an unexpected keyword argument 'concurency'$"):
+        ds.select_columns(["id"], concurency=2)
+    with pytest.raises(ValueError, match="runs as tasks"):
+        ds.drop_columns(["id"], compute=ActorPoolStrategy(size=2))
+
+
+def test_repartition_strict_blocks_are_exact(mode):
+    for strict in (True, False):
+        out = dataflow.range(1000, override_num_blocks=7).repartition(target_num_rows_per_block=300,
+                                                                       strict=strict).materialize()
+        assert [b.num_rows for b in out.iterator().iter_blocks()] == [300, 300, 300, 100]

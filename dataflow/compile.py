@@ -188,7 +188,9 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     partitioned = len(fed) == 1 and isinstance(fed[0], MapOperator) and fed[0].output == OUTPUT_PARTITIONS
     merges = MERGE_FAN_IN if partitioned and reducer is not None else 0
     reduce = ReduceOperator(node.label, transform, fed, grouping=node.grouping, num_tasks=node.num_tasks,
-                            rows_per_task=node.rows_per_task, seed=node.seed, merge_fan_in=merges)
+                            rows_per_task=node.rows_per_task, seed=node.seed, merge_fan_in=merges,
+                            resources=node.resources)
+    reduce.max_concurrency = node.max_concurrency
     if node.orders_output:
         c.ordering.add(id(reduce))
     return c.add(reduce)

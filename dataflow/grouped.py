@@ -30,9 +30,10 @@ from dataflow.aggregate import (
 )
 from dataflow.plan import Exchange, LogicalNode
 from dataflow.shuffle import HashPartitioner
+from dataflow.udf import map_node
 from engine.block_format import to_batch, to_block
 from engine.exchange import FINE_PARTITIONS, concat
-from engine.transform import USER_ERRORS, Stage, UDFFailure, call_stage, udf_name
+from engine.transform import USER_ERRORS, Stage, UDFFailure, call_stage, writable_batch
 
 if TYPE_CHECKING:
     from dataflow.dataset import Dataset
@@ -120,7 +121,8 @@ class MapGroupsReducer:
             msg = f"group key column {missing[0]!r} not found; the dataset has {table.column_names}"
             raise KeyError(msg)
         for _, group in groups(table, self.keys):
-            result = call_stage(self.stage, fn, to_batch(group, self.stage.batch_format))
+            batch = to_batch(group, self.stage.batch_format)
+            result = call_stage(self.stage, fn, batch if self.stage.zero_copy_batch else writable_batch(batch))
             try:
                 for out in result if inspect.isgenerator(result) else (result,):
                     yield to_block(out)
@@ -174,28 +176,35 @@ class GroupedData:
         *,
         compute: Any = None,
         batch_format: str | None = "default",
+        zero_copy_batch: bool = True,
         fn_args: Any = None,
         fn_kwargs: Any = None,
         fn_constructor_args: Any = None,
         fn_constructor_kwargs: Any = None,
         num_cpus: float | None = None,
         num_gpus: float | None = None,
-        concurrency: int | tuple[int, int] | None = None,
+        memory: float | None = None,
+        concurrency: int | tuple[int, ...] | None = None,
         **ray_remote_args: Any,
     ) -> Dataset:
         """``fn`` applied to each whole group (a batch in ``batch_format``); it returns a batch,
-        or yields several."""
+        or yields several. It runs in the reduce tasks, with the resources, ``concurrency``
+        (a cap on the reduce tasks at once; a callable class is constructed once per worker)
+        and Ray remote arguments given, as ``map_batches`` takes them."""
         if not callable(fn):
             msg = f"map_groups needs a function or a callable class, got {type(fn).__name__}"
             raise TypeError(msg)
-        stage = Stage(
-            name=f"MapGroups({udf_name(fn)})", kind="batches", fn=fn, fn_args=tuple(fn_args or ()),
-            fn_kwargs=dict(fn_kwargs or {}), fn_constructor_args=tuple(fn_constructor_args or ()),
-            fn_constructor_kwargs=dict(fn_constructor_kwargs or {}), batch_format=batch_format or "default",
-        )
-        reducer = MapGroupsReducer(self._keys, stage)
+        # checked and resolved as map_batches' arguments are; the stage then runs in the reducers
+        maps = map_node(self._dataset._plan, "map_groups", fn, kind="batches", batch_format=batch_format or "default",
+                        fn_args=fn_args, fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
+                        fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
+                        concurrency=concurrency, compute=compute, memory=memory, zero_copy_batch=zero_copy_batch,
+                        ray_remote_args=ray_remote_args)
+        reducer = MapGroupsReducer(self._keys, maps.stages[0])
         partitions = max(FINE_PARTITIONS, self._num_partitions or 0)
+        cap = maps.actor_pool.max_size if maps.actor_pool is not None else maps.max_concurrency
         node = Exchange((self._dataset._plan,), reducer.name,
                         (HashPartitioner(self._keys, partitions) if self._keys else _Projecting((), None, 1),),
-                        reducer, num_tasks=self._num_partitions if self._keys else None)
+                        reducer, num_tasks=self._num_partitions if self._keys else None,
+                        resources=maps.resources, max_concurrency=cap)
         return self._dataset._derive(node)

@@ -183,6 +183,10 @@ class Exchange(LogicalNode):
     small_in_one_task: bool = False
     """A small input (``ExecutionOptions.small_exchange_bytes``) may be reduced by one task with no map tasks:
     set where the reducer is cheap (not a user's function that wants the CPUs)."""
+    resources: Any = None
+    """What each reduce task holds while it runs (``map_groups(num_cpus=...)``); None: one CPU."""
+    max_concurrency: int | None = None
+    """At most this many reduce tasks at once (``map_groups(concurrency=...)``)."""
 
     @property
     def inputs(self) -> tuple[LogicalNode, ...]:  # type: ignore[override]

@@ -468,3 +468,47 @@ def test_repartition_strict_blocks_are_exact(mode):
         out = dataflow.range(1000, override_num_blocks=7).repartition(target_num_rows_per_block=300,
                                                                        strict=strict).materialize()
         assert [b.num_rows for b in out.iterator().iter_blocks()] == [300, 300, 300, 100]
+
+
+def _timed_group(folder: str):
+    def fn(batch):
+        start = time.monotonic()
+        time.sleep(0.1)
+        with open(os.path.join(folder, f"{int(batch['k'][0])}.json"), "w") as f:
+            json.dump({"start": start, "end": time.monotonic(), "rows": len(batch["k"])}, f)
+        return {"k": batch["k"][:1], "n": [len(batch["k"])]}
+
+    return fn
+
+
+@pytest.mark.parametrize("args", [{"concurrency": 1}, {"num_cpus": 2}, {"ray_remote_args": {"num_cpus": 2}}])
+def test_map_groups_runs_with_its_resources_and_concurrency(streaming, tmp_path, args):
+    """The reduce tasks that call ``fn`` hold what it asks for: one at a time here with either
+    argument, two at once without."""
+    ds = dataflow.range(800, override_num_blocks=4).map(lambda r: {"k": r["id"] % 8})
+    for kwargs, overlapping in ((args, False), ({}, True)):
+        folder = tmp_path / f"spans{len(kwargs)}"
+        folder.mkdir()
+        remote = kwargs.get("ray_remote_args", {})
+        named = {k: v for k, v in kwargs.items() if k != "ray_remote_args"}
+        out = ds.groupby("k", num_partitions=4).map_groups(_timed_group(str(folder)), **named, **remote).take_all()
+        assert sorted(r["n"] for r in out) == [100] * 8
+        spans, rows = _spans(str(folder))
+        assert rows == 800 and _overlaps(spans) == overlapping, (kwargs, spans)
+
+
+def test_map_groups_zero_copy_batch_and_refusals(mode):
+    ds = dataflow.range(100).map(lambda r: {"k": r["id"] % 4, "v": r["id"]})
+
+    def bump(batch):
+        batch["v"] += 1
+        return {"k": batch["k"][:1], "s": [int(batch["v"].sum())]}
+
+    out = ds.groupby("k").map_groups(bump, zero_copy_batch=False, batch_format="numpy").take_all()
+    assert sum(r["s"] for r in out) == sum(range(100)) + 100
+    with pytest.raises(ValueError, match="read-only"):
+        ds.groupby("k").map_groups(bump, batch_format="numpy").take_all()
+    with pytest.raises(TypeError, match=r"^map_groups\(\) got an unexpected keyword argument 'num_cpu'$"):
+        ds.groupby("k").map_groups(bump, num_cpu=1)
+    with pytest.raises(ValueError, match="runtime_env"):
+        ds.groupby("k").map_groups(bump, runtime_env={"pip": ["x"]})

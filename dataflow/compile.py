@@ -102,13 +102,19 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
             name,
             c.transform(stages),
             source=_read_tasks(c, node),
-            resources=_resources(maps.resources) if maps is not None else None,
+            resources=_resources(maps.resources) if maps is not None else _read_resources(node),
             actor_pool=_actor_pool(maps.actor_pool) if maps is not None else None,
-            max_concurrency=maps.max_concurrency if maps is not None else None,
+            max_concurrency=maps.max_concurrency if maps is not None else node.max_concurrency,
             task_timeout_s=maps.task_timeout_s if maps is not None else None,
             min_bundle_bytes=_read_bundle_bytes(c, node),
         )
     )
+
+
+def _read_resources(node: Read) -> Any:
+    """What ``node``'s tasks hold: what its call asked for (``read_*(num_cpus=...)``), or None
+    (a read's own)."""
+    return _resources(node.resources) if node.resources is not None else None
 
 
 def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:

@@ -86,7 +86,8 @@ def push_into_read(node: MapStages) -> LogicalNode:
 def can_fuse(upstream: LogicalNode, downstream: MapStages) -> bool:
     """Whether ``downstream`` may run in the same task (or actor) as ``upstream``.
 
-    Read -> map: only when the map runs as plain tasks that need what a read task needs. Not
+    Read -> map: only when the map runs as plain tasks that need what a read task needs (or
+    what the read asked for: ``read_*(num_cpus=..., concurrency=...)``, the same). Not
     into an actor pool (its few processes, GPU ones included, would do all the file reading;
     a class without ``concurrency`` is one actor), not with other ``num_cpus``, ``num_gpus`` or
     custom resources, not under a ``concurrency`` cap (it would cap the reads too), and not
@@ -107,8 +108,8 @@ def can_fuse(upstream: LogicalNode, downstream: MapStages) -> bool:
     if isinstance(upstream, Read):
         return (
             downstream.actor_pool is None
-            and downstream.resources == READ_RESOURCES
-            and downstream.max_concurrency is None
+            and downstream.resources == (upstream.resources or READ_RESOURCES)
+            and downstream.max_concurrency == upstream.max_concurrency
         )
     if not isinstance(upstream, MapStages):
         return False

@@ -47,6 +47,10 @@ class LogicalNode:
 class Read(LogicalNode):
     datasource: Any
     parallelism: int = -1
+    resources: Any = None
+    """What each read task holds (``read_*(num_cpus=...)``); None: what a read needs."""
+    max_concurrency: int | None = None
+    """At most this many read tasks at once (``read_*(concurrency=...)``)."""
 
     @property
     def name(self) -> str:

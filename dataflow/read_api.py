@@ -4,12 +4,16 @@ Each validates its arguments and returns ``Dataset(Read(datasource))``; nothing 
 consuming call. File readers fail at once with FileNotFoundError when a path does not exist.
 The ``read_*`` functions are thin wrappers over the Datasources in ``connectors/`` (imported on
 first call, so ``import dataflow`` loads no format, pandas, fsspec or torch); their names and main
-arguments are Ray Data's. ``override_num_blocks`` asks for about that many read tasks.
+arguments are Ray Data's. ``override_num_blocks`` asks for about that many read tasks; the
+task arguments every ``read_*`` takes (``concurrency``, ``num_cpus``, ``num_gpus``, ``memory``,
+``resources``, ``ray_remote_args``, and ``parallelism``, Ray's old name for
+``override_num_blocks``) are described at ``read_datasource``.
 """
 
 from __future__ import annotations
 
 import builtins
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,10 +25,50 @@ from connectors.memory import ArrowDatasource, RangeDatasource
 from dataflow.dataset import Dataset
 from dataflow.plan import Read
 
+READ_TASK_ARGS = ("parallelism", "concurrency", "num_cpus", "num_gpus", "memory", "resources", "ray_remote_args")
 
-def read_datasource(datasource: Datasource, *, override_num_blocks: int | None = None) -> Dataset:
-    """A dataset reading from a custom ``Datasource``."""
-    return Dataset(Read(datasource, override_num_blocks or -1))
+
+def read_datasource(datasource: Datasource, *, override_num_blocks: int | None = None, **task_args: Any) -> Dataset:
+    """A dataset reading from a custom ``Datasource``.
+
+    ``task_args``, as Ray's for every ``read_*``: ``concurrency`` caps the read tasks running at
+    once; ``num_cpus``, ``num_gpus``, ``memory``, ``resources`` and ``ray_remote_args`` are what
+    each read task holds (a map after such a read runs in tasks of its own unless it asks for
+    the same); ``parallelism`` is Ray's deprecated name for ``override_num_blocks``.
+    """
+    return _read(datasource, "read_datasource", override_num_blocks, task_args)
+
+
+def _read(datasource: Datasource, method: str, override_num_blocks: int | None, task_args: dict[str, Any]) -> Dataset:
+    from dataflow.udf import memory_cap, remote_args
+
+    unknown = [name for name in task_args if name not in READ_TASK_ARGS]
+    if unknown:
+        msg = f"{method}() got an unexpected keyword argument {unknown[0]!r}"
+        raise TypeError(msg)
+    parallelism = task_args.get("parallelism")
+    if parallelism is not None and parallelism != -1:
+        warnings.warn("`parallelism` is deprecated; use `override_num_blocks` instead", DeprecationWarning, stacklevel=3)
+        if override_num_blocks is not None:
+            msg = f"{method}() takes override_num_blocks or parallelism (its old name), not both"
+            raise ValueError(msg)
+        override_num_blocks = parallelism
+    concurrency = task_args.get("concurrency")
+    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1):
+        msg = f"{method}(concurrency=...) must be a positive int, got {concurrency!r}"
+        raise ValueError(msg)
+    asked = {k: task_args.get(k) for k in ("num_cpus", "num_gpus", "memory", "resources")}
+    remote = remote_args(method, **asked, ray_remote_args=task_args.get("ray_remote_args"))
+    if remote.max_retries is not None or remote.retry_exceptions or remote.env_vars:
+        msg = (f"{method}() takes resources for its read tasks (num_cpus, num_gpus, memory, resources); "
+               "max_retries, retry_exceptions and runtime_env are for the functions of map steps")
+        raise ValueError(msg)
+    cap = memory_cap(remote.memory, method)
+    if cap is not None:
+        concurrency = min(concurrency or cap, cap)
+    custom = any(v is not None for v in asked.values()) or bool(task_args.get("ray_remote_args"))
+    return Dataset(Read(datasource, override_num_blocks or -1, resources=remote.resources if custom else None,
+                        max_concurrency=concurrency))
 
 
 def range(n: int, *, override_num_blocks: int | None = None) -> Dataset:
@@ -98,12 +142,13 @@ def read_parquet(
     partition values before reading; ``shuffle="files"`` or ``FileShuffleConfig(seed=...)``
     reads the files in a random order.
     """
+    task_args = {k: kwargs.pop(k) for k in READ_TASK_ARGS if k in kwargs}  # the rest are the reader's
     from connectors.parquet_format import ParquetDatasource
 
     source = ParquetDatasource(paths, columns=columns, filter=filter, filesystem=filesystem,
                                partitioning=partitioning, include_paths=include_paths,
                                partition_filter=partition_filter, shuffle=shuffle, **kwargs)
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_parquet", override_num_blocks, task_args)
 
 
 def _file_kwargs(
@@ -137,6 +182,7 @@ def read_csv(
     convert_options: Any = None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    **task_args: Any,
 ) -> Dataset:
     """CSV files (a file, folder, glob or list; local or ``s3://``), one row per line.
 
@@ -150,7 +196,7 @@ def read_csv(
         paths, read_options=read_options, parse_options=parse_options, convert_options=convert_options,
         **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
     )
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_csv", override_num_blocks, task_args)
 
 
 def read_json(
@@ -166,6 +212,7 @@ def read_json(
     parse_options: Any = None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    **task_args: Any,
 ) -> Dataset:
     """JSON Lines files (one object per line), or files holding one JSON array of objects (or
     one object, a row), as Ray's ``lines=False``; ``lines=True``: JSON Lines only.
@@ -179,7 +226,7 @@ def read_json(
         paths, read_options=read_options, parse_options=parse_options, lines=lines,
         **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
     )
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_json", override_num_blocks, task_args)
 
 
 def read_text(
@@ -194,6 +241,7 @@ def read_text(
     override_num_blocks: int | None = None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    **task_args: Any,
 ) -> Dataset:
     """Lines of text files, one row per line in column ``text`` (empty lines dropped by default)."""
     from connectors.text_format import TextDatasource
@@ -202,7 +250,7 @@ def read_text(
         paths, encoding=encoding, drop_empty_lines=drop_empty_lines,
         **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
     )
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_text", override_num_blocks, task_args)
 
 
 def read_binary_files(
@@ -215,12 +263,13 @@ def read_binary_files(
     override_num_blocks: int | None = None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    **task_args: Any,
 ) -> Dataset:
     """Whole files, one row each: their bytes in column ``bytes`` (and ``path`` if asked)."""
     from connectors.binary_format import BinaryDatasource
 
     source = BinaryDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle))
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_binary_files", override_num_blocks, task_args)
 
 
 def read_images(
@@ -235,6 +284,7 @@ def read_images(
     override_num_blocks: int | None = None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    **task_args: Any,
 ) -> Dataset:
     """Images decoded into ``uint8`` tensors of shape ``(height, width, channels)`` in column ``image``.
 
@@ -246,7 +296,7 @@ def read_images(
     source = ImageDatasource(
         paths, size=size, mode=mode, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle)
     )
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_images", override_num_blocks, task_args)
 
 
 def read_numpy(
@@ -259,6 +309,7 @@ def read_numpy(
     override_num_blocks: int | None = None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    **task_args: Any,
 ) -> Dataset:
     """``.npy`` files: one row per entry of each array's first axis, in column ``data``.
 
@@ -267,7 +318,7 @@ def read_numpy(
     from connectors.numpy_format import NumpyDatasource
 
     source = NumpyDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle))
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_numpy", override_num_blocks, task_args)
 
 
 def read_lance(
@@ -279,6 +330,7 @@ def read_lance(
     storage_options: dict[str, str] | None = None,
     scanner_options: dict[str, Any] | None = None,
     override_num_blocks: int | None = None,
+    **task_args: Any,
 ) -> Dataset:
     """A Lance dataset (needs the ``lance`` extra): read by fragments at one version.
 
@@ -290,7 +342,7 @@ def read_lance(
 
     source = LanceDatasource(uri, version=version, columns=columns, filter=filter,
                              storage_options=storage_options, scanner_options=scanner_options)
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_lance", override_num_blocks, task_args)
 
 
 def read_delta(
@@ -303,6 +355,7 @@ def read_delta(
     storage_options: dict[str, str] | None = None,
     include_paths: bool = False,
     override_num_blocks: int | None = None,
+    **task_args: Any,
 ) -> Dataset:
     """A Delta Lake table (needs the ``delta`` extra) at ``version`` (default: the latest).
 
@@ -315,7 +368,7 @@ def read_delta(
 
     source = DeltaDatasource(path, version, columns=columns, filter=filter, filesystem=filesystem,
                              storage_options=storage_options, include_paths=include_paths)
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_delta", override_num_blocks, task_args)
 
 
 def read_iceberg(
@@ -327,6 +380,7 @@ def read_iceberg(
     catalog_kwargs: dict[str, Any] | None = None,
     scan_kwargs: dict[str, Any] | None = None,
     override_num_blocks: int | None = None,
+    **task_args: Any,
 ) -> Dataset:
     """An Apache Iceberg table (needs the ``iceberg`` extra), through pyiceberg.
 
@@ -339,7 +393,7 @@ def read_iceberg(
 
     source = IcebergDatasource(table_identifier, row_filter=row_filter, selected_fields=selected_fields,
                                snapshot_id=snapshot_id, catalog_kwargs=catalog_kwargs, scan_kwargs=scan_kwargs)
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_iceberg", override_num_blocks, task_args)
 
 
 def read_orc(
@@ -353,6 +407,7 @@ def read_orc(
     override_num_blocks: int | None = None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    **task_args: Any,
 ) -> Dataset:
     """ORC files (a file, folder, glob or list; local or ``s3://``), read stripe by stripe.
 
@@ -366,7 +421,7 @@ def read_orc(
         paths, columns=columns,
         **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
     )
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_orc", override_num_blocks, task_args)
 
 
 def read_sql(
@@ -377,6 +432,7 @@ def read_sql(
     shard_hash_fn: str = "MD5",
     parallelism: int = -1,
     override_num_blocks: int | None = None,
+    **task_args: Any,
 ) -> Dataset:
     """The rows of a SQL query, over any DB-API 2 connection (``lambda: sqlite3.connect(path)``).
 
@@ -392,7 +448,7 @@ def read_sql(
     if shards is None and shard_keys:
         shards = DataContext.get_current().execution_options.resolved_num_cpus()
     source = SQLDatasource(sql, connection_factory, shard_keys=shard_keys, shard_hash_fn=shard_hash_fn, num_shards=shards)
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_sql", override_num_blocks, task_args)
 
 
 _TORCH_CHUNK = 4096
@@ -525,13 +581,14 @@ def read_webdataset(
     and ``verbose_open`` are Ray Data's. Shards are streamed, never held whole; a damaged one
     fails naming the member. See ``connectors.webdataset_format``.
     """
+    task_args = {k: kwargs.pop(k) for k in READ_TASK_ARGS if k in kwargs}  # the rest are the reader's
     from connectors.webdataset_format import WebDatasetDatasource
 
     source = WebDatasetDatasource(
         paths, decoder=decoder, fileselect=fileselect, filerename=filerename, suffixes=suffixes,
         verbose_open=verbose_open, **{**_file_kwargs(filesystem, None, include_paths, file_extensions), **kwargs},
     )
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_webdataset", override_num_blocks, task_args)
 
 
 def read_tfrecords(
@@ -554,6 +611,7 @@ def read_tfrecords(
     from ``arrow_open_stream_args={"compression": ...}`` as in Ray) defaults to the extension
     (``.gz``). See ``connectors.tfrecords_format``.
     """
+    task_args = {k: kwargs.pop(k) for k in READ_TASK_ARGS if k in kwargs}  # the rest are the reader's
     from connectors.tfrecords_format import TFRecordDatasource
 
     if compression is None and arrow_open_stream_args:
@@ -562,4 +620,4 @@ def read_tfrecords(
         paths, tf_schema=tf_schema, compression=compression or "auto",
         **{**_file_kwargs(filesystem, None, include_paths, file_extensions), **kwargs},
     )
-    return read_datasource(source, override_num_blocks=override_num_blocks)
+    return _read(source, "read_tfrecords", override_num_blocks, task_args)

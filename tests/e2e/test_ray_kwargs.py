@@ -383,10 +383,18 @@ def _overlaps(spans):
     return any(b[0] < a[1] for a, b in itertools.pairwise(spans))
 
 
+def _workers_up():
+    """Until its workers are up a session runs tasks in the driver, one at a time: wait."""
+    from engine import session as engine_session
+
+    assert engine_session.current_session().executor.wait_for_workers()
+
+
 @pytest.mark.parametrize("args", [{"concurrency": 1}, {"ray_remote_args": {"num_cpus": 2}}])
 def test_write_concurrency_and_remote_args_bound_the_write_tasks(streaming, tmp_path, args):
     """``concurrency=1`` (or tasks that each take both CPUs) writes one block at a time; without
     either, the two workers write at once."""
+    _workers_up()
     ds = dataflow.range(600, override_num_blocks=6).materialize()
     for kwargs, overlapping in ((args, False), ({}, True)):
         folder = tmp_path / f"spans{len(kwargs)}"
@@ -485,6 +493,7 @@ def _timed_group(folder: str):
 def test_map_groups_runs_with_its_resources_and_concurrency(streaming, tmp_path, args):
     """The reduce tasks that call ``fn`` hold what it asks for: one at a time here with either
     argument, two at once without."""
+    _workers_up()
     ds = dataflow.range(800, override_num_blocks=4).map(lambda r: {"k": r["id"] % 8})
     for kwargs, overlapping in ((args, False), ({}, True)):
         folder = tmp_path / f"spans{len(kwargs)}"
@@ -512,3 +521,55 @@ def test_map_groups_zero_copy_batch_and_refusals(mode):
         ds.groupby("k").map_groups(bump, num_cpu=1)
     with pytest.raises(ValueError, match="runtime_env"):
         ds.groupby("k").map_groups(bump, runtime_env={"pip": ["x"]})
+
+
+class _TimedSource(dataflow.Datasource):
+    """Six read tasks of 100 rows that record when they ran."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def get_read_tasks(self, parallelism):
+        from connectors.base import BlockMetadata, ReadTask
+
+        def task(k, folder=self.folder):
+            def read():
+                start = time.monotonic()
+                time.sleep(0.1)
+                with open(os.path.join(folder, f"{k}.json"), "w") as f:
+                    json.dump({"start": start, "end": time.monotonic(), "rows": 100}, f)
+                return [pa.table({"id": np.arange(k * 100, (k + 1) * 100)})]
+
+            return ReadTask(read, BlockMetadata(num_rows=100, size_bytes=800))
+
+        return [task(k) for k in range(6)]
+
+
+@pytest.mark.parametrize("args", [{"concurrency": 1}, {"num_cpus": 2}, {"ray_remote_args": {"num_cpus": 2}}])
+def test_read_tasks_run_with_their_concurrency_and_resources(streaming, tmp_path, args):
+    _workers_up()
+    for kwargs, overlapping in ((args, False), ({}, True)):
+        folder = tmp_path / f"spans{len(kwargs)}"
+        folder.mkdir()
+        ds = dataflow.read_datasource(_TimedSource(str(folder)), override_num_blocks=6, **kwargs)
+        assert sorted(r["id"] for r in ds.map(lambda r: r).take_all()) == list(range(600))
+        spans, rows = _spans(str(folder))
+        assert rows == 600 and _overlaps(spans) == overlapping, (kwargs, spans)
+
+
+def test_read_task_arguments_on_every_reader(mode, tmp_path):
+    dataflow.range(300, override_num_blocks=3).write_parquet(str(tmp_path / "p"))
+    dataflow.range(300, override_num_blocks=3).write_csv(str(tmp_path / "c"))
+    assert dataflow.read_parquet(str(tmp_path / "p"), concurrency=2, num_cpus=1, memory=1 << 20).count() == 300
+    assert dataflow.read_csv(str(tmp_path / "c"), ray_remote_args={"num_cpus": 0.5}).count() == 300
+    with pytest.warns(DeprecationWarning, match="override_num_blocks"):
+        ds = dataflow.read_parquet(str(tmp_path / "p"), parallelism=2)
+    assert ds.count() == 300
+    with pytest.raises(TypeError, match=r"^read_csv\(\) got an unexpected keyword argument 'concurency'$"):
+        dataflow.read_csv(str(tmp_path / "c"), concurency=2)
+    with pytest.raises(ValueError, match="concurrency"):
+        dataflow.read_parquet(str(tmp_path / "p"), concurrency=0)
+    with pytest.raises(ValueError, match="runtime_env"):
+        dataflow.read_csv(str(tmp_path / "c"), ray_remote_args={"runtime_env": {"env_vars": {"A": "1"}}})
+    with pytest.raises(ResourceError):
+        dataflow.read_parquet(str(tmp_path / "p"), num_gpus=1).take_all()

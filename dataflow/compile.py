@@ -195,7 +195,7 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     merges = MERGE_FAN_IN if partitioned and reducer is not None else 0
     reduce = ReduceOperator(node.label, transform, fed, grouping=node.grouping, num_tasks=node.num_tasks,
                             rows_per_task=node.rows_per_task, seed=node.seed, merge_fan_in=merges,
-                            resources=node.resources)
+                            resources=_resources(node.resources) if node.resources is not None else None)
     reduce.max_concurrency = node.max_concurrency
     if node.orders_output:
         c.ordering.add(id(reduce))

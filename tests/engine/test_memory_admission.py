@@ -10,6 +10,7 @@ import pytest
 
 import dataflow
 from engine import session
+from engine.executor import RSS_SAMPLE_S
 
 
 def _slow(batch):
@@ -32,10 +33,13 @@ def _overlap(spans: list[tuple[float, float]]) -> int:
 @pytest.mark.timeout(120)
 def test_admission_slows_to_one_task_when_workers_memory_is_high(fresh_engine):
     dataflow.init(num_cpus=2, worker_memory_limit=1, min_task_input_bytes=1)  # any worker is "too big"
+    # with the workers up, the first sample that counts them is at most RSS_SAMPLE_S away (one
+    # taken while they start counts nothing); before that two tasks may run at once
+    assert session.current_session().executor.wait_for_workers()
     ds = dataflow.range(24, override_num_blocks=24).map_batches(_slow)
     rows = ds.take_all()
     spans = sorted({(r["start"], r["end"]) for r in rows})
-    settled = [s for s in spans if s[0] > spans[0][0] + 1.5]  # after the first memory sample
+    settled = [s for s in spans if s[0] > spans[0][0] + 2 * RSS_SAMPLE_S + 0.5]  # after that sample
     assert settled and _overlap(settled) == 1
     stats = session.current_session().executor.statistics()
     assert stats["memory_pressure"] and stats["workers_rss"] > 0

@@ -166,7 +166,8 @@ class FileDatasource(Datasource):
     which files of a folder to read (None: all). ``include_paths``: add a ``path`` column.
     ``partitioning``: ``"hive"``, a schema of partition fields, or None. ``partition_filter``
     (a ``PathPartitionFilter``) and ``shuffle`` (``"files"`` or a ``FileShuffleConfig``) pick
-    and order the files (``connectors.file_selection``).
+    and order the files (``connectors.file_selection``). ``ignore_missing_paths``: skip a path
+    that is not there, as long as another holds files (Ray's).
     """
 
     sizes_own_tasks = True
@@ -185,6 +186,7 @@ class FileDatasource(Datasource):
         target_task_bytes: int = DEFAULT_TASK_BYTES,
         partition_filter: PathPartitionFilter | None = None,
         shuffle: str | FileShuffleConfig | None = None,
+        ignore_missing_paths: bool = False,
     ) -> None:
         extensions = self.FILE_EXTENSIONS if file_extensions == "default" else file_extensions
         self._partitioning = self.DEFAULT_PARTITIONING if partitioning == "default" else partitioning
@@ -192,7 +194,8 @@ class FileDatasource(Datasource):
         # a FileSet already resolved (a table format's files, listed from its log) is taken as it is
         self._files: FileSet = (
             paths if isinstance(paths, FileSet)
-            else resolve_files(paths, filesystem=filesystem, extensions=extensions)  # type: ignore[arg-type]
+            else resolve_files(paths, filesystem=filesystem, extensions=extensions,  # type: ignore[arg-type]
+                               ignore_missing=ignore_missing_paths)
         )
         self._include_paths = include_paths
         self._target_task_bytes = target_task_bytes

@@ -69,6 +69,9 @@ class FileSet:
     roots: tuple[str, ...]
     uri_prefix: str = ""
     extensions: tuple[str, ...] | None = None
+    ignore_missing: bool = False
+    """Ray's ``ignore_missing_paths``: a root that does not exist (or a glob that matches nothing)
+    is skipped, as long as another holds files."""
 
     def display(self, path: str) -> str:
         """``path`` as the user would write it (``s3://bucket/key`` for S3)."""
@@ -82,6 +85,11 @@ class FileSet:
     def check(self, retrier: Retrier | None = None) -> None:
         """Raise ``PathNotFoundError`` for a root that does not exist or holds no file to read."""
         retrier = retrier or Retrier()
+        if self.ignore_missing:
+            missing = [root for root in self.roots if next(self._iter_root(root), None) is None]
+            if len(missing) < len(self.roots):
+                return
+            # nothing anywhere: say why for the first root, as without ignore_missing_paths
         for root in self.roots:
             if _has_glob(root):
                 base = _glob_base(root)
@@ -109,6 +117,8 @@ class FileSet:
         if _has_glob(root):
             base = _glob_base(root)
             pattern = _split(root)[len(_split(base)) :]
+            if self.ignore_missing and self._info(base, Retrier()).type == pafs.FileType.NotFound:
+                return
             for path, size in self._walk(base):
                 if _glob_match(pattern, _split(_relative(path, base))):
                     yield FileEntry(path, size, base)
@@ -116,6 +126,8 @@ class FileSet:
         info = self._info(root, Retrier())
         if info.type == pafs.FileType.File:
             yield FileEntry(root, info.size, _parent(root))
+            return
+        if info.type == pafs.FileType.NotFound and self.ignore_missing:
             return
         for path, size in self._walk(root):
             relative = _split(_relative(path, root))
@@ -144,14 +156,16 @@ def resolve_files(
     filesystem: Any = None,
     extensions: Sequence[str] | None = None,
     check: bool = True,
+    ignore_missing: bool = False,
 ) -> FileSet:
-    """A checked ``FileSet`` for ``paths``; see the module docstring for the rules."""
+    """A checked ``FileSet`` for ``paths``; see the module docstring for the rules
+    (``ignore_missing``: see ``FileSet.ignore_missing``)."""
     raw = [os.fspath(paths)] if isinstance(paths, str | os.PathLike) else [os.fspath(p) for p in paths]
     if not raw:
         raise ValueError("no paths given: pass a file, a folder, a glob or a list of them")
     fs, roots, prefix = resolve_filesystem(raw, filesystem)
     exts = tuple(e if e.startswith(".") else f".{e}" for e in extensions) if extensions is not None else None
-    file_set = FileSet(fs, tuple(roots), prefix, exts)
+    file_set = FileSet(fs, tuple(roots), prefix, exts, ignore_missing)
     if check:
         file_set.check()
     return file_set

@@ -158,10 +158,14 @@ def _file_kwargs(
     file_extensions: Sequence[str] | None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    task_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The arguments every ``FileDatasource`` takes; ``None`` extensions keep the format's own."""
+    """The arguments every ``FileDatasource`` takes; ``None`` extensions keep the format's own.
+    Ray's ``ignore_missing_paths`` is taken out of the call's other keywords (``task_args``)."""
     kwargs: dict[str, Any] = {"filesystem": filesystem, "include_paths": include_paths,
                               "partition_filter": partition_filter, "shuffle": shuffle}
+    if task_args and "ignore_missing_paths" in task_args:
+        kwargs["ignore_missing_paths"] = bool(task_args.pop("ignore_missing_paths"))
     if partitioning != "default":
         kwargs["partitioning"] = partitioning
     if file_extensions is not None:
@@ -194,7 +198,7 @@ def read_csv(
 
     source = CSVDatasource(
         paths, read_options=read_options, parse_options=parse_options, convert_options=convert_options,
-        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args),
     )
     return _read(source, "read_csv", override_num_blocks, task_args)
 
@@ -224,7 +228,7 @@ def read_json(
 
     source = JSONDatasource(
         paths, read_options=read_options, parse_options=parse_options, lines=lines,
-        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args),
     )
     return _read(source, "read_json", override_num_blocks, task_args)
 
@@ -248,7 +252,7 @@ def read_text(
 
     source = TextDatasource(
         paths, encoding=encoding, drop_empty_lines=drop_empty_lines,
-        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args),
     )
     return _read(source, "read_text", override_num_blocks, task_args)
 
@@ -268,7 +272,7 @@ def read_binary_files(
     """Whole files, one row each: their bytes in column ``bytes`` (and ``path`` if asked)."""
     from connectors.binary_format import BinaryDatasource
 
-    source = BinaryDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle))
+    source = BinaryDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args))
     return _read(source, "read_binary_files", override_num_blocks, task_args)
 
 
@@ -294,7 +298,7 @@ def read_images(
     from connectors.image_format import ImageDatasource
 
     source = ImageDatasource(
-        paths, size=size, mode=mode, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle)
+        paths, size=size, mode=mode, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args)
     )
     return _read(source, "read_images", override_num_blocks, task_args)
 
@@ -317,7 +321,7 @@ def read_numpy(
     """
     from connectors.numpy_format import NumpyDatasource
 
-    source = NumpyDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle))
+    source = NumpyDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args))
     return _read(source, "read_numpy", override_num_blocks, task_args)
 
 
@@ -419,7 +423,7 @@ def read_orc(
 
     source = ORCDatasource(
         paths, columns=columns,
-        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle),
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args),
     )
     return _read(source, "read_orc", override_num_blocks, task_args)
 

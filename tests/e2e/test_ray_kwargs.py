@@ -573,3 +573,15 @@ def test_read_task_arguments_on_every_reader(mode, tmp_path):
         dataflow.read_csv(str(tmp_path / "c"), ray_remote_args={"runtime_env": {"env_vars": {"A": "1"}}})
     with pytest.raises(ResourceError):
         dataflow.read_parquet(str(tmp_path / "p"), num_gpus=1).take_all()
+
+
+def test_ignore_missing_paths_skips_what_is_not_there(mode, tmp_path):
+    dataflow.range(100).write_parquet(str(tmp_path / "p"))
+    dataflow.range(50).write_csv(str(tmp_path / "c"))
+    missing = str(tmp_path / "gone")
+    assert dataflow.read_parquet([str(tmp_path / "p"), missing], ignore_missing_paths=True).count() == 100
+    assert dataflow.read_csv([missing + "/*.csv", str(tmp_path / "c")], ignore_missing_paths=True).count() == 50
+    with pytest.raises(FileNotFoundError, match="gone"):
+        dataflow.read_csv([missing, str(tmp_path / "c")])
+    with pytest.raises(FileNotFoundError, match="gone"):  # nothing left to read at all
+        dataflow.read_csv([missing], ignore_missing_paths=True)

@@ -614,6 +614,10 @@ class Dataset:
             if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
                 msg = f"ray_remote_args must be a dict, got {type(ray_remote_args).__name__}"
                 raise TypeError(msg)
+            if getattr(datasink, "min_bytes_per_write", None) or getattr(datasink, "resumes", False):
+                msg = ("concurrency and ray_remote_args cannot be combined with min_bytes_per_file or "
+                       "mode='resume' yet: those writes run in an operator of their own that would not get them")
+                raise ValueError(msg)
             node = with_remote_args(builtin_node(self._plan, "WriteTasks", bi.pass_through), "write",
                                     concurrency=concurrency, ray_remote_args=ray_remote_args)
             writing = self._derive(node)

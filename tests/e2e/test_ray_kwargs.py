@@ -585,3 +585,12 @@ def test_ignore_missing_paths_skips_what_is_not_there(mode, tmp_path):
         dataflow.read_csv([missing, str(tmp_path / "c")])
     with pytest.raises(FileNotFoundError, match="gone"):  # nothing left to read at all
         dataflow.read_csv([missing], ignore_missing_paths=True)
+
+
+def test_write_task_arguments_with_writes_of_their_own_are_refused(mode, tmp_path):
+    ds = dataflow.range(10)
+    with pytest.raises(ValueError, match="min_bytes_per_file"):
+        ds.write_parquet(str(tmp_path / "a"), min_bytes_per_file=1 << 20, concurrency=1)
+    with pytest.raises(ValueError, match="resume"):
+        ds.write_parquet(str(tmp_path / "b"), mode="resume", ray_remote_args={"num_cpus": 1})
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

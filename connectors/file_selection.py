@@ -64,7 +64,8 @@ class SelectedFiles(FileSet):
             raise TypeError(f"partition_filter must be a PathPartitionFilter, got {type(partition_filter).__name__}")
         if partition_filter is None and shuffle is None:
             return files
-        return SelectedFiles(files.filesystem, files.roots, files.uri_prefix, files.extensions, partition_filter, shuffle)
+        return SelectedFiles(files.filesystem, files.roots, files.uri_prefix, files.extensions,
+                             ignore_missing=files.ignore_missing, partition_filter=partition_filter, shuffle=shuffle)
 
     def next_execution(self) -> None:
         """An execution starts listing: a reseeding shuffle takes its next order."""

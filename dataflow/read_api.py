@@ -40,7 +40,7 @@ def read_datasource(datasource: Datasource, *, override_num_blocks: int | None =
 
 
 def _read(datasource: Datasource, method: str, override_num_blocks: int | None, task_args: dict[str, Any]) -> Dataset:
-    from dataflow.udf import memory_cap, remote_args
+    from dataflow.udf import task_limits
 
     unknown = [name for name in task_args if name not in READ_TASK_ARGS]
     if unknown:
@@ -53,19 +53,13 @@ def _read(datasource: Datasource, method: str, override_num_blocks: int | None, 
             msg = f"{method}() takes override_num_blocks or parallelism (its old name), not both"
             raise ValueError(msg)
         override_num_blocks = parallelism
-    concurrency = task_args.get("concurrency")
-    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1):
-        msg = f"{method}(concurrency=...) must be a positive int, got {concurrency!r}"
-        raise ValueError(msg)
     asked = {k: task_args.get(k) for k in ("num_cpus", "num_gpus", "memory", "resources")}
-    remote = remote_args(method, **asked, ray_remote_args=task_args.get("ray_remote_args"))
+    remote, concurrency = task_limits(method, task_args.get("concurrency"), **asked,
+                                      ray_remote_args=task_args.get("ray_remote_args"))
     if remote.max_retries is not None or remote.retry_exceptions or remote.env_vars:
         msg = (f"{method}() takes resources for its read tasks (num_cpus, num_gpus, memory, resources); "
                "max_retries, retry_exceptions and runtime_env are for the functions of map steps")
         raise ValueError(msg)
-    cap = memory_cap(remote.memory, method)
-    if cap is not None:
-        concurrency = min(concurrency or cap, cap)
     custom = any(v is not None for v in asked.values()) or bool(task_args.get("ray_remote_args"))
     return Dataset(Read(datasource, override_num_blocks or -1, resources=remote.resources if custom else None,
                         max_concurrency=concurrency))

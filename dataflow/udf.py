@@ -493,6 +493,27 @@ def builtin_node(
     )
 
 
+def task_limits(
+    method: str,
+    concurrency: Any,
+    num_cpus: float | None,
+    num_gpus: float | None,
+    memory: float | None,
+    resources: dict[str, float] | None,
+    ray_remote_args: dict[str, Any] | None,
+) -> tuple[RemoteArgs, int | None]:
+    """What the tasks of a step of dataflow's own (a read, a column step, a write) hold, and
+    how many may run at once: ``concurrency`` checked, lowered to what ``memory`` allows."""
+    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1):
+        msg = f"{method}(concurrency=...) must be a positive int here, got {concurrency!r}"
+        raise ValueError(msg)
+    remote = remote_args(method, num_cpus, num_gpus, memory, resources, ray_remote_args)
+    cap = memory_cap(remote.memory, method)
+    if cap is not None:
+        concurrency = min(concurrency or cap, cap)
+    return remote, concurrency
+
+
 def with_remote_args(
     node: MapStages,
     method: str,
@@ -511,17 +532,11 @@ def with_remote_args(
     if isinstance(compute, ActorPoolStrategy) or compute == "actors":
         msg = f"{method}() runs as tasks; compute={compute!r} is for callable classes"
         raise ValueError(msg)
-    concurrency = concurrency_from_compute(compute, concurrency)
-    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-        msg = f"concurrency must be a positive int here, got {concurrency!r}"
-        raise ValueError(msg)
     if task_timeout_s is not None and not task_timeout_s > 0:
         msg = f"task_timeout_s must be a positive number of seconds or None, got {task_timeout_s!r}"
         raise ValueError(msg)
-    remote = remote_args(method, num_cpus, num_gpus, memory, resources, ray_remote_args)
-    cap = memory_cap(remote.memory, method)
-    if cap is not None:
-        concurrency = min(concurrency or cap, cap)
+    remote, concurrency = task_limits(method, concurrency_from_compute(compute, concurrency), num_cpus, num_gpus,
+                                      memory, resources, ray_remote_args)
     stages = tuple(
         replace(stage, max_retries=remote.max_retries, env_vars=remote.env_vars) for stage in node.stages
     )

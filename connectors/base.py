@@ -114,6 +114,11 @@ class TaskContext:
     unit: int | None = None
     """The input unit (read task) whose rows it writes, in a resumable write; else None."""
 
+    @property
+    def task_idx(self) -> int:
+        """Ray Data's name for ``task_index``, which sinks written for Ray read."""
+        return self.task_index
+
 
 class Datasink:
     """Base class for sinks: ``write`` on workers, ``on_write_complete`` on the driver."""

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import serialization
-from engine.object_store import BlockRef, BlockSlice
 
 VERSION = 4
 MAGIC = b"DF"
@@ -128,7 +127,6 @@ _KINDS: dict[type, int] = {
     SplitWaiting: 10,
 }
 _TYPES = {v: k for k, v in _KINDS.items()}
-_BLOCK_TYPES = (BlockRef, BlockSlice)
 
 
 def encode(msg: Any) -> list[bytes]:
@@ -138,9 +136,7 @@ def encode(msg: Any) -> list[bytes]:
         # the task id alone as digits (most tasks); JSON when sys.path rides along
         meta = (json.dumps({"task_id": msg.spec.task_id, "sys_path": msg.sys_path}).encode()
                 if msg.sys_path is not None else b"%d" % msg.spec.task_id)
-        spec = msg.spec
-        only_blocks = spec.sink is None and all(type(item) in _BLOCK_TYPES for item in spec.inputs)
-        frames = [header + meta, serialization.dumps_data(spec) if only_blocks else serialization.dumps(spec)]
+        frames = [header + meta, serialization.dumps_for_worker(msg.spec)]
         if msg.transform is not None:
             frames.append(msg.transform)
         return frames

@@ -85,14 +85,14 @@ def test_reducers_are_sent_slices_without_the_planners_counts(streaming, monkeyp
     from engine.task import TaskSpec
 
     sent: list[TaskSpec] = []
-    dumps_data = serialization.dumps_data
+    dumps_for_worker = serialization.dumps_for_worker
 
     def spy(obj):
         if isinstance(obj, TaskSpec):
             sent.append(obj)
-        return dumps_data(obj)
+        return dumps_for_worker(obj)
 
-    monkeypatch.setattr(serialization, "dumps_data", spy)
+    monkeypatch.setattr(serialization, "dumps_for_worker", spy)
     with dataflow.options(min_task_input_bytes=1):
         base = dataflow.range(192_000, override_num_blocks=24).materialize()
         out = base.repartition(200, shuffle=True).materialize()

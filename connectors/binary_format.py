@@ -18,5 +18,6 @@ class BinaryDatasource(FileDatasource):
     FILE_EXTENSIONS = None
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
-        data = read_file_bytes(fs, piece.entry.path, retrier, display, decompress=False)
+        data = read_file_bytes(fs, piece.entry.path, retrier, display, decompress=False,
+                               args=self._stream_args)
         yield pa.table({"bytes": pa.array([data], pa.large_binary())})

@@ -28,7 +28,7 @@ import pyarrow.csv as pacsv
 from connectors.errors import FileFormatError
 from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import FileDatasource, FilePiece, coalesce
-from connectors.filesystem import STREAM_BLOCK_BYTES, iter_stream, open_input_stream
+from connectors.filesystem import NO_STREAM_ARGS, STREAM_BLOCK_BYTES, StreamArgs, iter_stream, open_input_stream
 from connectors.retry import Retrier
 
 _CONVERSION = re.compile(r"In CSV column #(\d+): (?:Row #\d+: )?CSV conversion error to ([^:]+): invalid value '(.*)'")
@@ -75,6 +75,7 @@ class CSVDatasource(FileDatasource):
             parse_options,
             self._convert_options,
             block_bytes=self._block_bytes,
+            stream_args=self._stream_args,
         )
 
 
@@ -107,6 +108,7 @@ def read_csv_stream(
     convert_options: pacsv.ConvertOptions,
     *,
     block_bytes: int = STREAM_BLOCK_BYTES,
+    stream_args: StreamArgs = NO_STREAM_ARGS,
 ) -> Iterator[pa.Table]:
     """Tables of about ``block_bytes`` parsed from the CSV file ``path`` as it streams in.
 
@@ -118,7 +120,7 @@ def read_csv_stream(
         parse = functools.partial(_csv_items, read_options=read_options, parse_options=parse_options, options=options)
         rows = 0
         try:
-            for table in _blocks(iter_stream(fs, path, retrier, display, parse), block_bytes):
+            for table in _blocks(iter_stream(fs, path, retrier, display, parse, args=stream_args), block_bytes):
                 rows += table.num_rows
                 yield table
             return
@@ -126,7 +128,7 @@ def read_csv_stream(
             message = str(exc)
             conversion = _CONVERSION.search(message)
             if conversion is not None:
-                names = _column_names(fs, path, display, retrier, read_options, parse_options)
+                names = _column_names(fs, path, display, retrier, read_options, parse_options, stream_args)
                 index = int(conversion.group(1))
                 name = names[index] if index < len(names) else None
                 if name is not None and name not in forced and rows == 0:
@@ -141,7 +143,8 @@ def read_csv_stream(
                     raise FileFormatError(msg, path=display, column=name) from exc
             fields = _FIELDS.search(message)
             if fields is not None:
-                line = _bad_line(fs, path, display, retrier, read_options, parse_options, int(fields.group(1)))
+                line = _bad_line(fs, path, display, retrier, read_options, parse_options, int(fields.group(1)),
+                                 stream_args)
                 msg = f"expected {fields.group(1)} fields, got {fields.group(2)}"
                 raise FileFormatError(msg, path=display, row=line) from exc
             raise FileFormatError(f"could not parse as CSV: {message}", path=display) from exc
@@ -207,9 +210,10 @@ def _column_names(
     retrier: Retrier,
     read_options: pacsv.ReadOptions,
     parse_options: pacsv.ParseOptions,
+    stream_args: StreamArgs,
 ) -> list[str]:
     all_strings = pacsv.ConvertOptions(column_types={}, strings_can_be_null=False)
-    with open_input_stream(fs, path, retrier, display) as stream:
+    with open_input_stream(fs, path, retrier, display, args=stream_args) as stream:
         reader = pacsv.open_csv(stream, read_options, parse_options, all_strings)
         return list(reader.schema.names)
 
@@ -222,9 +226,10 @@ def _bad_line(
     read_options: pacsv.ReadOptions,
     parse_options: pacsv.ParseOptions,
     expected: int,
+    stream_args: StreamArgs,
 ) -> int | None:
     """1-based line number (header included) of the first row without ``expected`` fields."""
-    with open_input_stream(fs, path, retrier, display) as stream:
+    with open_input_stream(fs, path, retrier, display, args=stream_args) as stream:
         text = io.TextIOWrapper(stream, encoding=read_options.encoding, errors="replace", newline="")
         quotechar = parse_options.quote_char or '"'
         reader = stdlib_csv.reader(text, delimiter=parse_options.delimiter, quotechar=quotechar)

@@ -23,7 +23,7 @@ import pyarrow as pa
 from connectors.base import BlockMetadata, Datasource, ReadTask
 from connectors.errors import AccessDeniedError, FileFormatError, PathNotFoundError, RetriesExhaustedError
 from connectors.file_selection import FileShuffleConfig, SelectedFiles
-from connectors.filesystem import FileEntry, FileSet, PathArg, resolve_files
+from connectors.filesystem import FileEntry, FileSet, PathArg, StreamArgs, resolve_files
 from connectors.partitioning import (
     Partitioning,
     PathPartitionFilter,
@@ -166,12 +166,17 @@ class FileDatasource(Datasource):
     which files of a folder to read (None: all). ``include_paths``: add a ``path`` column.
     ``partitioning``: ``"hive"``, a schema of partition fields, or None. ``partition_filter``
     (a ``PathPartitionFilter``) and ``shuffle`` (``"files"`` or a ``FileShuffleConfig``) pick
-    and order the files (``connectors.file_selection``). ``ignore_missing_paths``: skip a path
+    and order the files (``connectors.file_selection``). ``arrow_open_stream_args`` (Ray's):
+    ``compression`` (every file's codec, instead of its extension's) and ``buffer_size``, for the
+    formats read as streams (``READS_STREAMS``). ``ignore_missing_paths``: skip a path
     that is not there, as long as another holds files (Ray's).
     """
 
     sizes_own_tasks = True
 
+    READS_STREAMS = True
+    """Files are read front to back (``arrow_open_stream_args`` applies); False for formats
+    opened for random access (Parquet, ORC)."""
     FILE_EXTENSIONS: tuple[str, ...] | None = None
     DEFAULT_PARTITIONING: Partitioning = None
 
@@ -187,7 +192,12 @@ class FileDatasource(Datasource):
         partition_filter: PathPartitionFilter | None = None,
         shuffle: str | FileShuffleConfig | None = None,
         ignore_missing_paths: bool = False,
+        arrow_open_stream_args: dict[str, Any] | None = None,
     ) -> None:
+        if arrow_open_stream_args is not None and not self.READS_STREAMS:
+            raise TypeError(f"arrow_open_stream_args: {self.get_name()} opens its files for random access, "
+                            "not as streams (Ray takes it only for the formats read as streams)")
+        self._stream_args = StreamArgs.of(arrow_open_stream_args)
         extensions = self.FILE_EXTENSIONS if file_extensions == "default" else file_extensions
         self._partitioning = self.DEFAULT_PARTITIONING if partitioning == "default" else partitioning
         check_partitioning(self._partitioning)

@@ -17,7 +17,8 @@ in ``PyFileSystem(FSSpecHandler(...))``. s3fs is imported only when an ``s3://``
 
 Reading: ``read_file_bytes`` reads a whole file; ``open_input_stream`` and ``iter_stream`` read it
 as a stream (decompressed by extension as it goes), so a text format (CSV, JSON Lines) holds a few
-MiB of it at a time, whatever the file's size.
+MiB of it at a time, whatever the file's size. ``StreamArgs`` (Ray's ``arrow_open_stream_args``)
+names a codec for every file instead, and a read buffer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -219,14 +220,61 @@ class FSSpecHandler(pafs.FSSpecHandler):
         return pa.PythonFile(self.fs.open(path, mode="rb"), mode="r")
 
 
+@dataclass(frozen=True)
+class StreamArgs:
+    """Ray's ``arrow_open_stream_args`` for the formats read as streams: ``compression`` is the
+    codec of every file (instead of the one each file's extension names; None: by extension),
+    ``buffer_size`` the bytes read ahead (None: the filesystem's default)."""
+
+    compression: str | None = None
+    buffer_size: int | None = None
+
+    @classmethod
+    def of(cls, args: Mapping[str, Any] | None) -> StreamArgs:
+        """Checked: the arguments ``open_input_stream`` takes, a codec that can be streamed."""
+        if args is None:
+            return NO_STREAM_ARGS
+        if not isinstance(args, Mapping):
+            raise TypeError(f"arrow_open_stream_args must be a dict, got {type(args).__name__}")
+        unknown = sorted(set(args) - {"compression", "buffer_size"})
+        if unknown:
+            raise TypeError(f"arrow_open_stream_args: {unknown[0]!r} is not an argument of pyarrow's "
+                            "open_input_stream (compression, buffer_size)")
+        compression = args.get("compression")
+        if compression is not None:
+            if not isinstance(compression, str):
+                raise TypeError(f"arrow_open_stream_args: compression must be a codec name, got {compression!r}")
+            compression = compression.lower()
+            try:
+                pa.CompressedInputStream(pa.BufferReader(b""), compression)
+            except (ValueError, NotImplementedError, pa.ArrowException) as err:
+                raise ValueError(f"arrow_open_stream_args: compression={compression!r} cannot be read "
+                                 f"as a stream: {err}") from None
+        size = args.get("buffer_size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            raise ValueError(f"arrow_open_stream_args: buffer_size must be a whole number of bytes, got {size!r}")
+        return cls(compression, size or None)
+
+    def codec(self, path: str, by_extension: bool) -> str | None:
+        """The codec to read ``path`` with: the one given, else (when asked) its extension's."""
+        if self.compression is not None:
+            return self.compression
+        return compression_of(path) if by_extension else None
+
+
+NO_STREAM_ARGS = StreamArgs()
+
+
 def read_file_bytes(
-    fs: pafs.FileSystem, path: str, retrier: Retrier, display: str, *, decompress: bool = True
+    fs: pafs.FileSystem, path: str, retrier: Retrier, display: str, *, decompress: bool = True,
+    args: StreamArgs = NO_STREAM_ARGS,
 ) -> bytes:
-    """The whole file, retried as a unit; decompressed by extension (``.gz``...) when asked."""
-    compression = "detect" if decompress else None
+    """The whole file, retried as a unit; decompressed by extension (``.gz``...) when asked, or
+    with the codec ``args`` names."""
+    compression = args.compression or ("detect" if decompress else None)
 
     def read() -> bytes:
-        with fs.open_input_stream(path, compression=compression) as stream:
+        with fs.open_input_stream(path, compression=compression, buffer_size=args.buffer_size) as stream:
             return stream.read()
 
     return retrier.call(read, path=display)
@@ -242,13 +290,15 @@ def compression_of(path: str) -> str | None:
 
 
 def open_input_stream(
-    fs: pafs.FileSystem, path: str, retrier: Retrier, display: str, *, decompress: bool = True
+    fs: pafs.FileSystem, path: str, retrier: Retrier, display: str, *, decompress: bool = True,
+    args: StreamArgs = NO_STREAM_ARGS,
 ) -> pa.NativeFile:
-    """A forward-only stream of ``path``, decompressed by extension when asked.
+    """A forward-only stream of ``path``, decompressed by extension when asked (or with the codec
+    ``args`` names).
 
     Opening is retried; reads are the caller's (``iter_stream`` retries them too).
     """
-    return retrier.call(lambda: _open_stream(fs, path, decompress), path=display, action="open")
+    return retrier.call(lambda: _open_stream(fs, path, decompress, args), path=display, action="open")
 
 
 def iter_stream(
@@ -259,6 +309,7 @@ def iter_stream(
     parse: Callable[[pa.NativeFile], Iterator[T]],
     *,
     decompress: bool = True,
+    args: StreamArgs = NO_STREAM_ARGS,
 ) -> Iterator[T]:
     """The items ``parse`` makes of ``path``'s stream (see ``open_input_stream``), as they are needed.
 
@@ -273,7 +324,7 @@ def iter_stream(
         return ErrorKind.PERMANENT if isinstance(exc, ValueError) else classify(exc)
 
     def open_items() -> _StreamItems[T]:
-        stream = _open_stream(fs, path, decompress)
+        stream = _open_stream(fs, path, decompress, args)
         try:
             return _StreamItems(parse(stream), stream)
         except BaseException:
@@ -305,14 +356,15 @@ class _StreamItems(Generic[T]):
             self._stream.close()
 
 
-def _open_stream(fs: pafs.FileSystem, path: str, decompress: bool) -> pa.NativeFile:
+def _open_stream(fs: pafs.FileSystem, path: str, decompress: bool, args: StreamArgs = NO_STREAM_ARGS) -> pa.NativeFile:
     inner = _fsspec_of(fs)
     if inner is not None:
         # through fsspec itself, to bound its read-ahead (pyarrow's handler opens with the default)
-        stream = pa.PythonFile(inner.open(path, mode="rb", block_size=STREAM_BUFFER_BYTES), mode="r")
+        block_size = args.buffer_size or STREAM_BUFFER_BYTES
+        stream = pa.PythonFile(inner.open(path, mode="rb", block_size=block_size), mode="r")
     else:
-        stream = fs.open_input_stream(path, compression=None)
-    codec = compression_of(path) if decompress else None
+        stream = fs.open_input_stream(path, compression=None, buffer_size=args.buffer_size)
+    codec = args.codec(path, decompress)
     return pa.CompressedInputStream(stream, codec) if codec is not None else stream
 
 

@@ -46,7 +46,8 @@ class ImageDatasource(FileDatasource):
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
         from PIL import Image, UnidentifiedImageError
 
-        data = read_file_bytes(fs, piece.entry.path, retrier, display, decompress=False)
+        data = read_file_bytes(fs, piece.entry.path, retrier, display, decompress=False,
+                               args=self._stream_args)
         try:
             with Image.open(io.BytesIO(data)) as image:
                 if self._mode is not None and image.mode != self._mode:

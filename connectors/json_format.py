@@ -83,7 +83,7 @@ class JSONDatasource(FileDatasource):
             chunk_bytes=self._block_bytes,
             lines=self._lines,
         )
-        yield from iter_stream(fs, piece.entry.path, retrier, display, parse)
+        yield from iter_stream(fs, piece.entry.path, retrier, display, parse, args=self._stream_args)
 
 
 def parse_json_stream(

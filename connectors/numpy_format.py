@@ -41,7 +41,7 @@ class NumpyDatasource(FileDatasource):
     FILE_EXTENSIONS = (".npy",)
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
-        data = read_file_bytes(fs, piece.entry.path, retrier, display)
+        data = read_file_bytes(fs, piece.entry.path, retrier, display, args=self._stream_args)
         try:
             array = np.load(io.BytesIO(data), allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:

@@ -56,6 +56,8 @@ class ORCDatasource(FileDatasource):
     fields. ``include_paths``: add a ``path`` column.
     """
 
+    READS_STREAMS = False  # opened for random access (footer first)
+
     FILE_EXTENSIONS = ORC_EXTENSIONS
 
     def __init__(self, paths: Any, *, columns: Sequence[str] | None = None, **kwargs: Any) -> None:

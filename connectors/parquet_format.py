@@ -87,6 +87,8 @@ class ParquetDatasource(FileDatasource):
     which also reconciles files that differ. Otherwise the first file's schema is the dataset's.
     """
 
+    READS_STREAMS = False  # opened for random access (footer first)
+
     FILE_EXTENSIONS = PARQUET_EXTENSIONS
     DEFAULT_PARTITIONING = "hive"
 

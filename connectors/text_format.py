@@ -28,7 +28,7 @@ class TextDatasource(FileDatasource):
         self._drop_empty_lines = drop_empty_lines
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
-        data = read_file_bytes(fs, piece.entry.path, retrier, display)
+        data = read_file_bytes(fs, piece.entry.path, retrier, display, args=self._stream_args)
         lines = data.decode(self._encoding).splitlines()
         if self._drop_empty_lines:
             lines = [line for line in lines if line]

@@ -428,7 +428,8 @@ class TFRecordDatasource(ProjectingFileDatasource):
                 _reader(stream, codec), display, tf_schema=self._schema_kinds, columns=wanted, where=where
             )
 
-        yield from iter_stream(fs, piece.entry.path, retrier, display, parse, decompress=False)
+        yield from iter_stream(fs, piece.entry.path, retrier, display, parse, decompress=False,
+                               args=self._stream_args)
 
 
 # ----- writing -----------------------------------------------------------------------------------

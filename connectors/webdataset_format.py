@@ -30,6 +30,7 @@ Images of one shape share a fixed-shape tensor column; a block ends where a shap
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import io
 import json
@@ -353,14 +354,15 @@ class WebDatasetDatasource(ProjectingFileDatasource):
             yield sample
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
-        codec = compression_of(piece.entry.path)
+        codec = self._stream_args.compression or compression_of(piece.entry.path)
 
         def parse(stream: pa.NativeFile) -> Iterator[pa.Table]:
             if codec is not None and codec not in _TARFILE_CODECS:
                 stream = pa.CompressedInputStream(stream, codec)
             return iter_sample_tables(self._samples(stream, display), display)
 
-        yield from iter_stream(fs, piece.entry.path, retrier, display, parse, decompress=False)
+        yield from iter_stream(fs, piece.entry.path, retrier, display, parse, decompress=False,
+                               args=dataclasses.replace(self._stream_args, compression=None))
 
 
 # ----- writing -----------------------------------------------------------------------------------

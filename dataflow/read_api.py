@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import builtins
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -155,11 +155,14 @@ def _file_kwargs(
     task_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The arguments every ``FileDatasource`` takes; ``None`` extensions keep the format's own.
-    Ray's ``ignore_missing_paths`` is taken out of the call's other keywords (``task_args``)."""
+    Ray's ``ignore_missing_paths`` and ``arrow_open_stream_args`` are taken out of the call's
+    other keywords (``task_args``)."""
     kwargs: dict[str, Any] = {"filesystem": filesystem, "include_paths": include_paths,
                               "partition_filter": partition_filter, "shuffle": shuffle}
     if task_args and "ignore_missing_paths" in task_args:
         kwargs["ignore_missing_paths"] = bool(task_args.pop("ignore_missing_paths"))
+    if task_args and "arrow_open_stream_args" in task_args:
+        kwargs["arrow_open_stream_args"] = task_args.pop("arrow_open_stream_args")
     if partitioning != "default":
         kwargs["partitioning"] = partitioning
     if file_extensions is not None:
@@ -612,10 +615,14 @@ def read_tfrecords(
     task_args = {k: kwargs.pop(k) for k in READ_TASK_ARGS if k in kwargs}  # the rest are the reader's
     from connectors.tfrecords_format import TFRecordDatasource
 
-    if compression is None and arrow_open_stream_args:
-        compression = arrow_open_stream_args.get("compression")
+    if arrow_open_stream_args is not None and not isinstance(arrow_open_stream_args, Mapping):
+        raise TypeError(f"arrow_open_stream_args must be a dict, got {type(arrow_open_stream_args).__name__}")
+    open_args = dict(arrow_open_stream_args or {})
+    if compression is None:  # the records' codec (zlib too) is the reader's, not the stream's
+        compression = open_args.get("compression")
+    open_args.pop("compression", None)
     source = TFRecordDatasource(
-        paths, tf_schema=tf_schema, compression=compression or "auto",
+        paths, tf_schema=tf_schema, compression=compression or "auto", arrow_open_stream_args=open_args or None,
         **{**_file_kwargs(filesystem, None, include_paths, file_extensions), **kwargs},
     )
     return _read(source, "read_tfrecords", override_num_blocks, task_args)

@@ -83,6 +83,15 @@ def test_listing_is_retried_under_throttling(s3) -> None:
     assert s3.hits() == [3]
 
 
+def test_arrow_open_stream_args_on_s3(s3) -> None:
+    """A gzip object without ``.gz``, streamed through fsspec with Ray's open-stream arguments."""
+    import gzip
+
+    s3.put("gz/a.csv", gzip.compress(b"id\n" + b"".join(b"%d\n" % i for i in range(3000))))
+    source = CSVDatasource("s3://test-bucket/gz/a.csv", arrow_open_stream_args={"compression": "gzip", "buffer_size": 4096})
+    assert _ids(read_all(source)) == list(range(3000))
+
+
 @pytest.mark.s3_faults
 def test_body_cut_mid_stream_is_retried_and_exact(s3) -> None:
     s3.put("cut/a.csv", b"id\n" + b"".join(b"%d\n" % i for i in range(5000)))

@@ -268,3 +268,16 @@ def test_damaged_shard_on_s3_names_the_key(s3) -> None:
     s3.put("bad/s.tar", _tar(_sample_members(0))[:700])
     with pytest.raises(FileFormatError, match=r"s3://test-bucket/bad/s\.tar: corrupt tar \(last member read: 'train/s000\.png'"):
         read_all(WebDatasetDatasource("s3://test-bucket/bad"))
+
+
+def test_arrow_open_stream_args_name_the_codec_of_a_shard(mode: str, tmp_path: Path) -> None:
+    """A zstd-compressed shard named ``.tar`` reads with Ray's ``arrow_open_stream_args``."""
+    import pyarrow as pa
+
+    members = [("a.cls", b"1"), ("b.cls", b"2")]
+    with pa.CompressedOutputStream(str(tmp_path / "s.tar"), "zstd") as out:
+        out.write(_tar(members))
+    ds = dataflow.read_webdataset(str(tmp_path / "s.tar"), arrow_open_stream_args={"compression": "zstd"})
+    assert ds.select_columns(["cls", "__key__"]).take_all() == [{"cls": 1, "__key__": "a"}, {"cls": 2, "__key__": "b"}]
+    with pytest.raises(Exception, match=r"s\.tar"):  # read as a plain tar: not one
+        dataflow.read_webdataset(str(tmp_path / "s.tar")).take_all()

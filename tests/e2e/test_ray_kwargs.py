@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import dataflow
+from connectors.errors import FileFormatError
 from dataflow import ActorPoolStrategy, ExecutionResources, FileShuffleConfig, PathPartitionFilter
 from dataflow.errors import ResourceError
 
@@ -594,3 +595,41 @@ def test_write_task_arguments_with_writes_of_their_own_are_refused(mode, tmp_pat
     with pytest.raises(ValueError, match="resume"):
         ds.write_parquet(str(tmp_path / "b"), mode="resume", ray_remote_args={"num_cpus": 1})
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_arrow_open_stream_args_name_the_codec_of_files_whose_extension_does_not(mode, tmp_path):
+    """Ray's ``arrow_open_stream_args`` on reads: gzip files without ``.gz`` read with
+    ``compression="gzip"``; ``buffer_size`` is passed on; unknown names and codecs that cannot
+    be streamed are refused; Parquet (opened for random access) does not take it."""
+    import gzip
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.csv").write_bytes(gzip.compress(b"id,name\n1,x\n2,y\n"))
+    (folder / "b.jsonl").write_bytes(gzip.compress(b'{"id": 3}\n{"id": 4}\n'))
+    (folder / "c.txt").write_bytes(gzip.compress(b"hello\nworld\n"))
+    buf = io.BytesIO()
+    np.save(buf, np.arange(5))
+    (folder / "d.npy").write_bytes(gzip.compress(buf.getvalue()))
+    gz = {"compression": "gzip", "buffer_size": 1 << 16}
+    assert dataflow.read_csv(str(folder / "a.csv"), arrow_open_stream_args=gz).take_all() == [
+        {"id": 1, "name": "x"}, {"id": 2, "name": "y"}]
+    assert [r["id"] for r in dataflow.read_json(str(folder / "b.jsonl"), arrow_open_stream_args=gz).take_all()] == [3, 4]
+    assert [r["text"] for r in dataflow.read_text(str(folder / "c.txt"), arrow_open_stream_args=gz).take_all()] == [
+        "hello", "world"]
+    assert [r["data"] for r in dataflow.read_numpy(str(folder / "d.npy"), arrow_open_stream_args=gz).take_all()] == [
+        0, 1, 2, 3, 4]
+    raw = dataflow.read_binary_files(str(folder / "c.txt"), arrow_open_stream_args={"compression": "gzip"})
+    assert raw.take_all()[0]["bytes"] == b"hello\nworld\n"
+    assert dataflow.read_binary_files(str(folder / "c.txt")).take_all()[0]["bytes"].startswith(b"\x1f\x8b")
+    with pytest.raises(FileFormatError, match=r"a\.csv"):  # without it: the compressed bytes, not CSV
+        dataflow.read_csv(str(folder / "a.csv")).take_all()
+    with pytest.raises(TypeError, match="'mode' is not an argument"):
+        dataflow.read_csv(str(folder / "a.csv"), arrow_open_stream_args={"mode": "rb"})
+    with pytest.raises(ValueError, match="snappy"):
+        dataflow.read_text(str(folder / "c.txt"), arrow_open_stream_args={"compression": "snappy"})
+    with pytest.raises(ValueError, match="buffer_size"):
+        dataflow.read_text(str(folder / "c.txt"), arrow_open_stream_args={"buffer_size": -1})
+    dataflow.range(10).write_parquet(str(tmp_path / "p"))
+    with pytest.raises(TypeError, match="random access"):
+        dataflow.read_parquet(str(tmp_path / "p"), arrow_open_stream_args={"buffer_size": 1 << 16})

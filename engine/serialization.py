@@ -79,9 +79,15 @@ def dumps_for_worker(obj: Any) -> bytes:
 
 
 def _pickled_by_value_modules() -> bool:
+    return bool(_by_value_registry())
+
+
+@functools.cache
+def _by_value_registry() -> set[str] | frozenset[str]:
+    """cloudpickle's set of modules registered to go by value (changed in place when one is)."""
     from cloudpickle import cloudpickle as internals
 
-    return bool(getattr(internals, "_PICKLE_BY_VALUE_MODULES", ()))
+    return getattr(internals, "_PICKLE_BY_VALUE_MODULES", frozenset())
 
 
 def loads(data: bytes | memoryview) -> Any:

@@ -33,6 +33,25 @@ def test_what_has_no_importable_name_goes_by_value():
     assert serialization.loads(data)["fn"](1) == 8
 
 
+def test_modules_registered_by_value_go_by_value(tmp_path, monkeypatch):
+    import importlib
+
+    import cloudpickle
+
+    (tmp_path / "shipped_helpers.py").write_text("def double(x):\n    return 2 * x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("shipped_helpers")
+    assert serialization.dumps_for_worker(module.double) == pickle.dumps(module.double, protocol=pickle.HIGHEST_PROTOCOL)
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        data = serialization.dumps_for_worker(module.double)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    monkeypatch.undo()  # the module can no longer be imported: only its code, sent by value, runs
+    del __import__("sys").modules["shipped_helpers"]
+    assert serialization.loads(data)(4) == 8
+
+
 SCRIPT = '''
 import functools
 import os

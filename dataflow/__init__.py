@@ -40,6 +40,7 @@ from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError
 from dataflow.expressions import col, lit
 from dataflow.iterator import DataIterator
+from dataflow.mixing import MixStoppingCondition
 from dataflow.read_api import (
     from_arrow,
     from_huggingface,
@@ -174,6 +175,7 @@ __all__ = [
     "FileShuffleConfig",
     "FilenameProvider",
     "MaterializedDataset",
+    "MixStoppingCondition",
     "PathPartitionFilter",
     "ReadTask",
     "ResumeMismatchError",

@@ -17,13 +17,14 @@ from collections.abc import Callable
 from typing import Any
 
 from dataflow import plan
-from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Union
+from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Mix, Read, Union
 from engine.exchange import PartitionTransform, ReduceTransform, WholeExchangeTransform
 from engine.operators.base import PhysicalOperator
 from engine.operators.exchange import MERGE_FAN_IN, PartitionOperator, ReduceOperator, SampledReadPartitionOperator
 from engine.operators.input import InputOperator
 from engine.operators.limit import LimitOperator
 from engine.operators.map import ActorPoolSpec, MapOperator, Resources
+from engine.operators.mix import MixOperator
 from engine.operators.union import UnionOperator
 from engine.options import ExecutionOptions
 from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, ReadAll
@@ -271,6 +272,11 @@ def _union(c: _Compiler, node: Union) -> PhysicalOperator:
     return c.add(UnionOperator(children))
 
 
+def _mix(c: _Compiler, node: Mix) -> PhysicalOperator:
+    children = [c.build(child) for child in node.children]
+    return c.add(MixOperator(children, node.weights, node.stop_on_shortest, node.name))
+
+
 BUILDERS: dict[type, Callable[[_Compiler, Any], PhysicalOperator]] = {
     Read: _read,
     FusedRead: _fused_read,
@@ -278,6 +284,7 @@ BUILDERS: dict[type, Callable[[_Compiler, Any], PhysicalOperator]] = {
     InputBlocks: _input,
     Limit: _limit,
     Union: _union,
+    Mix: _mix,
     Exchange: _exchange,
 }
 

@@ -23,6 +23,7 @@ from dataflow.context import DataContext
 from dataflow.grouped import GroupedData, aggregate_node
 from dataflow.iterator import DataIterator
 from dataflow.join import join_node, zip_node
+from dataflow.mixing import MixStoppingCondition, mix_node
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import Exchange, InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
 from dataflow.shuffle import random_sample_batch
@@ -270,6 +271,24 @@ class Dataset:
     def union(self, *other: Dataset) -> Dataset:
         """The rows of this dataset and the others."""
         return self._derive(Union((self._plan, *(o._plan for o in other))))
+
+    def mix(
+        self,
+        *other: Dataset,
+        weights: list[float] | None = None,
+        stopping_condition: MixStoppingCondition = MixStoppingCondition.STOP_ON_LONGEST_DROP,
+    ) -> Dataset:
+        """This dataset's blocks interleaved with the others' so that the rows drawn from each
+        follow ``weights`` (the first for this dataset; normalized; default equal), as Ray's.
+
+        Each output block comes whole from one input: the one furthest behind its share of the
+        rows so far. The order depends only on the blocks each input produces, so a plan that
+        produces them in order (``preserve_order``, a materialized input) mixes the same way
+        every time. ``stopping_condition``: ``STOP_ON_LONGEST_DROP`` (an input that runs out
+        drops out) or ``STOP_ON_SHORTEST`` (the first to run out ends it; the others are read
+        no further). An input far ahead of its share pauses at its byte budget.
+        """
+        return self._derive(mix_node((self._plan, *(o._plan for o in other)), weights, stopping_condition))
 
     # all-to-all ------------------------------------------------------------------------------
     def random_shuffle(self, *, seed: int | None = None, num_blocks: int | None = None, **ray_remote_args: Any) -> Dataset:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Read, Resources, Union
+from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Mix, Read, Resources, Union
 
 READ_RESOURCES = Resources()
 """What a read task needs: the default (one CPU, no GPU, no custom resource)."""
@@ -43,8 +43,8 @@ def _rewrite(node: LogicalNode) -> LogicalNode:
 
             inner = top_k(inner, node.limit) or inner
         return replace(node, input=inner)
-    if isinstance(node, Union):
-        return Union(tuple(_rewrite(c) for c in node.children))
+    if isinstance(node, (Union, Mix)):
+        return replace(node, children=tuple(_rewrite(c) for c in node.children))
     if isinstance(node, Exchange):
         children = tuple(_rewrite(c) for c in node.children)
         if node.columns is not None and len(children) == 1 and isinstance(children[0], Read):
@@ -150,8 +150,8 @@ def fuse_reads(node: LogicalNode) -> LogicalNode:
         return replace(node, input=fuse_reads(node.input))
     if isinstance(node, Limit):
         return replace(node, input=fuse_reads(node.input))
-    if isinstance(node, Union):
-        return Union(tuple(fuse_reads(c) for c in node.children))
+    if isinstance(node, (Union, Mix)):
+        return replace(node, children=tuple(fuse_reads(c) for c in node.children))
     if isinstance(node, Exchange):
         return replace(node, children=tuple(fuse_reads(c) for c in node.children))
     return node
@@ -171,7 +171,7 @@ def count_from_metadata(node: LogicalNode) -> int | None:
     if isinstance(node, Limit):
         inner = count_from_metadata(node.input)
         return min(inner, node.limit) if inner is not None else None
-    if isinstance(node, Union):
+    if isinstance(node, Union) or (isinstance(node, Mix) and not node.stop_on_shortest):
         counts = [count_from_metadata(c) for c in node.children]
         return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
     if isinstance(node, Exchange) and node.preserves_rows:

@@ -157,6 +157,25 @@ class Union(LogicalNode):
 
 
 @dataclass(frozen=True, eq=False)
+class Mix(LogicalNode):
+    """The blocks of several inputs interleaved so that the rows drawn from each follow
+    ``weights`` (normalized); ``stop_on_shortest``: end when the first input runs out, else
+    an input that runs out drops out and the others go on (``dataflow.mix``)."""
+
+    children: tuple[LogicalNode, ...]
+    weights: tuple[float, ...]
+    stop_on_shortest: bool = False
+
+    @property
+    def inputs(self) -> tuple[LogicalNode, ...]:  # type: ignore[override]
+        return self.children
+
+    @property
+    def name(self) -> str:
+        return f"Mix[{', '.join(f'{w:.3g}' for w in self.weights)}]"
+
+
+@dataclass(frozen=True, eq=False)
 class Exchange(LogicalNode):
     """An all-to-all step: each input is partitioned (or, without a partitioner, fed as it is),
     then reduced together after the last row is in (``engine.operators.exchange``)."""

@@ -446,7 +446,7 @@ class TorchIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
 
 def shard_plan(node: Any, index: int, count: int, num_read_tasks: int, in_process: bool) -> Any:
     """The plan reading only shard ``index`` of ``count``: its reads and input blocks, round-robin."""
-    from dataflow.plan import InputBlocks, Limit, MapStages, Read, Union
+    from dataflow.plan import InputBlocks, Limit, MapStages, Mix, Read, Union
 
     if isinstance(node, Read):
         tasks = node.parallelism if node.parallelism > 0 else num_read_tasks
@@ -459,8 +459,9 @@ def shard_plan(node: Any, index: int, count: int, num_read_tasks: int, in_proces
         return InputBlocks(tuple(refs), node.owner)
     if isinstance(node, MapStages):
         return replace(node, input=shard_plan(node.input, index, count, num_read_tasks, in_process))
-    if isinstance(node, Union):
-        return Union(tuple(shard_plan(c, index, count, num_read_tasks, in_process) for c in node.children))
+    if isinstance(node, (Union, Mix)):  # a mix: each shard mixes its share of every input
+        return replace(node, children=tuple(shard_plan(c, index, count, num_read_tasks, in_process)
+                                            for c in node.children))
     if isinstance(node, Limit):
         msg = (
             "a dataset with limit() cannot be sharded across DataLoader workers or ranks (each shard "

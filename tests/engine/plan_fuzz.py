@@ -1,7 +1,7 @@
 """Random plans with a model of their result: the generator behind the stress test and the soak.
 
 A case is a seeded random plan (range or a materialized input; map, map_batches with and without
-batch_size, filter, flat_map, actor pools, union, limit, materialize and reuse, and the
+batch_size, filter, flat_map, actor pools, union, mix, limit, materialize and reuse, and the
 exchanges: sort, random_shuffle, repartition with and without a shuffle), a row width (block
 sizes from bytes to hundreds of MiB), ``preserve_order``, a consumer (take_all, a slow or fast
 iter_batches, count, a Parquet write read back, a groupby count) and, in the multi-process
@@ -116,6 +116,11 @@ def make_case(seed: int, max_block_bytes: int = 4 * MiB, kills: bool = True) -> 
         else:
             step = (kind, exchange_rng.choice([1, 2, 5, 13]), exchange_rng.random() < 0.5)
         steps.insert(exchange_rng.randint(0, len(steps)), step)
+    # so do weighted mixes (Dataset.mix, an input dropping out when it ends), in about a fifth
+    mix_rng = random.Random(seed * 15485863 + 2)
+    if mix_rng.random() < 0.2:
+        step = ("mix", mix_rng.randint(1, 300), mix_rng.choice([1, 3, 8]), mix_rng.choice([0.2, 1.0, 5.0]))
+        steps.insert(mix_rng.randint(0, len(steps)), step)
     if rng.random() < 0.3:
         steps.append(("limit", rng.randint(0, rows * 2)))
     consumer = rng.choice(["take_all", "iter_fast", "iter_slow", "count", "write", "materialize_twice"])
@@ -164,6 +169,11 @@ def build(case: Case) -> tuple[dataflow.Dataset, list[int], bool, list[Any]]:
             start = 10**9
             ds = ds.union(_source(other_rows, min(other_blocks, other_rows), case.row_bytes, start))
             ids = ids + [start + i for i in range(other_rows)]
+        elif kind == "mix":  # every row of both, interleaved by weight: the order is the mix's
+            other_rows, other_blocks = step[1], step[2]
+            start = 2 * 10**9
+            ds = ds.mix(_source(other_rows, min(other_blocks, other_rows), case.row_bytes, start), weights=[1.0, step[3]])
+            ids, known = ids + [start + i for i in range(other_rows)], False
         elif kind == "materialize":
             ds = ds.materialize()
             keep.append(ds)

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from connectors import io_stats
+from connectors import io_stats, tensor_columns
 from connectors.errors import (
     AccessDeniedError,
     FileFormatError,
@@ -85,6 +85,8 @@ class ParquetDatasource(FileDatasource):
     ``"hive"`` (default), a schema of partition fields, or None. ``include_paths``: add a ``path``
     column. ``schema``: the files' schema (without partition columns); files are cast to it,
     which also reconciles files that differ. Otherwise the first file's schema is the dataset's.
+    ``tensor_column_schema`` (Ray's): ``{column: (dtype, shape)}`` for binary columns whose
+    values are raw C-ordered arrays; they come back as tensor columns.
     """
 
     READS_STREAMS = False  # opened for random access (footer first)
@@ -102,8 +104,10 @@ class ParquetDatasource(FileDatasource):
         partitioning: Any = "hive",
         include_paths: bool = False,
         schema: pa.Schema | None = None,
+        tensor_column_schema: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        self._tensor_columns = tensor_columns.check(tensor_column_schema)
         super().__init__(
             paths, filesystem=filesystem, partitioning=partitioning, include_paths=include_paths, **kwargs
         )
@@ -153,6 +157,12 @@ class ParquetDatasource(FileDatasource):
             return None
         if self._include_paths:
             full = full.append(pa.field("path", pa.string()))
+        for name in self._tensor_columns:
+            index = full.get_field_index(name)
+            if index < 0:
+                raise ValueError(f"tensor_column_schema names {name!r}, not a column; available: {full.names}")
+            tensor_columns.check_stored_type(name, full.field(index).type)
+            full = full.set(index, pa.field(name, tensor_columns.decoded_type(self._tensor_columns, name)))
         if self._columns is None:
             return full
         missing = [c for c in self._columns if c not in full.names]
@@ -243,8 +253,8 @@ class ParquetDatasource(FileDatasource):
         """Read tasks, planned from the listing; the dataset schema comes from one footer."""
         first = self._first_file()
         self._file_schema(first)  # fixed on the driver, so every task checks against the same schema
-        if self._columns is not None:
-            self.schema()  # a projected column the data lacks: a ValueError naming it, here, once
+        if self._columns is not None or self._tensor_columns:
+            self.schema()  # a column the data lacks (or not bytes): a ValueError naming it, here, once
         return super().get_read_tasks(parallelism)
 
     # ----- worker-side: reading ----------------------------------------------------------
@@ -263,6 +273,8 @@ class ParquetDatasource(FileDatasource):
                 ):
                     if self._include_paths and (self._columns is None or "path" in self._columns):
                         table = table.append_column("path", pa.array([display] * table.num_rows, pa.string()))
+                    if self._tensor_columns:
+                        table = tensor_columns.decode(table, self._tensor_columns, display)
                     yield table
             except (FileFormatError, OSError) as exc:
                 if isinstance(exc, FileFormatError) or _is_data_error(exc):

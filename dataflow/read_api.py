@@ -137,12 +137,50 @@ def read_parquet(
     reads the files in a random order.
     """
     task_args = {k: kwargs.pop(k) for k in READ_TASK_ARGS if k in kwargs}  # the rest are the reader's
+    _refuse_scanner_args(kwargs)
     from connectors.parquet_format import ParquetDatasource
+
+    _check_names("read_parquet", kwargs, ParquetDatasource)
 
     source = ParquetDatasource(paths, columns=columns, filter=filter, filesystem=filesystem,
                                partitioning=partitioning, include_paths=include_paths,
                                partition_filter=partition_filter, shuffle=shuffle, **kwargs)
     return _read(source, "read_parquet", override_num_blocks, task_args)
+
+
+_SCANNER_ARGS = ("batch_size", "batch_readahead", "fragment_readahead", "use_threads", "cache_metadata",
+                 "memory_pool", "fragment_scan_options", "dataset_kwargs", "_block_udf")
+
+
+def _refuse_scanner_args(kwargs: dict[str, Any]) -> None:
+    """Ray hands the rest of ``read_parquet``'s keywords to pyarrow's ``ParquetDataset`` and
+    ``Scanner``; dataflow uses neither, so those are refused saying so (``meta_provider=None``,
+    Ray's deprecated default, is accepted)."""
+    if kwargs.get("meta_provider", 0) is None:
+        del kwargs["meta_provider"]
+    for name in _SCANNER_ARGS:
+        if name in kwargs:
+            raise TypeError(
+                f"read_parquet({name}=...): Ray passes it on to pyarrow's ParquetDataset/Scanner, which dataflow "
+                "does not use: it reads each file's row groups with ParquetFile and cuts blocks at "
+                "DataContext.target_max_block_size (columns=, filter=, schema=, partitioning= and "
+                "tensor_column_schema= are taken)"
+            )
+
+
+def _check_names(api: str, kwargs: dict[str, Any], source_class: type) -> None:
+    """A ``TypeError`` naming ``api`` (not the datasource's ``__init__``) for an unknown keyword."""
+    import inspect
+
+    known: set[str] = set()
+    for cls in source_class.__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            known |= {p.name for p in inspect.signature(init).parameters.values()
+                      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"{api}() got an unexpected keyword argument {unknown[0]!r}")
 
 
 def _file_kwargs(

@@ -13,6 +13,7 @@ task arguments every ``read_*`` takes (``concurrency``, ``num_cpus``, ``num_gpus
 from __future__ import annotations
 
 import builtins
+import functools
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -170,17 +171,23 @@ def _refuse_scanner_args(kwargs: dict[str, Any]) -> None:
 
 def _check_names(api: str, kwargs: dict[str, Any], source_class: type) -> None:
     """A ``TypeError`` naming ``api`` (not the datasource's ``__init__``) for an unknown keyword."""
+    unknown = sorted(set(kwargs) - _init_keywords(source_class))
+    if unknown:
+        raise TypeError(f"{api}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+@functools.cache
+def _init_keywords(source_class: type) -> frozenset[str]:
+    """The keywords the ``__init__`` of ``source_class`` and of its bases (up to ``object``) take."""
     import inspect
 
     known: set[str] = set()
-    for cls in source_class.__mro__:
+    for cls in source_class.__mro__[:-1]:
         init = cls.__dict__.get("__init__")
         if init is not None:
             known |= {p.name for p in inspect.signature(init).parameters.values()
                       if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise TypeError(f"{api}() got an unexpected keyword argument {unknown[0]!r}")
+    return frozenset(known)
 
 
 def _file_kwargs(

@@ -274,6 +274,9 @@ def _union(c: _Compiler, node: Union) -> PhysicalOperator:
 
 def _mix(c: _Compiler, node: Mix) -> PhysicalOperator:
     children = [c.build(child) for child in node.children]
+    if node.stop_on_shortest:  # where it stops depends on each input's block order: fix it
+        for child in children:
+            _emit_in_order(child)
     return c.add(MixOperator(children, node.weights, node.stop_on_shortest, node.name))
 
 

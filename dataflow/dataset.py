@@ -282,11 +282,13 @@ class Dataset:
         follow ``weights`` (the first for this dataset; normalized; default equal), as Ray's.
 
         Each output block comes whole from one input: the one furthest behind its share of the
-        rows so far. The order depends only on the blocks each input produces, so a plan that
+        rows so far. The order depends only on the blocks each input hands over, so a plan that
         produces them in order (``preserve_order``, a materialized input) mixes the same way
         every time. ``stopping_condition``: ``STOP_ON_LONGEST_DROP`` (an input that runs out
-        drops out) or ``STOP_ON_SHORTEST`` (the first to run out ends it; the others are read
-        no further). An input far ahead of its share pauses at its byte budget.
+        drops out; every row comes once) or ``STOP_ON_SHORTEST`` (the first to run out ends it;
+        the others are read no further; each input then hands over its blocks in order, so the
+        rows it keeps are the same on every run). An input far ahead of its share pauses at its
+        byte budget.
         """
         return self._derive(mix_node((self._plan, *(o._plan for o in other)), weights, stopping_condition))
 

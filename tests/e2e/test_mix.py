@@ -138,3 +138,24 @@ def test_mix_errors_name_the_argument():
     with pytest.raises(ValueError, match="stopping_condition must be a MixStoppingCondition"):
         a.mix(a, stopping_condition="first")
     assert "Mix[0.25, 0.75]" in a.mix(a, weights=[1, 3]).explain()
+
+
+def _uneven(batch):
+    """Keeps a different share of each block, after a random pause: blocks of uneven sizes
+    that finish in a different order each run."""
+    import random
+
+    time.sleep(random.random() * 0.02)
+    first = int(batch["id"][0])
+    keep = batch["id"] % (first // 100 % 5 + 1) == 0
+    return {"id": batch["id"][keep]}
+
+
+def test_stop_on_shortest_counts_the_same_when_blocks_finish_in_any_order(mode):
+    a = dataflow.range(3000, override_num_blocks=30).map_batches(_uneven, batch_size=None)
+    b = dataflow.range(1000, override_num_blocks=10).map_batches(_uneven, batch_size=None).map_batches(
+        lambda t: {"id": t["id"] + OFFSET})
+    with dataflow.options(min_task_input_bytes=1):
+        mixed = a.mix(b, weights=[2, 1], stopping_condition=MixStoppingCondition.STOP_ON_SHORTEST)
+        counts = [mixed.count() for _ in range(3)] + [len(mixed.take_all()) for _ in range(2)]
+    assert len(set(counts)) == 1, counts

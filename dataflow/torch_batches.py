@@ -459,6 +459,12 @@ def shard_plan(node: Any, index: int, count: int, num_read_tasks: int, in_proces
         return InputBlocks(tuple(refs), node.owner)
     if isinstance(node, MapStages):
         return replace(node, input=shard_plan(node.input, index, count, num_read_tasks, in_process))
+    if isinstance(node, Mix) and node.stop_on_shortest:
+        msg = (
+            "a mix with STOP_ON_SHORTEST cannot be sharded across DataLoader workers or ranks (each shard "
+            "would stop at the end of its own share of the shortest input); call materialize() on it first"
+        )
+        raise ValueError(msg)
     if isinstance(node, (Union, Mix)):  # a mix: each shard mixes its share of every input
         return replace(node, children=tuple(shard_plan(c, index, count, num_read_tasks, in_process)
                                             for c in node.children))

@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.errors import FileFormatError
-from engine.block_format import tensor_array
 
 TensorSchema = dict[str, tuple[np.dtype, tuple[int, ...]]]
 
@@ -69,7 +68,7 @@ def _is_binary(stored: pa.DataType) -> bool:
 
 
 def decoded_type(spec: TensorSchema, name: str) -> pa.DataType:
-    """The type ``decode`` gives column ``name`` (``engine.block_format.tensor_array``'s)."""
+    """The type ``decode`` gives column ``name`` (the one the engine gives n-d numpy columns)."""
     dtype, shape = spec[name]
     return _type(dtype, shape)
 
@@ -103,4 +102,14 @@ def _decode_column(column: pa.ChunkedArray, dtype: np.dtype, shape: tuple[int, .
     if not lengths_ok:
         raise ValueError(f"values are not all {width} bytes, the size of a {dtype} array of shape {shape}")
     raw = np.frombuffer(data, dtype=np.uint8, count=width * len(array), offset=start)
-    return tensor_array(raw.view(dtype).reshape((len(array), *shape)))
+    return _tensors(raw.view(dtype).reshape((len(array), *shape)))
+
+
+def _tensors(values: np.ndarray) -> pa.Array:
+    """One row per entry of the first axis, typed as ``_type`` says (the engine's tensor
+    columns: a scalar, a fixed-size list, or a fixed-shape tensor)."""
+    if values.ndim == 1:
+        return pa.array(values)
+    if values.ndim == 2:
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+    return pa.FixedShapeTensorArray.from_numpy_ndarray(values)

@@ -290,15 +290,19 @@ def test_torch_iterable_shards_across_ranks_and_workers(mode, monkeypatch):
     assert sorted(seen) == list(range(900))
 
 
-def test_torch_iterable_shards_a_mix_by_its_inputs(mode):
+def test_torch_iterable_shards_a_mix_by_its_inputs(mode, monkeypatch):
     a = dataflow.range(600, override_num_blocks=6)
     b = dataflow.range(300, override_num_blocks=3).map_batches(lambda t: {"id": t["id"] + 10_000})
     mixed = a.mix(b, weights=[2, 1])
     ids = _ids_from_loader(mixed.to_torch_iterable(batch_size=50), num_workers=2)
     assert sorted(ids) == list(range(600)) + list(range(10_000, 10_300))
     shortest = a.mix(b, stopping_condition=dataflow.MixStoppingCondition.STOP_ON_SHORTEST)
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)  # rank 0 of 2, in this process
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
     with pytest.raises(ValueError, match="STOP_ON_SHORTEST cannot be sharded"):
-        _ids_from_loader(shortest.to_torch_iterable(batch_size=50), num_workers=2)
+        _ids_from_loader(shortest.to_torch_iterable(batch_size=50), num_workers=0)
 
 
 def test_torch_iterable_refuses_a_limit_when_sharded(mode, monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
@@ -41,6 +42,10 @@ class Dataset:
 
     _dataset_name: str | None = None
     """``set_name``'s name; datasets derived from this one (and ``materialize()``) inherit it."""
+    _uuid: str | None = None
+    """This Dataset object's part of ``get_dataset_id``, made the first time it is asked for."""
+    _run_index = 0
+    """How many times this Dataset object has run a plan."""
 
     def __init__(self, plan: LogicalNode) -> None:
         self._plan = plan
@@ -60,6 +65,7 @@ class Dataset:
         logical = plan or self._plan
         ops = compile_plan(logical if optimized else optimize(logical), options, output, sink)
         handle = backend.execute(ops, options)
+        self._run_index += 1
         self._last_handle = handle
         progress.track(handle, self._dataset_name)  # bars or log lines, and the execution's log
         return handle
@@ -1126,7 +1132,15 @@ class Dataset:
             raise TypeError(msg)
         twin = cls.__new__(cls)
         twin.__dict__.update(ds.__dict__)
+        twin._uuid = None  # another Dataset object: another id
         return twin
+
+    def get_dataset_id(self) -> str:
+        """A unique ID, as Ray's: the name (``"dataset"`` without one), a UUID of this Dataset
+        object and how many times it has run."""
+        if self._uuid is None:
+            self._uuid = uuid.uuid4().hex
+        return f"{self._dataset_name or 'dataset'}_{self._uuid}_{self._run_index}"
 
     def num_blocks(self) -> int:
         """Only a MaterializedDataset knows its blocks (as in Ray Data): NotImplementedError."""

@@ -50,6 +50,19 @@ def test_name_is_inherited_and_shown_in_stats(mode):
     assert materialized.stats().startswith("Dataset train:")
 
 
+def test_dataset_id_names_the_dataset_and_counts_its_runs(mode):
+    ds = dataflow.range(10).map(lambda r: r)
+    name, uid, runs = ds.get_dataset_id().rsplit("_", 2)
+    assert name == "dataset" and len(uid) == 32 and runs == "0"
+    ds.take_all()
+    ds.take_all()
+    assert ds.get_dataset_id() == f"dataset_{uid}_2"  # the same object, run twice
+    ds.set_name("train")
+    assert ds.get_dataset_id().startswith(f"train_{uid}_")
+    assert dataflow.Dataset.copy(ds).get_dataset_id() != ds.get_dataset_id()
+    assert ds.map(lambda r: r).get_dataset_id().split("_")[1] != uid
+
+
 def test_copy_is_a_static_method_sharing_the_plan(mode):
     materialized = dataflow.range(10, override_num_blocks=2).materialize()
     twin = dataflow.Dataset.copy(materialized)

@@ -31,6 +31,7 @@ makes every feature a list column and rejects features the schema does not name.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -419,7 +420,10 @@ class TFRecordDatasource(ProjectingFileDatasource):
         return "TFRecord"
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
-        codec = _codec(self._compression, piece.entry.path)
+        compression = self._compression
+        if compression == "auto" and self._stream_args.compression is not None:  # the codec is the reader's
+            compression = self._stream_args.compression
+        codec = _codec(compression, piece.entry.path)
         wanted = frozenset(self._columns) if self._columns is not None else None
         where = " of the uncompressed stream" if codec else ""
 
@@ -429,7 +433,7 @@ class TFRecordDatasource(ProjectingFileDatasource):
             )
 
         yield from iter_stream(fs, piece.entry.path, retrier, display, parse, decompress=False,
-                               args=self._stream_args)
+                               args=dataclasses.replace(self._stream_args, compression=None))
 
 
 # ----- writing -----------------------------------------------------------------------------------

@@ -160,6 +160,10 @@ def test_gzip_and_zlib(mode: str, tmp_path: Path) -> None:
     (tmp_path / "named.tfrecords").write_bytes(gzip.compress(data))  # gzip without the extension: say so
     ds = dataflow.read_tfrecords(str(tmp_path / "named.tfrecords"), arrow_open_stream_args={"compression": "gzip"})
     assert ds.count() == 5
+    # the datasource itself takes the codec the same way, decompressing once whatever the extension says
+    for path in (tmp_path / "g", tmp_path / "named.tfrecords"):
+        source = TFRecordDatasource(str(path), arrow_open_stream_args={"compression": "gzip", "buffer_size": 4096})
+        assert read_all(source)["v"].to_pylist() == list(range(5))
     (tmp_path / "z.tfrecords").write_bytes(zlib.compress(data))
     assert read_all(TFRecordDatasource(str(tmp_path / "z.tfrecords"), compression="ZLIB"))["v"].to_pylist() == list(range(5))
     dataflow.range(7).write_tfrecords(str(tmp_path / "out"), compression="gzip")

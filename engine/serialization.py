@@ -69,17 +69,13 @@ def dumps_for_worker(obj: Any) -> bytes:
     the output means cloudpickle, which sends those by value. So do modules registered with
     ``cloudpickle.register_pickle_by_value``.
     """
-    if _pickled_by_value_modules():
+    if _by_value_registry():
         return dumps(obj)
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # cloudpickle tries again, and raises its own error if it fails too
         return dumps(obj)
     return dumps(obj) if b"__main__" in data else data
-
-
-def _pickled_by_value_modules() -> bool:
-    return bool(_by_value_registry())
 
 
 @functools.cache

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from engine.exchange import concat
 from engine.transform import USER_ERRORS, UDFFailure, udf_name
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from dataflow.lazy_compute import pc
 
 ROW_INDEX = "__dataflow_row"
 

@@ -24,12 +24,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dataflow.builtins import FilterExpression
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from dataflow.lazy_compute import pc
 
 
 class Operation(Enum):
@@ -57,24 +61,25 @@ class Operation(Enum):
     IS_NOT_NULL = "is_not_null"
 
 
+# the pyarrow.compute function each operation calls, by name (``pc`` is imported at first use)
 _ARROW_BINARY = {
-    Operation.ADD: pc.add_checked,
-    Operation.SUB: pc.subtract_checked,
-    Operation.MUL: pc.multiply_checked,
-    Operation.GT: pc.greater,
-    Operation.LT: pc.less,
-    Operation.GE: pc.greater_equal,
-    Operation.LE: pc.less_equal,
-    Operation.EQ: pc.equal,
-    Operation.NE: pc.not_equal,
-    Operation.AND: pc.and_kleene,
-    Operation.OR: pc.or_kleene,
+    Operation.ADD: "add_checked",
+    Operation.SUB: "subtract_checked",
+    Operation.MUL: "multiply_checked",
+    Operation.GT: "greater",
+    Operation.LT: "less",
+    Operation.GE: "greater_equal",
+    Operation.LE: "less_equal",
+    Operation.EQ: "equal",
+    Operation.NE: "not_equal",
+    Operation.AND: "and_kleene",
+    Operation.OR: "or_kleene",
 }
 _ARROW_UNARY = {
-    Operation.NOT: pc.invert,
-    Operation.NEG: pc.negate_checked,
-    Operation.IS_NULL: pc.is_null,
-    Operation.IS_NOT_NULL: pc.is_valid,
+    Operation.NOT: "invert",
+    Operation.NEG: "negate_checked",
+    Operation.IS_NULL: "is_null",
+    Operation.IS_NOT_NULL: "is_valid",
 }
 
 
@@ -375,7 +380,7 @@ class BinaryExpr(Expr):
             return _divide(left, right)
         if self.op in (Operation.FLOORDIV, Operation.MOD):
             return _floordiv_and_mod(self.op, left, right, ctx)
-        return _ARROW_BINARY[self.op](left, right)
+        return getattr(pc, _ARROW_BINARY[self.op])(left, right)
 
     def __repr__(self) -> str:
         if self.op in (Operation.IN, Operation.NOT_IN):
@@ -395,7 +400,7 @@ class UnaryExpr(Expr):
         return (self.operand,)
 
     def _arrow(self, ctx: _Context) -> Any:
-        return _ARROW_UNARY[self.op](self.operand._arrow(ctx))
+        return getattr(pc, _ARROW_UNARY[self.op])(self.operand._arrow(ctx))
 
     def __repr__(self) -> str:
         if self.op is Operation.NOT:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import html
 import importlib.util
 import logging
 import os
@@ -335,6 +334,8 @@ class TextFrame:
         return self.text
 
     def _repr_html_(self) -> str:
+        import html  # only in notebooks
+
         return f"<pre>{html.escape(self.text)}</pre>" if self.text else ""
 
 

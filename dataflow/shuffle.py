@@ -11,7 +11,7 @@ rows in order, so positions are stable). Without a seed a new one is drawn for e
 from __future__ import annotations
 
 import copy
-import secrets
+import os
 import zlib
 from collections.abc import Iterator, Sequence
 
@@ -48,7 +48,7 @@ def spread(hashes: np.ndarray, num_partitions: int) -> np.ndarray:
 
 
 def resolve_seed(seed: int | None) -> int:
-    return secrets.randbits(63) if seed is None else int(seed) & ((1 << 64) - 1)
+    return int.from_bytes(os.urandom(8)) >> 1 if seed is None else int(seed) & ((1 << 64) - 1)
 
 
 class RandomPartitioner:

@@ -15,12 +15,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from engine.exchange import FINE_PARTITIONS, concat
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from dataflow.lazy_compute import pc
 
 SAMPLES_PER_BLOCK = 64
 

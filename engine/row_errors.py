@@ -10,7 +10,6 @@ A stage with no sink costs a count per skipped row: no traceback is formatted.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
 import logging
@@ -156,6 +155,8 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (bytes, bytearray, memoryview)):
+        import base64  # rare: a bad row with binary values
+
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()

@@ -151,6 +151,24 @@ def test_from_torch_does_not_import_torch_at_import():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_first_row_does_not_import_pyarrow_compute():
+    """``import pyarrow.compute`` builds a wrapper per compute function (50-80 ms, as much as
+    the rest of ``import dataflow``): the modules on the import path load it at first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dataflow\n"
+        "assert dataflow.range(10).take(1) == [{'id': 0}]\n"
+        "assert 'pyarrow.compute' not in sys.modules\n"
+        "from dataflow.expressions import col\n"
+        "assert dataflow.range(10).filter(expr=col('id') > 7).take_all() == [{'id': 8}, {'id': 9}]\n"
+        "assert dataflow.range(4).sort('id', descending=True).take(1) == [{'id': 3}]\n"
+        "assert 'pyarrow.compute' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 def test_planning_and_counting_a_parquet_read_does_not_import_pandas(tmp_path):
     """``pyarrow.dataset`` imports pandas (~0.25 s); the driver plans a Parquet read, reads its
     footers and counts rows without it, and a hive-partitioned read plans without it too."""

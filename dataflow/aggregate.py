@@ -189,8 +189,8 @@ class Std(_BuiltIn):
         self.ddof = ddof
 
     def _value(self, values: pa.ChunkedArray) -> Any:
-        if len(values) - self.ddof <= 0:
-            return None if len(values) == 0 else 0.0
+        if len(values) - self.ddof <= 0:  # undefined: NaN, as Ray, pandas and numpy (none: null)
+            return None if len(values) == 0 else math.nan
         return pc.stddev(values, ddof=self.ddof).as_py()
 
 
@@ -352,7 +352,7 @@ def combine_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
             else:  # the pooled population variance, made a sample one (ddof)
                 assert isinstance(agg, Std)
                 var = pc.divide(pc.multiply(merged.column(f"s{i}_var"), n), pc.subtract(n, agg.ddof))
-                value = pc.if_else(pc.greater(n, agg.ddof), pc.sqrt(var), pc.if_else(pc.greater(n, 0), 0.0, null))
+                value = pc.if_else(pc.greater(n, agg.ddof), pc.sqrt(var), pc.if_else(pc.greater(n, 0), math.nan, null))
         columns[agg.name] = value
     return pa.table(columns)
 

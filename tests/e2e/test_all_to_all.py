@@ -325,6 +325,18 @@ def test_groupby_nulls(mode, exchange):
     assert strict["a"]["sum(v)"] is None and strict[None]["sum(v)"] == 4.0
 
 
+def test_std_of_one_value_is_nan_as_ray(mode, exchange):
+    """The sample deviation of one value is undefined: NaN, as Ray, pandas and numpy give; a group
+    with no values gets null. Whole-group (Quantile alongside) and partial paths agree."""
+    items = [{"k": "one", "v": 2.0}, {"k": "two", "v": 1.0}, {"k": "two", "v": 3.0}, {"k": "none", "v": None}]
+    ds = dataflow.from_items(items, override_num_blocks=2)
+    for aggs in ((Std("v"),), (Std("v"), Quantile("v"))):
+        got = {r["k"]: r["std(v)"] for r in ds.groupby("k").aggregate(*aggs).take_all()}
+        assert math.isnan(got["one"]) and got["two"] == pytest.approx(math.sqrt(2)) and got["none"] is None
+    assert math.isnan(dataflow.from_items([{"v": 5}]).std("v"))
+    assert dataflow.from_items([{"v": 5}]).std("v", ddof=0) == 0.0
+
+
 def test_whole_group_aggregations_and_custom_ones(mode):
     ds = _rows(1400)
     rows = ds.take_all()

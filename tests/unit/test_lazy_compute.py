@@ -14,4 +14,4 @@ def test_functions_and_types_are_pyarrow_computes():
 
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no_such_function"):
-        pc.no_such_function  # noqa: B018
+        pc.no_such_function

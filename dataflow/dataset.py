@@ -8,6 +8,7 @@ consuming call runs the plan again, except on a MaterializedDataset.
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import uuid
 import weakref
@@ -248,10 +249,16 @@ class Dataset:
         return self._column_step("with_columns", f"WithColumns({list(named)})", ex.WithColumns(named), remote)
 
     def drop_columns(self, cols: list[str], **remote: Any) -> Dataset:
+        if len(set(cols)) != len(cols):
+            msg = f"drop_columns expects unique column names, got: {cols}"
+            raise ValueError(msg)
         return self._column_step("drop_columns", f"DropColumns({cols})", bi.DropColumns(list(cols)), remote)
 
     def select_columns(self, cols: list[str] | str, **remote: Any) -> Dataset:
         cols = [cols] if isinstance(cols, str) else list(cols)
+        if len(set(cols)) != len(cols):
+            msg = f"select_columns expected unique column names, got duplicate column names: {cols}"
+            raise ValueError(msg)
         return self._column_step("select_columns", f"SelectColumns({cols})", bi.SelectColumns(cols), remote,
                                  projection=tuple(cols))
 
@@ -269,6 +276,9 @@ class Dataset:
 
     def limit(self, limit: int) -> Dataset:
         """The first ``limit`` rows; upstream work stops once they have been produced."""
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Integral):
+            msg = f"limit must be an int, got {limit!r}"
+            raise TypeError(msg)
         if limit < 0:
             msg = f"limit must be >= 0, got {limit}"
             raise ValueError(msg)
@@ -596,8 +606,14 @@ class Dataset:
         columns of numpy arrays; a dataset from pandas gets pandas' dtypes back)."""
         from engine.block_format import table_to_pandas
 
-        ds = self.limit(limit) if limit is not None else self
-        return table_to_pandas(ds.to_arrow(), DataContext.get_current().enable_arrow_backed_pandas_conversion)
+        if limit is not None and (count := self.count()) > limit:
+            msg = (
+                f"the dataset has more than the given limit of {limit} rows: {count}. If you are sure "
+                f"that a DataFrame with {count} rows will fit in local memory, set "
+                "ds.to_pandas(limit=None) to disable limits."
+            )
+            raise ValueError(msg)
+        return table_to_pandas(self.to_arrow(), DataContext.get_current().enable_arrow_backed_pandas_conversion)
 
     def to_polars(self) -> Any:
         import polars as pl
@@ -1051,13 +1067,13 @@ class Dataset:
         else:
             columns = [on] if isinstance(on, str) else list(on)
         result = self.aggregate(*(make(c) for c in columns))
-        if isinstance(on, str):
-            assert result is not None
+        if result is not None and len(result) == 1:  # one column, however named: its value, as Ray
             return next(iter(result.values()))
         return result
 
     def sum(self, on: str | list[str] | None = None, ignore_nulls: bool = True) -> Any:
-        """The sum of a column (a value), or of several (a dict ``{"sum(c)": ...}``)."""
+        """The sum of a column (a value), or of several (a dict ``{"sum(c)": ...}``; one column
+        however asked for, ``on=None`` included: its value, as Ray)."""
         return self._column_aggs(lambda c: Sum(c, ignore_nulls=ignore_nulls), on)
 
     def min(self, on: str | list[str] | None = None, ignore_nulls: bool = True) -> Any:
@@ -1080,8 +1096,8 @@ class Dataset:
 
         return summarize(self, columns)
 
-    def unique(self, column: str, ignore_nulls: bool = True) -> list[Any]:
-        """The distinct values of ``column`` (nulls dropped unless ``ignore_nulls=False``)."""
+    def unique(self, column: str, ignore_nulls: bool = False) -> list[Any]:
+        """The distinct values of ``column``, null among them unless ``ignore_nulls=True``."""
         rows = self.select_columns([column]).groupby(column).count().take_all()
         values = [r[column] for r in rows]
         return [v for v in values if v is not None] if ignore_nulls else values

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow import progress
-from engine.block_format import iter_rows, to_batch
+from engine.block_format import iter_rows, slice_rows, to_batch
 
 _END = object()
 
@@ -303,12 +303,12 @@ def local_shuffle(
         mixed = _shuffled(buffer, rng)
         emit = (rows - buffer_size) // batch_size * batch_size
         for start in range(0, emit, batch_size):
-            yield mixed.slice(start, batch_size)
+            yield slice_rows(mixed, start, batch_size)
         buffer, rows = [mixed.slice(emit)], rows - emit
     if rows:
         mixed = _shuffled(buffer, rng)
         for start in range(0, rows, batch_size):
-            yield mixed.slice(start, batch_size)
+            yield slice_rows(mixed, start, batch_size)
 
 
 def _shuffled(tables: list[pa.Table], rng: np.random.Generator) -> pa.Table:

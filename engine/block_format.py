@@ -215,10 +215,16 @@ def rows_of(table: pa.Table) -> list[dict[str, Any]]:
     return _row_builder(tuple(table.column_names))([_python_column(c) for c in table.columns])  # type: ignore[no-any-return]
 
 
+def slice_rows(table: pa.Table, offset: int, length: int) -> pa.Table:
+    """``table.slice(offset, length)`` clamped to the table's rows. pyarrow does not clamp a table
+    without columns (``select_columns([])``): its slice has ``length`` rows whatever it holds."""
+    return table.slice(offset, max(0, min(length, table.num_rows - offset)))
+
+
 def iter_rows(table: pa.Table) -> Iterable[dict[str, Any]]:
     """Rows of ``table`` as dicts, a chunk at a time."""
     for start in range(0, table.num_rows, 16384):
-        yield from rows_of(table.slice(start, 16384))
+        yield from rows_of(slice_rows(table, start, 16384))
 
 
 def rows_to_block(rows: list[Any]) -> pa.Table:

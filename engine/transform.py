@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine import row_errors
-from engine.block_format import rows_of, rows_to_block, to_batch, to_block
+from engine.block_format import rows_of, rows_to_block, slice_rows, to_batch, to_block
 
 ROW_CHUNK = 16384
 """Rows turned into Python dicts at a time inside a row-stage chain (bounds their memory)."""
@@ -270,7 +270,7 @@ def _row_lists(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[list
     fns = [(s, s.prepare(), _skip_failing_rows if s.on_error == "skip" else _apply_row_stage) for s in stages]
     for block in blocks:
         for start in range(0, block.num_rows, ROW_CHUNK):
-            rows = rows_of(block.slice(start, ROW_CHUNK))
+            rows = rows_of(slice_rows(block, start, ROW_CHUNK))
             for stage, fn, apply in fns:
                 rows = apply(stage, fn, rows)
                 if not rows:
@@ -425,7 +425,7 @@ def _shape_output(blocks: Iterator[pa.Table], target_bytes: int) -> Iterator[pa.
             pieces = -(-block.nbytes // target_bytes)
             step = -(-block.num_rows // pieces)
             for start in range(0, block.num_rows, step):
-                yield block.slice(start, step)
+                yield slice_rows(block, start, step)
             continue
         if pending and (size + block.nbytes > target_bytes or block.schema != pending[0].schema):
             yield from _flush(pending)

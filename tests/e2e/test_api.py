@@ -134,6 +134,27 @@ def test_column_operations(mode):
     assert added == [{"a": 1, "b": 2, "c": 3, "d": 4}]
     with pytest.raises(KeyError, match="no column 'zzz'"):
         ds.select_columns(["zzz"]).take_all()
+    with pytest.raises(ValueError, match="unique column names"):  # at the call, as Ray
+        ds.select_columns(["a", "a"])
+    with pytest.raises(ValueError, match="unique column names"):
+        ds.drop_columns(["b", "b"])
+
+
+def test_a_dataset_without_columns_keeps_its_row_count(mode):
+    """pyarrow's slice of a table without columns is not clamped to its rows: take(2) once gave
+    16,384 empty rows where count() said 5."""
+    for ds in (dataflow.range(5).select_columns([]), dataflow.from_items([{"a": 1}] * 5).drop_columns(["a"])):
+        assert ds.count() == 5 and ds.take(2) == [{}, {}] and len(ds.take_all()) == 5
+        assert [b.num_rows for b in ds.iter_batches(batch_size=2, batch_format="pyarrow")] == [2, 2, 1]
+        assert ds.map(lambda r: {"x": 1}).take_all() == [{"x": 1}] * 5
+
+
+def test_limit_and_to_pandas_limit_as_ray(mode):
+    with pytest.raises(TypeError, match="limit must be an int"):
+        dataflow.range(5).limit(2.5)
+    with pytest.raises(ValueError, match="more than the given limit of 3 rows: 6"):  # an error, not 3 rows
+        dataflow.range(6).to_pandas(limit=3)
+    assert len(dataflow.range(6).to_pandas(limit=6)) == 6
 
 
 def test_filter_expression(mode):

@@ -60,6 +60,7 @@ class JoinReducer:
             if missing:
                 msg = f"join key {missing[0]!r} not found in the {side} dataset, which has {table.column_names}"
                 raise KeyError(msg)
+        self._check_collisions(lt.column_names, rt.column_names)
         for lk, rk in zip(self.on, self.right_on, strict=True):
             lt, rt = _aligned(lt, lk, rt, rk)
         how = JOIN_TYPES[self.join_type]
@@ -84,6 +85,23 @@ class JoinReducer:
                     columns[_suffixed(name, lt.column_names, self.right_suffix)] = rt.column(name).take(rows)
         yield pa.table(columns)
 
+
+    def _check_collisions(self, left: list[str], right: list[str]) -> None:
+        """A column name on both sides needs a suffix (Ray's error when neither has one); before,
+        the right side's column silently replaced the left's."""
+        if self.join_type.endswith(("semi", "anti")):  # one side's columns only
+            return
+        both = set(left) & (set(right) - set(self.right_on))
+        if both and self.left_suffix is None and self.right_suffix is None:
+            msg = f"Left and right columns suffixes cannot be both None (overlapping columns: {sorted(both)})"
+            raise ValueError(msg)
+        names = [_suffixed(n, right, self.left_suffix) if n not in self.on else n for n in left]
+        names += [_suffixed(n, left, self.right_suffix) for n in right if n not in self.right_on]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            msg = (f"join: the suffixes {self.left_suffix!r} and {self.right_suffix!r} give more than one "
+                   f"column named {repeated}; the left columns are {left}, the right {right}")
+            raise ValueError(msg)
 
 def _aligned(lt: pa.Table, lk: str, rt: pa.Table, rk: str) -> tuple[pa.Table, pa.Table]:
     """Both tables with key columns of one type (int32 and int64 keys join, as in Ray)."""

@@ -497,6 +497,20 @@ def test_join_type_mismatch_and_errors(mode):
         left.join(right, "sideways")
 
 
+def test_join_columns_on_both_sides_need_a_suffix(mode, exchange):
+    """Without suffixes the right side's ``v`` replaced the left's, silently; Ray raises."""
+    left = dataflow.from_items([{"k": 1, "v": "L"}, {"k": 2, "v": "L2"}])
+    right = dataflow.from_items([{"k": 1, "v": "R"}])
+    for how in ("inner", "left_outer", "right_outer", "full_outer"):
+        with pytest.raises(ValueError, match=r"suffixes cannot be both None \(overlapping columns: \['v'\]\)"):
+            left.join(right, how, 2, on=("k",)).take_all()
+    rows = left.join(right, "left_outer", 2, on=("k",), left_suffix="_l").sort("k").take_all()
+    assert rows == [{"k": 1, "v_l": "L", "v": "R"}, {"k": 2, "v_l": "L2", "v": None}]
+    assert left.join(right, "left_semi", 2, on=("k",)).take_all() == [{"k": 1, "v": "L"}]  # one side's columns
+    with pytest.raises(ValueError, match="more than one column named \\['v_x'\\]"):
+        left.join(right, "inner", 2, on=("k",), left_suffix="_x", right_suffix="_x").take_all()
+
+
 def test_union_of_sorted_and_shuffled(mode):
     a = dataflow.range(100).sort("id", descending=True)
     b = dataflow.range(100).random_shuffle(seed=1)

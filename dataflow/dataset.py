@@ -22,7 +22,7 @@ from dataflow import builtins as bi
 from dataflow import expressions as ex
 from dataflow.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, Sum
 from dataflow.context import DataContext
-from dataflow.grouped import GroupedData, aggregate_node
+from dataflow.grouped import GroupedData, aggregate_node, unique_names
 from dataflow.iterator import DataIterator
 from dataflow.join import join_node, zip_node
 from dataflow.mixing import MixStoppingCondition, mix_node
@@ -1058,7 +1058,7 @@ class Dataset:
         """Each aggregation over the whole dataset, as ``{name: value}`` (Ray's ``aggregate``)."""
         rows = self._derive(aggregate_node(self._plan, (), aggs)).take_all()
         if not rows:  # an empty dataset: what each aggregation gives for no rows
-            return {agg.name: (0 if isinstance(agg, Count) else None) for agg in aggs}
+            return {agg.name: (0 if isinstance(agg, Count) else None) for agg in unique_names(aggs)}
         return rows[0]
 
     def _column_aggs(self, make: Callable[[str], AggregateFnV2], on: str | list[str] | None) -> Any:

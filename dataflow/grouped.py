@@ -8,6 +8,7 @@ calls ``fn`` once per whole group, the group's rows in input order.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,7 @@ def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[Aggr
         if not isinstance(agg, AggregateFnV2):
             msg = f"aggregations must be AggregateFn or AggregateFnV2 objects, got {type(agg).__name__}"
             raise TypeError(msg)
+    aggs = unique_names(aggs)
     partitions = max(FINE_PARTITIONS, num_partitions or 0) if keys else 1
     partial = decomposable(aggs)
     columns = needed_columns(keys, aggs)
@@ -96,6 +98,25 @@ def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[Aggr
     label = f"Aggregate[{', '.join(keys)}]" if keys else "Aggregate"
     return Exchange((plan,), label, (partitioner,), AggregateReducer(keys, aggs, partial), small_in_one_task=True,
                     columns=tuple(columns) if columns else None, num_tasks=num_partitions if keys else None)
+
+
+def unique_names(aggs: Sequence[AggregateFnV2]) -> list[AggregateFnV2]:
+    """Aggregations whose output names repeat get Ray's suffixes (``count(v)``,
+    ``count(v)_2``): before, one column silently held the last one's value."""
+    taken: set[str] = set()
+    counts: dict[str, int] = {}
+    named = []
+    for agg in aggs:
+        name = agg.name
+        while name in taken:
+            counts[agg.name] = counts.get(agg.name, 1) + 1
+            name = f"{agg.name}_{counts[agg.name]}"
+        taken.add(name)
+        if name != agg.name:
+            agg = copy.copy(agg)
+            agg.name = name
+        named.append(agg)
+    return named
 
 
 class MapGroupsReducer:

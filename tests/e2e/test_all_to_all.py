@@ -337,6 +337,15 @@ def test_std_of_one_value_is_nan_as_ray(mode, exchange):
     assert dataflow.from_items([{"v": 5}]).std("v", ddof=0) == 0.0
 
 
+def test_repeated_aggregation_names_get_rays_suffixes(mode, exchange):
+    """Two aggregations of one name kept one column, holding the second's value."""
+    ds = dataflow.from_items([{"k": 1, "f": 1.0}, {"k": 1, "f": None}])
+    assert ds.aggregate(Count("f"), Count("f", ignore_nulls=True)) == {"count(f)": 2, "count(f)_2": 1}
+    got = ds.groupby("k").aggregate(Sum("f"), Count("f"), Sum("f"), Sum("f", alias_name="sum(f)_2")).take_all()
+    assert got == [{"k": 1, "sum(f)": 1.0, "count(f)": 2, "sum(f)_2": 1.0, "sum(f)_2_2": 1.0}]
+    assert dataflow.range(0).aggregate(Count(), Count()) == {"count()": 0, "count()_2": 0}
+
+
 def test_whole_group_aggregations_and_custom_ones(mode):
     ds = _rows(1400)
     rows = ds.take_all()

@@ -104,8 +104,19 @@ def _default_name(kind: str, on: str | None, alias_name: str | None) -> str:
     return alias_name or f"{kind}({on or ''})"
 
 
+def nan_as_null(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A float column's NaNs as nulls: "Ray Data considers np.nan, None, and pd.NaT to be null
+    values" (its aggregations' docs), so ``ignore_nulls=True`` skips them. Ray 2.60 itself skips
+    a NaN or not depending on which block holds it; here the rule holds whatever the blocks."""
+    if not pa.types.is_floating(values.type):
+        return values
+    return pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
+
+
 class _BuiltIn(AggregateFnV2):
     kind = ""
+    skips_nan = False
+    """With ``ignore_nulls``, NaN is skipped as null (sum, mean, std; min and max skip it anyway)."""
 
     def __init__(self, on: str | None = None, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
         super().__init__(_default_name(self.kind, on, alias_name), lambda: None, on=on, ignore_nulls=ignore_nulls)
@@ -118,6 +129,8 @@ class _BuiltIn(AggregateFnV2):
         values = self._values(group)
         if not self.ignore_nulls and values.null_count:
             return None
+        if self.ignore_nulls and self.skips_nan:
+            values = nan_as_null(values)
         return self._value(values.drop_null())
 
     def _value(self, values: pa.ChunkedArray) -> Any:
@@ -143,6 +156,7 @@ class Count(_BuiltIn):
 class Sum(_BuiltIn):
     kind = "sum"
     partial_kind = "sum"
+    skips_nan = True
 
     def _value(self, values: pa.ChunkedArray) -> Any:
         return pc.sum(values).as_py() if len(values) else None
@@ -175,6 +189,7 @@ class AbsMax(_BuiltIn):
 class Mean(_BuiltIn):
     kind = "mean"
     partial_kind = "mean"
+    skips_nan = True
 
     def _value(self, values: pa.ChunkedArray) -> Any:
         return pc.mean(values).as_py() if len(values) else None
@@ -183,6 +198,7 @@ class Mean(_BuiltIn):
 class Std(_BuiltIn):
     kind = "std"
     partial_kind = "std"
+    skips_nan = True
 
     def __init__(self, on: str | None = None, ddof: int = 1, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
         super().__init__(on, ignore_nulls, alias_name)
@@ -265,9 +281,10 @@ def _skip(agg: AggregateFnV2) -> pc.ScalarAggregateOptions:
     return pc.ScalarAggregateOptions(skip_nulls=agg.ignore_nulls, min_count=1)
 
 
-def _partial_specs(i: int, agg: AggregateFnV2) -> list[tuple[Any, str, Any, str]]:
-    """(column, arrow aggregation, options, state name) computing ``agg``'s states from rows."""
-    on, kind = agg.on, agg.partial_kind
+def _partial_specs(i: int, agg: AggregateFnV2, on: str | None) -> list[tuple[Any, str, Any, str]]:
+    """(column, arrow aggregation, options, state name) computing ``agg``'s states from rows of
+    column ``on`` (``agg.on``, or its NaNs as nulls)."""
+    kind = agg.partial_kind
     if kind == "count":
         if on is None or not agg.ignore_nulls:
             return [([], "count_all", None, f"s{i}")]
@@ -295,12 +312,16 @@ def _partial_specs(i: int, agg: AggregateFnV2) -> list[tuple[Any, str, Any, str]
 def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
     """One row per group of ``table`` with every aggregation's states (the map side)."""
     _check_columns(table, keys, aggs)
+    columns_of = [agg.on for agg in aggs]
     for i, agg in enumerate(aggs):
+        if getattr(agg, "skips_nan", False) and agg.ignore_nulls and pa.types.is_floating(table.schema.field(agg.on).type):
+            table = table.append_column(f"__nonan{i}", nan_as_null(table.column(agg.on)))
+            columns_of[i] = f"__nonan{i}"
         if agg.partial_kind == "abs_max":
             table = table.append_column(f"__abs{i}", pc.abs(table.column(agg.on)))
         if agg.partial_kind == "zero_pct":
             table = table.append_column(f"__zero{i}", pc.cast(pc.equal(table.column(agg.on), 0), pa.int64()))
-    specs = [spec for i, agg in enumerate(aggs) for spec in _partial_specs(i, agg)]
+    specs = [spec for i, agg in enumerate(aggs) for spec in _partial_specs(i, agg, columns_of[i])]
     grouped = table.group_by(list(keys), use_threads=False).aggregate(
         [(column, func, opts) if opts is not None else (column, func) for column, func, opts, _ in specs]
     )

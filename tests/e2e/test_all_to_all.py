@@ -337,6 +337,22 @@ def test_std_of_one_value_is_nan_as_ray(mode, exchange):
     assert dataflow.from_items([{"v": 5}]).std("v", ddof=0) == 0.0
 
 
+def test_nan_is_null_for_sum_mean_std_whatever_the_blocks(mode, exchange):
+    """Ray's docs: NaN is a null value, so ignore_nulls=True skips it. Ray 2.60 returns None or
+    skips it depending on which block holds the NaN; here every block layout gives one answer."""
+    items = [{"k": "b", "f": 2.5}, {"k": "b", "f": math.nan}, {"k": "b", "f": 1.0}, {"k": "c", "f": math.nan}]
+    for blocks in (1, 2, 4):
+        ds = dataflow.from_items(items, override_num_blocks=blocks)
+        for extra in ((), (Quantile("f"),)):  # the partial path, and the whole-group path
+            got = {r["k"]: r for r in ds.groupby("k").aggregate(Sum("f"), Mean("f"), Std("f"), Count("f"), *extra).take_all()}
+            assert (got["b"]["sum(f)"], got["b"]["mean(f)"]) == (3.5, 1.75)
+            assert got["b"]["std(f)"] == pytest.approx(statistics.stdev([2.5, 1.0]))
+            assert got["b"]["count(f)"] == 3  # a NaN is a value to Count, as in Ray
+            assert got["c"]["sum(f)"] is None and got["c"]["mean(f)"] is None and got["c"]["std(f)"] is None
+        assert (ds.sum("f"), ds.mean("f")) == (3.5, 1.75)
+        assert math.isnan(ds.sum("f", ignore_nulls=False)) and math.isnan(ds.mean("f", ignore_nulls=False))
+
+
 def test_repeated_aggregation_names_get_rays_suffixes(mode, exchange):
     """Two aggregations of one name kept one column, holding the second's value."""
     ds = dataflow.from_items([{"k": 1, "f": 1.0}, {"k": 1, "f": None}])

@@ -290,18 +290,29 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _finite_floats(table: pa.Table) -> pa.Table:
+    """``table`` with its float columns' NaNs and infinities as nulls."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_floating(field.type):
+            column = table.column(i)
+            table = table.set_column(i, field, pc.if_else(pc.is_finite(column), column, pa.scalar(None, field.type)))
+    return table
+
+
 class JSONDatasink(FileDatasink):
     """JSON Lines files (one object per row) under ``path``, staged and committed.
 
-    Bytes are written as base64, dates and times as ISO 8601 strings, decimals as strings.
+    Bytes are written as base64, dates and times as ISO 8601 strings, decimals as strings. A NaN
+    or infinite float is ``null`` (JSON has no NaN; Ray's pandas writer does the same), and the
+    separators are compact, as Ray's.
     """
 
     EXTENSION = ".json"
 
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
         lines = [
-            stdlib_json.dumps(row, default=_json_default, ensure_ascii=False)
+            stdlib_json.dumps(row, default=_json_default, ensure_ascii=False, separators=(",", ":"))
             for table in tables
-            for row in table.to_pylist()
+            for row in _finite_floats(table).to_pylist()
         ]
         return pa.py_buffer(("\n".join(lines) + "\n").encode())

@@ -89,6 +89,18 @@ def test_csv_and_json_sinks_commit_and_read_back(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "JSONDatasink" / first).read_text().splitlines()[0])["b"] == "AA=="
 
 
+def test_json_sink_writes_nan_as_null_compactly_as_ray(tmp_path: Path) -> None:
+    """JSON has no NaN: json.dumps wrote ``NaN``, which strict readers refuse."""
+    table = pa.table({"a": [1, None], "f": [1.5, float("nan")], "g": pa.array([float("inf"), 2.0], pa.float32())})
+    sink = JSONDatasink(str(tmp_path / "j"))
+    sink.on_write_start()
+    sink.on_write_complete([sink.write(iter([table]), TaskContext(0))])
+    (name,) = [n for n in os.listdir(tmp_path / "j") if n.endswith(".json")]
+    text = (tmp_path / "j" / name).read_text()
+    assert text == '{"a":1,"f":1.5,"g":null}\n{"a":null,"f":null,"g":2.0}\n'
+    assert [json.loads(line, parse_constant=pytest.fail) for line in text.splitlines()]
+
+
 def test_json_lines_and_arrays(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text('{"x": 1, "y": "a"}\n{"x": 2, "y": "b"}\n')
     (tmp_path / "b.json").write_text(json.dumps([{"x": 3, "y": "c"}, {"x": 4, "y": "d"}], indent=2))

@@ -571,7 +571,13 @@ class Dataset:
     def schema(self, fetch_if_missing: bool = True) -> pa.Schema | None:
         """The schema; from the source when the plan does not change it, from the first block
         of a materialized dataset, else by running the plan for its first block (with
-        ``fetch_if_missing=False``: None instead, as Ray's)."""
+        ``fetch_if_missing=False``: None instead, as Ray's). A union's is its inputs' schemas
+        unified (int64 and double give double), and a filter or limit that leaves no rows has
+        its input's."""
+        if isinstance(self._plan, Union):
+            schemas = [self._derive(child).schema(fetch_if_missing) for child in self._plan.children]
+            known = [schema for schema in schemas if schema is not None]
+            return pa.unify_schemas(known, promote_options="permissive") if known else None
         plan = optimize(self._plan)
         if isinstance(plan, Read):
             known = plan.datasource.schema()
@@ -583,7 +589,8 @@ class Dataset:
             return None
         for table in self.limit(1).iterator().iter_blocks():
             return table.schema
-        return None
+        same = _same_schema_input(self._plan)
+        return self._derive(same).schema(fetch_if_missing) if same is not None else None
 
     def columns(self, fetch_if_missing: bool = True) -> list[str] | None:
         schema = self.schema(fetch_if_missing)
@@ -598,7 +605,7 @@ class Dataset:
         if not tables:
             schema = self.schema() if not isinstance(self._plan, InputBlocks) else None
             return schema.empty_table() if schema is not None else pa.table({})
-        return pa.concat_tables(tables, promote_options="default")
+        return pa.concat_tables(tables, promote_options="permissive")
 
     def to_pandas(self, limit: int | None = None) -> Any:
         """The rows as one pandas DataFrame, with Ray Data 2.60's dtypes (``pd.ArrowDtype``
@@ -1271,3 +1278,17 @@ def _on_shared_path(path: str, shared: tuple[str, ...]) -> bool:
         if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
             return True
     return False
+
+
+def _same_schema_input(node: LogicalNode) -> LogicalNode | None:
+    """The input whose schema ``node``'s output has, when ``node`` only drops or reorders rows
+    (a filter, a limit, a sort or shuffle); None when it may change the columns."""
+    if isinstance(node, Limit):
+        return node.input
+    if isinstance(node, MapStages) and (
+        node.filter_expr is not None or all(s.kind == "rows" and s.row_mode == "filter" for s in node.stages)
+    ):
+        return node.input
+    if isinstance(node, Exchange) and node.preserves_rows and len(node.children) == 1:
+        return node.children[0]
+    return None

@@ -117,3 +117,15 @@ def test_iterator_to_torch_as_ray(mode):
     assert features.shape == (5,) and label.tolist() == [0, 1, 2, 3, 4]
     with pytest.deprecated_call(), pytest.raises(ValueError, match="same keys"):
         ds.iterator().to_torch(feature_columns={"x": ["a"]}, feature_column_dtypes={"q": torch.float32})
+
+
+def test_schema_of_a_union_and_of_a_filter_that_leaves_no_rows(mode):
+    """A union's schema is its inputs' unified (it was the first input's), and a dataset whose
+    filter left nothing still has its input's columns (it was None), as in Ray."""
+    mixed = dataflow.from_items([{"a": 1}]).union(dataflow.from_items([{"a": 1.5}]))
+    assert mixed.schema() == pa.schema([("a", pa.float64())])
+    assert mixed.to_arrow().column("a").to_pylist() == [1.0, 1.5]
+    assert dataflow.range(2).union(dataflow.from_items([{"x": "a"}])).schema().names == ["id", "x"]
+    assert dataflow.range(3).filter(lambda r: False).schema().names == ["id"]
+    assert dataflow.range(3).filter(expr="id > 5").sort("id").limit(1).schema().names == ["id"]
+    assert dataflow.range(3).map(lambda r: {"z": 1}).filter(lambda r: False).schema().names == ["z"]

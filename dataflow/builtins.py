@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 if TYPE_CHECKING:
@@ -62,13 +63,16 @@ class RenameColumns:
 class AddColumn:
     """``add_column(col, fn)``: ``fn`` gets the batch in ``batch_format`` and returns the values."""
 
-    def __init__(self, col: str, fn: Callable[[Any], Any], batch_format: str) -> None:
+    def __init__(self, col: str, fn: Callable[[Any], Any], batch_format: str, arrow_backed_pandas: bool = True) -> None:
         self.col, self.fn, self.batch_format = col, fn, batch_format
+        self.arrow_backed_pandas = arrow_backed_pandas
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from engine.block_format import column_from_values, to_batch
 
-        values = self.fn(to_batch(table, self.batch_format))
+        values = self.fn(to_batch(table, self.batch_format, self.arrow_backed_pandas))
+        if values is None or isinstance(values, (str, bytes, bool, int, float, complex, pa.Scalar, np.generic)):
+            values = pa.repeat(values if isinstance(values, pa.Scalar) else pa.scalar(values), table.num_rows)  # a constant, as Ray broadcasts it
         column = column_from_values(self.col, values)
         if len(column) != table.num_rows:
             msg = f"add_column({self.col!r}): the function returned {len(column)} values for {table.num_rows} rows"

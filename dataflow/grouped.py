@@ -142,7 +142,7 @@ class MapGroupsReducer:
             msg = f"group key column {missing[0]!r} not found; the dataset has {table.column_names}"
             raise KeyError(msg)
         for _, group in groups(table, self.keys):
-            batch = to_batch(group, self.stage.batch_format)
+            batch = to_batch(group, self.stage.batch_format, self.stage.arrow_backed_pandas)
             result = call_stage(self.stage, fn, batch if self.stage.zero_copy_batch else writable_batch(batch))
             try:
                 for out in result if inspect.isgenerator(result) else (result,):

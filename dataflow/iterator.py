@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow import progress
+from dataflow.context import DataContext
 from engine.block_format import iter_rows, slice_rows, to_batch
 
 _END = object()
@@ -180,15 +181,17 @@ class DataIterator:
         *,
         prefetch_batches: int = 1,
         batch_size: int | None = 256,
-        batch_format: str = "default",
+        batch_format: str | None = "default",
         drop_last: bool = False,
         local_shuffle_buffer_size: int | None = None,
         local_shuffle_seed: int | None = None,
     ) -> Iterator[Any]:
-        """Batches of exactly ``batch_size`` rows (the last may be short unless ``drop_last``)."""
+        """Batches of exactly ``batch_size`` rows (the last may be short unless ``drop_last``);
+        ``batch_format=None``: ``pyarrow.Table``s, as Ray's native format."""
         check_batch_size(batch_size)
         tables = self.iter_tables(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed)
-        batches = (to_batch(t, batch_format) for t in tables)
+        arrow_backed = DataContext.get_current().enable_arrow_backed_pandas_conversion
+        batches = (to_batch(t, batch_format, arrow_backed) for t in tables)
         return self._counted(prefetch(batches, prefetch_batches))
 
     def iter_tables(

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dataflow.context import DataContext
 from dataflow.plan import ActorPool, LogicalNode, MapStages, Resources
 from engine.block_format import BATCH_FORMATS
 from engine.row_errors import ON_ERROR, ErrorSink
@@ -404,7 +405,7 @@ def map_node(
     check_callable(fn, method)
     sink = error_handling(method, on_error, error_sink)
     concurrency = concurrency_from_compute(compute, concurrency, fn)
-    if batch_format not in BATCH_FORMATS:
+    if batch_format is not None and batch_format not in BATCH_FORMATS:
         msg = f"batch_format must be one of {BATCH_FORMATS}, got {batch_format!r}"
         raise ValueError(msg)
     if batch_size == "auto" or batch_size == "default":
@@ -439,6 +440,7 @@ def map_node(
         row_mode=row_mode,
         batch_size=batch_size,
         batch_format=batch_format,
+        arrow_backed_pandas=DataContext.get_current().enable_arrow_backed_pandas_conversion,
         zero_copy_batch=zero_copy_batch,
         max_retries=remote.max_retries,
         retry_exceptions=remote.retry_exceptions,

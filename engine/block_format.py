@@ -51,14 +51,16 @@ def _is_extension(typ: pa.DataType) -> bool:
     return isinstance(typ, pa.ExtensionType)
 
 
-def to_batch(table: pa.Table, batch_format: str) -> Any:
-    """``table`` in the requested batch format."""
+def to_batch(table: pa.Table, batch_format: str | None, arrow_backed_pandas: bool = True) -> Any:
+    """``table`` in the requested batch format (None: as it is, a ``pyarrow.Table``, as Ray's
+    native format). A pandas batch has Ray 2.60's dtypes: ``pd.ArrowDtype`` columns unless
+    ``arrow_backed_pandas`` is False (``DataContext.enable_arrow_backed_pandas_conversion``)."""
     if batch_format in ("default", "numpy"):
         return {name: column_to_numpy(table.column(i)) for i, name in enumerate(table.column_names)}
-    if batch_format == "pyarrow":
+    if batch_format == "pyarrow" or batch_format is None:
         return table
     if batch_format == "pandas":
-        return table.to_pandas()
+        return table_to_pandas(table, arrow_backed_pandas)
     if batch_format == "polars":
         import polars as pl
 

@@ -61,7 +61,10 @@ class Stage:
     row_mode: str = "map"
     """For row stages: "map" (one row out), "filter" (keep if true), "flat_map" (rows out)."""
     batch_size: int | None = None
-    batch_format: str = "default"
+    batch_format: str | None = "default"
+    arrow_backed_pandas: bool = True
+    """Pandas batches get ``pd.ArrowDtype`` columns (``DataContext.enable_arrow_backed_pandas_conversion``
+    when the step was added), as Ray 2.60's do."""
     user_code: bool = True
     """False for engine-provided steps (select_columns...), whose errors are not UDF errors."""
     zero_copy_batch: bool = True
@@ -372,7 +375,7 @@ def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Ta
             yield from _skip_failing_batch_rows(stage, fn, batch)
         return
     for batch in _rebatch(blocks, stage.batch_size):
-        formatted = to_batch(batch, stage.batch_format)
+        formatted = to_batch(batch, stage.batch_format, stage.arrow_backed_pandas)
         if not stage.zero_copy_batch:
             formatted = writable_batch(formatted)
         result = call_stage(stage, fn, formatted)
@@ -396,7 +399,7 @@ def _skip_failing_batch_rows(stage: Stage, fn: Callable[..., Any], batch: pa.Tab
     pending = [batch]
     while pending:
         table = pending.pop()
-        formatted = to_batch(table, stage.batch_format)
+        formatted = to_batch(table, stage.batch_format, stage.arrow_backed_pandas)
         if not stage.zero_copy_batch:
             formatted = writable_batch(formatted)
         try:

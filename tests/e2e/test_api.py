@@ -292,3 +292,34 @@ def test_ray_compute_strategies_map_to_concurrency(mode):
     assert dataflow.range(10).map(lambda r: r, compute=dataflow.TaskPoolStrategy(size=1)).count() == 10
     with pytest.raises(ValueError, match="either compute= or concurrency="):
         dataflow.range(3).map_batches(AddOffset, compute=dataflow.ActorPoolStrategy(size=1), concurrency=1)
+
+
+def test_pandas_batches_have_rays_arrow_backed_dtypes(mode):
+    """Ray 2.60 hands pandas UDFs ``pd.ArrowDtype`` columns (its
+    ``enable_arrow_backed_pandas_conversion``, on by default): an identity UDF keeps an int
+    column with nulls an int column (numpy dtypes made it double)."""
+    ds = dataflow.from_items([{"a": 1, "s": "x"}, {"a": None, "s": "y"}])
+    same = ds.map_batches(lambda df: df, batch_format="pandas")
+    assert same.schema().types == [pa.int64(), pa.string()] and same.take_all() == ds.take_all()
+    seen = ds.map_batches(lambda df: df.assign(d=str(df["a"].dtype)), batch_format="pandas").take(1)
+    assert seen[0]["d"] == "int64[pyarrow]"
+    assert str(ds.take_batch(2, batch_format="pandas")["s"].dtype) == "string[pyarrow]"
+    grouped = ds.groupby("s").map_groups(lambda df: df.assign(d=str(df["a"].dtype)), batch_format="pandas")
+    assert {r["d"] for r in grouped.take_all()} == {"int64[pyarrow]"}
+    assert ds.add_column("c", lambda df: df["a"] + 1).take_all()[0]["c"] == 2
+    ctx = dataflow.DataContext.get_current()
+    ctx.enable_arrow_backed_pandas_conversion = False
+    try:
+        assert ds.map_batches(lambda df: df.assign(d=str(df["a"].dtype)), batch_format="pandas").take(1)[0]["d"] == "float64"
+        assert str(ds.take_batch(2, batch_format="pandas")["a"].dtype) == "float64"
+    finally:
+        ctx.enable_arrow_backed_pandas_conversion = True
+
+
+def test_native_batch_format_and_constant_columns_as_ray(mode):
+    ds = dataflow.range(3)
+    assert isinstance(ds.take_batch(2, batch_format=None), pa.Table)  # None: the native format
+    assert all(isinstance(b, pa.Table) for b in ds.iter_batches(batch_format=None))
+    assert ds.map_batches(lambda t: t.append_column("two", pa.array([2] * len(t))), batch_format=None).take(1) == [{"id": 0, "two": 2}]
+    assert [r["c"] for r in ds.add_column("c", lambda df: 5).take_all()] == [5, 5, 5]  # broadcast, as Ray
+    assert [r["c"] for r in ds.add_column("c", lambda df: "xyz").take_all()] == ["xyz"] * 3  # not its letters

@@ -43,6 +43,7 @@ from dataflow.iterator import DataIterator
 from dataflow.mixing import MixStoppingCondition
 from dataflow.read_api import (
     from_arrow,
+    from_blocks,
     from_huggingface,
     from_items,
     from_numpy,
@@ -50,6 +51,7 @@ from dataflow.read_api import (
     from_polars,
     from_torch,
     range,
+    range_tensor,
     read_binary_files,
     read_csv,
     read_datasource,
@@ -66,8 +68,12 @@ from dataflow.read_api import (
     read_tfrecords,
     read_webdataset,
 )
+from dataflow.summary import DatasetSummary
 from dataflow.udf import ActorPoolStrategy, TaskPoolStrategy
 from engine.options import ExecutionOptions, ExecutionResources
+
+DatasetContext = DataContext  # Ray's older names, still exported by ray.data
+DatasetIterator = DataIterator
 
 __version__ = "0.1.0"
 
@@ -147,8 +153,9 @@ def __getattr__(name: str) -> Any:
     loads no connector)."""
     module = _CONNECTOR_NAMES.get(name)
     if module is None:
-        msg = f"module 'dataflow' has no attribute {name!r}"
-        raise AttributeError(msg)
+        from dataflow.ray_api import RAY_DATA_MODULE_API, module_attribute_error
+
+        raise module_attribute_error("dataflow", name, "ray.data", RAY_DATA_MODULE_API)
     import importlib
 
     return getattr(importlib.import_module(module), name)
@@ -168,6 +175,9 @@ __all__ = [
     "DataIterator",
     "DataflowError",
     "Dataset",
+    "DatasetContext",
+    "DatasetIterator",
+    "DatasetSummary",
     "Datasink",
     "Datasource",
     "ExecutionOptions",
@@ -185,6 +195,7 @@ __all__ = [
     "WorkerDiedError",
     "col",
     "from_arrow",
+    "from_blocks",
     "from_huggingface",
     "from_items",
     "from_numpy",
@@ -195,6 +206,7 @@ __all__ = [
     "lit",
     "options",
     "range",
+    "range_tensor",
     "read_binary_files",
     "read_csv",
     "read_datasource",

@@ -124,6 +124,12 @@ class _Context:
     def literal(self, value: Any) -> Any:
         return pc.scalar(value) if self.table is None else pa.scalar(value)
 
+    def any_string(self, left: Any, right: Any) -> bool:
+        """Whether an operand is known to be a string (only on a table)."""
+        if self.table is None:
+            return False
+        return any(pa.types.is_string(v.type) or pa.types.is_large_string(v.type) for v in (left, right))
+
     def both_integers(self, left: Any, right: Any) -> bool:
         """Whether both operands are known to be integers (only on a table)."""
         if self.table is None:
@@ -275,6 +281,68 @@ class Expr:
         """The values with nulls replaced by ``value`` (a constant or an expression)."""
         return FunctionExpr("coalesce", (self, _as_expr(value)))
 
+    # math, named as Ray's Expr methods (pyarrow.compute functions; the logarithms,
+    # exponential and trigonometry give float64, abs and negate raise on overflow)
+    def _unary(self, function: str, float_result: bool = False) -> Expr:
+        operand = CastExpr(self, pa.float64(), True) if float_result else self
+        return FunctionExpr(function, (operand,))
+
+    def ceil(self) -> Expr:
+        return self._unary("ceil")
+
+    def floor(self) -> Expr:
+        return self._unary("floor")
+
+    def round(self) -> Expr:
+        """Half to even, as ``pyarrow.compute.round``."""
+        return self._unary("round")
+
+    def trunc(self) -> Expr:
+        return self._unary("trunc")
+
+    def ln(self) -> Expr:
+        return self._unary("ln", True)
+
+    def log10(self) -> Expr:
+        return self._unary("log10", True)
+
+    def log2(self) -> Expr:
+        return self._unary("log2", True)
+
+    def exp(self) -> Expr:
+        return self._unary("exp", True)
+
+    def sin(self) -> Expr:
+        return self._unary("sin", True)
+
+    def cos(self) -> Expr:
+        return self._unary("cos", True)
+
+    def tan(self) -> Expr:
+        return self._unary("tan", True)
+
+    def asin(self) -> Expr:
+        return self._unary("asin", True)
+
+    def acos(self) -> Expr:
+        return self._unary("acos", True)
+
+    def atan(self) -> Expr:
+        return self._unary("atan", True)
+
+    def negate(self) -> Expr:
+        return self._unary("negate_checked")
+
+    def sign(self) -> Expr:
+        """-1, 0 or 1."""
+        return self._unary("sign")
+
+    def abs(self) -> Expr:
+        return self._unary("abs_checked")
+
+    def power(self, exponent: Any) -> Expr:
+        return FunctionExpr("power", (self, _as_expr(exponent)))
+
     @property
     def str(self) -> StringNamespace:
         """String functions: ``col("name").str.upper()``."""
@@ -380,6 +448,8 @@ class BinaryExpr(Expr):
             return _divide(left, right)
         if self.op in (Operation.FLOORDIV, Operation.MOD):
             return _floordiv_and_mod(self.op, left, right, ctx)
+        if self.op is Operation.ADD and ctx.any_string(left, right):  # "a" + "b" joins, as in Ray
+            return pc.binary_join_element_wise(left, right, "")
         return getattr(pc, _ARROW_BINARY[self.op])(left, right)
 
     def __repr__(self) -> str:
@@ -454,8 +524,8 @@ class CastExpr(Expr):
 class FunctionExpr(Expr):
     """A ``pyarrow.compute`` function applied to expressions, with fixed options.
 
-    Only this module makes these (the ``.str`` functions, ``fill_null``, the parser's
-    ``is_nan``), so ``function`` is always one of a known few.
+    Only this module makes these (the ``.str`` functions, the math methods, ``fill_null``, the
+    parser's ``is_nan``), so ``function`` is always one of a known few.
     """
 
     function: str
@@ -678,3 +748,10 @@ __all__ = [
     "col",
     "lit",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A Ray name this module lacks (``udf``, ``star``, ``download``...) says so."""
+    from dataflow.ray_api import RAY_EXPRESSIONS_API, module_attribute_error
+
+    raise module_attribute_error("dataflow.expressions", name, "ray.data.expressions", RAY_EXPRESSIONS_API)

@@ -37,6 +37,34 @@ RAY_DATA_ITERATOR_API: tuple[str, ...] = (
 )  # fmt: skip
 
 
+RAY_DATA_MODULE_API: tuple[str, ...] = (
+    # ray.data.__all__ in Ray 2.60
+    "ActorPoolStrategy", "BlockBasedFileDatasink", "Catalog", "CatalogAccessMode",
+    "ClickHouseTableSettings", "DataContext", "DataIterator", "DatabricksUnityCatalog", "Dataset",
+    "DatasetContext", "DatasetIterator", "DatasetSummary", "Datasink", "Datasource",
+    "ExecutionOptions", "ExecutionResources", "FileShuffleConfig", "KafkaAuthConfig",
+    "MixStoppingCondition", "NodeIdStr", "Preprocessor", "RandomSeedConfig", "ReadTask",
+    "ReaderFormat", "ResolvedSource", "RowBasedFileDatasink", "SaveMode", "Schema", "SinkMode",
+    "TaskPoolStrategy", "from_arrow", "from_arrow_refs", "from_blocks", "from_daft", "from_dask",
+    "from_huggingface", "from_items", "from_mars", "from_modin", "from_numpy", "from_numpy_refs",
+    "from_pandas", "from_pandas_refs", "from_spark", "from_tf", "from_torch",
+    "list_stats_summaries", "range", "range_tensor", "read_audio", "read_avro", "read_binary_files",
+    "read_clickhouse", "read_csv", "read_datasource", "read_delta", "read_delta_sharing_tables",
+    "read_hudi", "read_iceberg", "read_images", "read_json", "read_kafka", "read_lance",
+    "read_lerobot", "read_mcap", "read_mongo", "read_numpy", "read_orc", "read_parquet",
+    "read_snowflake", "read_sql", "read_text", "read_tfrecords", "read_unity_catalog", "read_videos",
+    "read_webdataset", "read_zarr",
+)  # fmt: skip
+
+RAY_EXPRESSIONS_API: tuple[str, ...] = (
+    # ray.data.expressions.__all__ in Ray 2.60, its private namespace classes left out
+    "AliasExpr", "BinaryExpr", "ColumnExpr", "DownloadExpr", "Expr", "LiteralExpr",
+    "MonotonicallyIncreasingIdExpr", "Operation", "RandomExpr", "StarExpr", "UDFExpr", "UUIDExpr",
+    "UnaryExpr", "UnnestExpr", "col", "download", "lit", "monotonically_increasing_id",
+    "pyarrow_udf", "random", "star", "udf", "unnest", "uuid",
+)  # fmt: skip
+
+
 def missing(cls: type, names: Iterable[str]) -> list[str]:
     """The names of ``names`` that ``cls`` does not have, in their order."""
     return [name for name in names if not hasattr(cls, name)]
@@ -53,3 +81,15 @@ def attribute_error(obj: object, name: str, ray_names: tuple[str, ...]) -> Attri
     else:
         msg = f"{kind!r} object has no attribute {name!r}"
     return AttributeError(msg, name=name, obj=obj)
+
+
+def module_attribute_error(module: str, name: str, ray_module: str, ray_names: tuple[str, ...]) -> AttributeError:
+    """The error for ``module.name`` when the module has no such attribute."""
+    if name in ray_names:
+        msg = (
+            f"{ray_module}.{name} is a Ray Data API that dataflow does not provide ({module} has no "
+            f"{name!r}); the README's 'Ray Data APIs not provided' lists them all"
+        )
+    else:
+        msg = f"module {module!r} has no attribute {name!r}"
+    return AttributeError(msg, name=name)

@@ -71,6 +71,39 @@ def range(n: int, *, override_num_blocks: int | None = None) -> Dataset:
     return read_datasource(RangeDatasource(n, override_num_blocks))
 
 
+def range_tensor(n: int, *, shape: tuple[int, ...] = (1,), override_num_blocks: int | None = None) -> Dataset:
+    """Rows ``{"data": np.full(shape, i)}`` for i in 0 ... n - 1: one int64 tensor column (Ray's
+    ``range_tensor``)."""
+    shape = tuple(shape)
+    if not all(isinstance(d, int) and d > 0 for d in shape):
+        msg = f"range_tensor(shape=...) takes positive ints, got {shape!r}"
+        raise ValueError(msg)
+    return range(n, override_num_blocks=override_num_blocks)._column_step(
+        "range_tensor", f"RangeTensor{shape}", RangeTensor(shape), {}
+    )
+
+
+class RangeTensor:
+    """Column ``id`` as column ``data`` of ``shape``-d tensors filled with it."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from engine.block_format import tensor_array
+
+        ids = table.column("id").to_numpy()
+        data = np.broadcast_to(ids.reshape(-1, *(1 for _ in self.shape)), (len(ids), *self.shape))
+        return pa.table({"data": tensor_array(np.ascontiguousarray(data, dtype=np.int64))})
+
+
+def from_blocks(blocks: Sequence[Any]) -> Dataset:
+    """A dataset of exactly these blocks (Arrow tables or pandas DataFrames), one each: Ray's
+    ``from_blocks``, for tests that need a given block layout."""
+    tables = [b if isinstance(b, pa.Table) else pa.Table.from_pandas(b, preserve_index=False) for b in blocks]
+    return read_datasource(ArrowDatasource(tables, max(len(tables), 1), "FromBlocks"))
+
+
 def from_arrow(tables: pa.Table | Sequence[pa.Table], *, override_num_blocks: int | None = None) -> Dataset:
     """A dataset of Arrow tables (or record batches) already in memory."""
     if isinstance(tables, (pa.Table, pa.RecordBatch)):

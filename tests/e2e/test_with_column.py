@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -85,3 +89,26 @@ def test_a_missing_column_in_a_pushed_filter_is_named(tmp_path):
     pq.write_table(pa.table({"id": [1, 2, 3]}), tmp_path / "data.parquet")
     with dataflow.options(execution_mode="local"), pytest.raises(UserCodeError, match="zz"):
         dataflow.read_parquet(str(tmp_path)).filter(expr="zz > 1").take_all()
+
+
+def test_rays_math_methods_and_string_concatenation(mode):
+    ds = dataflow.from_items([{"a": -1.5, "i": 4, "s": "ab"}, {"a": 2.5, "i": -2, "s": "c"}])
+    got = ds.with_columns({
+        "ceil": col("a").ceil(), "floor": col("a").floor(), "round": col("a").round(), "trunc": col("a").trunc(),
+        "abs": col("a").abs(), "sign": col("i").sign(), "pow": col("i").power(2), "neg": col("i").negate(),
+        "ln": col("i").abs().ln(), "cat": col("s") + "x", "cat2": lit("<") + col("s"),
+    }).take_all()
+    assert [(r["ceil"], r["floor"], r["round"], r["trunc"], r["abs"]) for r in got] == [(-1.0, -2.0, -2.0, -1.0, 1.5), (3.0, 2.0, 2.0, 2.0, 2.5)]
+    assert [(r["sign"], r["pow"], r["neg"]) for r in got] == [(1, 16, -4), (-1, 4, 2)]
+    assert got[0]["ln"] == pytest.approx(math.log(4)) and [r["cat"] for r in got] == ["abx", "cx"]
+    assert [r["cat2"] for r in got] == ["<ab", "<c"]
+    assert dataflow.range(4).filter(expr=(col("id") - 2).abs() >= 1).take_all() == [{"id": 0}, {"id": 1}, {"id": 3}]
+
+
+def test_range_tensor_and_from_blocks(mode):
+    ds = dataflow.range_tensor(5, shape=(2, 2), override_num_blocks=2)
+    rows = ds.take_all()
+    assert [r["data"].tolist() for r in rows] == [[[i, i], [i, i]] for i in range(5)]
+    assert rows[0]["data"].dtype == np.int64
+    blocks = dataflow.from_blocks([pa.table({"a": [1]}), pd.DataFrame({"a": [2, 3]}), pa.table({"a": [4]})]).materialize()
+    assert blocks.num_blocks() == 3 and blocks.take_all() == [{"a": i} for i in range(1, 5)]

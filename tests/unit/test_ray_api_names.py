@@ -73,3 +73,27 @@ def test_datasets_still_copy_and_pickle():
     assert twin._plan is ds._plan and twin.name == "x"
     with pytest.raises(TypeError, match="copy"):
         Dataset.copy(ds, _as=MaterializedDataset)
+
+
+def test_the_module_lists_are_sorted_and_unique():
+    for names in (ray_api.RAY_DATA_MODULE_API, ray_api.RAY_EXPRESSIONS_API):
+        assert list(names) == sorted(set(names))
+
+
+@pytest.mark.parametrize("name", [n for n in ray_api.RAY_DATA_MODULE_API if not hasattr(dataflow, n)])
+def test_a_ray_module_name_dataflow_lacks_says_so(name):
+    with pytest.raises(AttributeError, match=f"ray.data.{name} is a Ray Data API that dataflow does not provide"):
+        getattr(dataflow, name)
+
+
+def test_module_names_dataflow_has_and_does_not():
+    import dataflow.expressions as expressions
+
+    assert dataflow.DatasetIterator is dataflow.DataIterator and dataflow.DatasetContext is dataflow.DataContext
+    assert {"range_tensor", "from_blocks", "DatasetSummary", "read_parquet"} <= set(dir(dataflow))
+    with pytest.raises(AttributeError, match=r"^module 'dataflow' has no attribute 'raed_parquet'$"):
+        dataflow.raed_parquet
+    with pytest.raises(AttributeError, match=r"ray\.data\.expressions\.udf is a Ray Data API"):
+        expressions.udf
+    with pytest.raises(AttributeError, match=r"^module 'dataflow.expressions' has no attribute 'coll'$"):
+        expressions.coll

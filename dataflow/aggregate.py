@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from engine.errors import ColumnNotFoundError
 from engine.exchange import concat
 from engine.transform import USER_ERRORS, UDFFailure, udf_name
 
@@ -420,7 +421,7 @@ def _check_columns(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
     for name in [*keys, *(c for a in aggs for c in (a.columns() or []))]:
         if name not in table.column_names:
             msg = f"column {name!r} not found; the dataset has {table.column_names}"
-            raise KeyError(msg)
+            raise ColumnNotFoundError(msg)
 
 
 def needed_columns(keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> list[str] | None:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from engine.errors import ColumnNotFoundError
+
 if TYPE_CHECKING:
     import pyarrow.compute as pc
 
@@ -19,7 +21,7 @@ def _missing(table: pa.Table, names: list[str], what: str) -> None:
     missing = [n for n in names if n not in table.column_names]
     if missing:
         msg = f"{what}: no column {missing[0]!r}; the columns are {table.column_names}"
-        raise KeyError(msg)
+        raise ColumnNotFoundError(msg)
 
 
 def pass_through(table: pa.Table) -> pa.Table:

@@ -4,6 +4,7 @@ the UDF's own exception class, so ``except ValueError`` still works."""
 from __future__ import annotations
 
 from engine.errors import (
+    ColumnNotFoundError,
     DataflowError,
     EngineError,
     ObjectStoreFullError,
@@ -15,6 +16,7 @@ from engine.errors import (
 )
 
 __all__ = [
+    "ColumnNotFoundError",
     "DataflowError",
     "EngineError",
     "ObjectStoreFullError",

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from dataflow.builtins import FilterExpression
+from engine.errors import ColumnNotFoundError
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -118,7 +119,7 @@ class _Context:
             return pc.field(name)
         if name not in self.table.column_names:
             msg = f"no column {name!r}; the columns are {self.table.column_names}"
-            raise KeyError(msg)
+            raise ColumnNotFoundError(msg)
         return self.table.column(name)
 
     def literal(self, value: Any) -> Any:
@@ -645,7 +646,7 @@ def _check_columns(table: pa.Table, expr: Expr, what: str) -> None:
     missing = sorted(expr.columns() - set(table.column_names))
     if missing:
         msg = f"{what}: no column {missing[0]!r}; the columns are {table.column_names}"
-        raise KeyError(msg)
+        raise ColumnNotFoundError(msg)
 
 
 class FilterExpr:

@@ -33,6 +33,7 @@ from dataflow.plan import Exchange, LogicalNode
 from dataflow.shuffle import HashPartitioner
 from dataflow.udf import map_node
 from engine.block_format import to_batch, to_block
+from engine.errors import ColumnNotFoundError
 from engine.exchange import FINE_PARTITIONS, concat
 from engine.transform import USER_ERRORS, Stage, UDFFailure, call_stage, writable_batch
 
@@ -62,7 +63,7 @@ class _Projecting(HashPartitioner):
             missing = [c for c in self.columns if c not in table.column_names]
             if missing:
                 msg = f"column {missing[0]!r} not found; the dataset has {table.column_names}"
-                raise KeyError(msg)
+                raise ColumnNotFoundError(msg)
             table = table.select(self.columns)
         if not self.keys:
             import numpy as np
@@ -140,7 +141,7 @@ class MapGroupsReducer:
         missing = [k for k in self.keys if k not in table.column_names]
         if missing:
             msg = f"group key column {missing[0]!r} not found; the dataset has {table.column_names}"
-            raise KeyError(msg)
+            raise ColumnNotFoundError(msg)
         for _, group in groups(table, self.keys):
             batch = to_batch(group, self.stage.batch_format, self.stage.arrow_backed_pandas)
             result = call_stage(self.stage, fn, batch if self.stage.zero_copy_batch else writable_batch(batch))

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from dataflow.plan import Exchange, LogicalNode
 from dataflow.shuffle import HashPartitioner
+from engine.errors import ColumnNotFoundError
 from engine.exchange import FINE_PARTITIONS, concat
 
 JOIN_TYPES = {
@@ -59,7 +60,7 @@ class JoinReducer:
             missing = [k for k in keys if k not in table.column_names]
             if missing:
                 msg = f"join key {missing[0]!r} not found in the {side} dataset, which has {table.column_names}"
-                raise KeyError(msg)
+                raise ColumnNotFoundError(msg)
         self._check_collisions(lt.column_names, rt.column_names)
         for lk, rk in zip(self.on, self.right_on, strict=True):
             lt, rt = _aligned(lt, lk, rt, rk)

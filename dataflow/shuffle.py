@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from engine.errors import ColumnNotFoundError
 from engine.exchange import FINE_PARTITIONS, concat
 
 SHUFFLE_KEY = "__dataflow_shuffle_key"
@@ -86,7 +87,7 @@ def key_hashes(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
     for name in keys:
         if name not in table.column_names:
             msg = f"column {name!r} not found; the dataset has {table.column_names}"
-            raise KeyError(msg)
+            raise ColumnNotFoundError(msg)
         column = table.column(name)
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)

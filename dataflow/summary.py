@@ -28,6 +28,7 @@ from dataflow.aggregate import (
     Std,
     ZeroPercentage,
 )
+from engine.errors import ColumnNotFoundError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,7 +90,7 @@ def summarize(ds: Dataset, columns: Sequence[str] | None) -> DatasetSummary:
     for name in wanted:
         if name not in arrow_schema.names:
             msg = f"column {name!r} not found; the dataset has {arrow_schema.names}"
-            raise KeyError(msg)
+            raise ColumnNotFoundError(msg)
     aggs: list[AggregateFnV2] = []
     plan: dict[str, list[tuple[str, str]]] = {}
     for name in wanted:

@@ -41,6 +41,14 @@ class ResourceError(DataflowError, ValueError):
     """A task asks for resources no node can ever provide."""
 
 
+class ColumnNotFoundError(DataflowError, KeyError, ValueError):
+    """A step names a column the data does not have. Ray raises ``ValueError`` where a lookup
+    would raise ``KeyError``: both ``except`` clauses catch this one."""
+
+    def __str__(self) -> str:  # the message as written (KeyError's own quotes it)
+        return str(self.args[0]) if self.args else ""
+
+
 class SplitCoordinatorLostError(DataflowError):
     """A ``streaming_split`` iterator in another process lost its coordinator: the driver
     process that called ``streaming_split`` (which hosts the coordinator) died, shut down, or

@@ -353,6 +353,15 @@ def test_nan_is_null_for_sum_mean_std_whatever_the_blocks(mode, exchange):
         assert math.isnan(ds.sum("f", ignore_nulls=False)) and math.isnan(ds.mean("f", ignore_nulls=False))
 
 
+def test_a_missing_column_is_rays_value_error_and_still_a_key_error(mode):
+    from dataflow.errors import ColumnNotFoundError
+
+    for call in (lambda: dataflow.range(3).groupby("nope").count().take_all(), lambda: dataflow.range(3).sum("nope")):
+        with pytest.raises(ValueError, match="column 'nope' not found; the dataset has \\['id'\\]") as info:
+            call()
+        assert isinstance(info.value, KeyError) and isinstance(info.value, ColumnNotFoundError)
+
+
 def test_repeated_aggregation_names_get_rays_suffixes(mode, exchange):
     """Two aggregations of one name kept one column, holding the second's value."""
     ds = dataflow.from_items([{"k": 1, "f": 1.0}, {"k": 1, "f": None}])

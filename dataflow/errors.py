@@ -11,6 +11,7 @@ from engine.errors import (
     ResourceError,
     SplitCoordinatorLostError,
     TaskTimeoutError,
+    UDFOutputError,
     UserCodeError,
     WorkerDiedError,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "ResourceError",
     "SplitCoordinatorLostError",
     "TaskTimeoutError",
+    "UDFOutputError",
     "UserCodeError",
     "WorkerDiedError",
 ]

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from engine.errors import UDFOutputError
+
 BATCH_FORMATS = ("default", "numpy", "pandas", "pyarrow", "polars")
 
 
@@ -140,7 +142,7 @@ def to_block(batch: Any) -> pa.Table:
         "a batch function must return a dict of columns, a pyarrow Table, a pandas or polars "
         f"DataFrame; got {type(batch).__name__}"
     )
-    raise TypeError(msg)
+    raise UDFOutputError(msg)
 
 
 def table_to_pandas(table: pa.Table, arrow_backed: bool = True) -> Any:
@@ -236,7 +238,7 @@ def rows_to_block(rows: list[Any]) -> pa.Table:
     first = rows[0]
     if not isinstance(first, Mapping):
         msg = f"a row function must return a dict, got {type(first).__name__}"
-        raise TypeError(msg)
+        raise UDFOutputError(msg)
     keys = list(first.keys())
     try:  # fast path: every row has exactly the first row's keys
         columns = {k: [r[k] for r in rows] for k in keys}
@@ -248,6 +250,6 @@ def rows_to_block(rows: list[Any]) -> pa.Table:
     for r in rows:
         if not isinstance(r, Mapping):
             msg = f"a row function must return a dict, got {type(r).__name__}"
-            raise TypeError(msg)
+            raise UDFOutputError(msg)
         all_keys.update(dict.fromkeys(r))
     return to_block({k: [r.get(k) for r in rows] for k in all_keys})  # missing keys are nulls

@@ -49,6 +49,12 @@ class ColumnNotFoundError(DataflowError, KeyError, ValueError):
         return str(self.args[0]) if self.args else ""
 
 
+class UDFOutputError(DataflowError, TypeError, ValueError):
+    """A UDF returned what cannot be a row or a batch (``map`` returning a list, ``map_batches``
+    returning None). Ray raises ``ValueError``; the wrong type is a ``TypeError``: both
+    ``except`` clauses catch this one."""
+
+
 class SplitCoordinatorLostError(DataflowError):
     """A ``streaming_split`` iterator in another process lost its coordinator: the driver
     process that called ``streaming_split`` (which hosts the coordinator) died, shut down, or

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from engine import row_errors
 from engine.block_format import rows_of, rows_to_block, slice_rows, to_batch, to_block
+from engine.errors import UDFOutputError
 
 ROW_CHUNK = 16384
 """Rows turned into Python dicts at a time inside a row-stage chain (bounds their memory)."""
@@ -281,7 +282,7 @@ def _row_lists(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[list
             if rows:
                 if not all(type(r) is dict for r in rows) and not all(isinstance(r, Mapping) for r in rows):
                     bad = next(r for r in rows if not isinstance(r, Mapping))
-                    err = TypeError(f"a row function must return a dict, got {type(bad).__name__}")
+                    err = UDFOutputError(f"a row function must return a dict, got {type(bad).__name__}")
                     raise UDFFailure(stages[-1].name, err)
                 yield rows
 
@@ -338,7 +339,7 @@ def _skip_failing_rows(stage: Stage, fn: Callable[..., Any], rows: list[Any]) ->
             bad = next((r for r in out if not isinstance(r, Mapping)), None)
             if bad is not None:
                 msg = f"a row function must return a dict, got {type(bad).__name__}"
-                raise TypeError(msg)
+                raise UDFOutputError(msg)
             kept.extend(out)
         except Exception as err:  # KeyboardInterrupt and SystemExit still end the task
             row_errors.skipped(stage.name, stage.error_sink, row, err)

@@ -63,6 +63,10 @@ def test_bad_udf_return_names_the_udf(mode):
     assert "MapBatches(" in str(info.value) and "<lambda>" in str(info.value)
     with pytest.raises(TypeError, match="must return a dict"):
         dataflow.range(10).map(lambda r: 5).take_all()
+    # Ray raises ValueError here: UDFOutputError is both
+    with pytest.raises(ValueError, match="must return a dict") as info:
+        dataflow.range(10).flat_map(lambda r: [1]).take_all()
+    assert isinstance(info.value, dataflow.errors.UDFOutputError)
 
 
 def test_arguments_are_checked_when_called():

@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from connectors.base import Datasource
 from connectors.memory import ArrowDatasource, RangeDatasource
-from dataflow.dataset import Dataset
+from dataflow.context import options
+from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.plan import Read
 
 READ_TASK_ARGS = ("parallelism", "concurrency", "num_cpus", "num_gpus", "memory", "resources", "ray_remote_args")
@@ -97,11 +98,12 @@ class RangeTensor:
         return pa.table({"data": tensor_array(np.ascontiguousarray(data, dtype=np.int64))})
 
 
-def from_blocks(blocks: Sequence[Any]) -> Dataset:
-    """A dataset of exactly these blocks (Arrow tables or pandas DataFrames), one each: Ray's
-    ``from_blocks``, for tests that need a given block layout."""
+def from_blocks(blocks: Sequence[Any]) -> MaterializedDataset:
+    """A materialized dataset of exactly these blocks (Arrow tables or pandas DataFrames), one
+    each and in this order: Ray's ``from_blocks``, for tests that need a given block layout."""
     tables = [b if isinstance(b, pa.Table) else pa.Table.from_pandas(b, preserve_index=False) for b in blocks]
-    return read_datasource(ArrowDatasource(tables, max(len(tables), 1), "FromBlocks"))
+    with options(preserve_order=True):
+        return read_datasource(ArrowDatasource(tables, max(len(tables), 1), "FromBlocks")).materialize()
 
 
 def from_arrow(tables: pa.Table | Sequence[pa.Table], *, override_num_blocks: int | None = None) -> Dataset:

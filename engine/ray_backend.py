@@ -71,6 +71,24 @@ AUTOSCALER_PERIOD_S = 5.0
 
 
 # what runs on the cluster -------------------------------------------------------------------
+class NoColumns:
+    """A block without columns as it crosses Ray. A pickled ``pyarrow.Table`` keeps only its
+    columns, so a table with none (``select_columns([])``) arrived with no rows."""
+
+    def __init__(self, num_rows: int) -> None:
+        self.num_rows = num_rows
+
+
+def to_ray(table: pa.Table) -> pa.Table | NoColumns:
+    return NoColumns(table.num_rows) if table.num_columns == 0 and table.num_rows else table
+
+
+def from_ray(value: pa.Table | NoColumns) -> pa.Table:
+    if isinstance(value, NoColumns):
+        return pa.table({"_": pa.nulls(value.num_rows)}).drop_columns(["_"])
+    return value
+
+
 _transforms: dict[str, Any] = {}
 """Transforms unpickled in this Ray worker process, by operator digest."""
 
@@ -133,10 +151,10 @@ def _execute(spec_bytes: bytes, transform: Callable[[], Any], block_ids: list[st
     except Exception as err:
         yield _failed(spec.task_id, "deserializing the UDF", err)
         return
-    store = _TaskStore(dict(zip(block_ids, tables, strict=True)))
+    store = _TaskStore({block_id: from_ray(table) for block_id, table in zip(block_ids, tables, strict=True)})
     result = run_task(spec, loaded, store)
     for ref in result.refs:
-        yield store.outputs.pop(ref.block_id)
+        yield to_ray(store.outputs.pop(ref.block_id))
     result.value = (result.value, ray.get_runtime_context().get_node_id(), _attempt())
     yield result
 
@@ -202,7 +220,7 @@ class RayStore(BlockStore):
             return self._refs[block_id]
 
     def put(self, table: pa.Table, spill: bool = False, sliced: bool = False) -> BlockRef:
-        return self.register(ray.put(table), BlockRef("", None, table.num_rows, table.nbytes))
+        return self.register(ray.put(to_ray(table)), BlockRef("", None, table.num_rows, table.nbytes))
 
     def get(self, ref: BlockRef) -> pa.Table:
         if os.getpid() != self._pid:
@@ -210,8 +228,7 @@ class RayStore(BlockStore):
                    "it forked (a torch DataLoader worker): use DataLoader(num_workers=0) with iter_torch_batches "
                    "or to_torch, whose reads already run on the cluster")
             raise RuntimeError(msg)
-        table: pa.Table = ray.get(self.object_ref(ref.block_id))
-        return table
+        return from_ray(ray.get(self.object_ref(ref.block_id)))
 
     def free(self, ref: BlockRef) -> None:
         with self._lock:

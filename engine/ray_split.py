@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from engine import serialization
 from engine.errors import SplitCoordinatorLostError
 from engine.object_store import BlockRef
+from engine.ray_backend import from_ray
 from engine.split import END, RAY_SPLIT_PREFIX, WAIT, Piece, SplitCoordinator
 
 POLL_S = 2.0
@@ -129,8 +130,7 @@ class RaySplitClient:
     def get(self, ref: BlockRef) -> pa.Table:
         with self._lock:
             object_ref = self._held[ref.block_id][0]
-        table: pa.Table = ray.get(object_ref)
-        return table
+        return from_ray(ray.get(object_ref))
 
     def release(self, piece: Piece) -> None:
         with self._lock:

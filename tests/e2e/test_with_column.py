@@ -110,5 +110,7 @@ def test_range_tensor_and_from_blocks(mode):
     rows = ds.take_all()
     assert [r["data"].tolist() for r in rows] == [[[i, i], [i, i]] for i in range(5)]
     assert rows[0]["data"].dtype == np.int64
-    blocks = dataflow.from_blocks([pa.table({"a": [1]}), pd.DataFrame({"a": [2, 3]}), pa.table({"a": [4]})]).materialize()
-    assert blocks.num_blocks() == 3 and blocks.take_all() == [{"a": i} for i in range(1, 5)]
+    blocks = dataflow.from_blocks([pa.table({"a": [1]}), pd.DataFrame({"a": [2, 3]}), pa.table({"a": [4]})])
+    assert isinstance(blocks, dataflow.MaterializedDataset)  # eager, as Ray's
+    assert blocks.num_blocks() == 3 and blocks.take_all() == [{"a": i} for i in range(1, 5)]  # in order
+    assert [b.num_rows for b in blocks.iter_batches(batch_size=None, batch_format="pyarrow")] == [1, 2, 1]

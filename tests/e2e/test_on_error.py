@@ -80,7 +80,7 @@ def test_row_stages_skip_each_failing_row(mode):
 def test_a_row_function_returning_no_dict_is_a_skipped_row(mode):
     ds = dataflow.range(10).map(lambda r: r if r["id"] != 4 else 4, on_error="skip")
     assert [r["id"] for r in ds.take_all()] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
-    assert operator_stats(ds)["errors"] == {"TypeError": 1}
+    assert operator_stats(ds)["errors"] == {"UDFOutputError": 1}  # a TypeError and a ValueError
 
 
 def test_skip_on_an_actor_pool(mode):

@@ -74,7 +74,9 @@ class AddColumn:
 
         values = self.fn(to_batch(table, self.batch_format, self.arrow_backed_pandas))
         if values is None or isinstance(values, (str, bytes, bool, int, float, complex, pa.Scalar, np.generic)):
-            values = pa.repeat(values if isinstance(values, pa.Scalar) else pa.scalar(values), table.num_rows)  # a constant, as Ray broadcasts it
+            # a constant, broadcast to every row as Ray does (a str is not a sequence of values)
+            scalar = values if isinstance(values, pa.Scalar) else pa.scalar(values)
+            values = pa.repeat(scalar, table.num_rows)
         column = column_from_values(self.col, values)
         if len(column) != table.num_rows:
             msg = f"add_column({self.col!r}): the function returned {len(column)} values for {table.num_rows} rows"

@@ -231,7 +231,8 @@ class Dataset:
         """Add (or replace) column ``col`` with ``fn(batch)``. ``**remote``: Ray's task
         arguments (``concurrency``, ``num_cpus``, ``num_gpus``, ``memory``, ``resources``,
         ``compute`` with tasks, and Ray's remote arguments), as ``map_batches`` takes them."""
-        return self._column_step("add_column", f"AddColumn({col})", bi.AddColumn(col, fn, batch_format, DataContext.get_current().enable_arrow_backed_pandas_conversion), remote)
+        arrow_backed = DataContext.get_current().enable_arrow_backed_pandas_conversion
+        return self._column_step("add_column", f"AddColumn({col})", bi.AddColumn(col, fn, batch_format, arrow_backed), remote)
 
     def with_column(self, column_name: str, expr: ex.Expr, **remote: Any) -> Dataset:
         """Add (or replace) ``column_name`` with the values of ``expr``: ``col("a") * 2``

@@ -86,7 +86,6 @@ class JoinReducer:
                     columns[_suffixed(name, lt.column_names, self.right_suffix)] = rt.column(name).take(rows)
         yield pa.table(columns)
 
-
     def _check_collisions(self, left: list[str], right: list[str]) -> None:
         """A column name on both sides needs a suffix (Ray's error when neither has one); before,
         the right side's column silently replaced the left's."""
@@ -103,6 +102,7 @@ class JoinReducer:
             msg = (f"join: the suffixes {self.left_suffix!r} and {self.right_suffix!r} give more than one "
                    f"column named {repeated}; the left columns are {left}, the right {right}")
             raise ValueError(msg)
+
 
 def _aligned(lt: pa.Table, lk: str, rt: pa.Table, rk: str) -> tuple[pa.Table, pa.Table]:
     """Both tables with key columns of one type (int32 and int64 keys join, as in Ray)."""

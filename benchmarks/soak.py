@@ -22,6 +22,9 @@ from plan_fuzz import make_case, run
 
 import dataflow
 
+LEAK_GRACE_S = 15.0
+"""How long freed blocks may take to disappear after a case before they count as leaked."""
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,8 +68,11 @@ def main() -> int:
         if current is not None:
             current.executor.sync()
             left = glob.glob(os.path.join(current.shm_dir, "*.arrow")) + glob.glob(os.path.join(current.spill_dir, "*.arrow"))
-            if left:
-                time.sleep(1.0)
+            # the store unlinks freed blocks off the loop: after a case of tens of GiB (spilled
+            # files on a busy disk) that takes 1-2 s, so wait for them, within a bound
+            deadline = time.monotonic() + LEAK_GRACE_S
+            while left and time.monotonic() < deadline:
+                time.sleep(0.2)
                 left = [p for p in left if os.path.exists(p)]
             if left:
                 print(f"LEAKED {len(left)} blocks: {case}")

@@ -13,8 +13,8 @@ connectors port by changing an import.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -29,6 +29,12 @@ class BlockMetadata:
     size_bytes: int | None = None
     input_files: tuple[str, ...] = ()
     schema: pa.Schema | None = None
+    _: KW_ONLY
+    exec_stats: Any = None
+    """Ray's execution statistics of a block already read: accepted (Ray requires it of every
+    ``BlockMetadata``, so ported sources pass ``exec_stats=None``); dataflow keeps its own."""
+    task_exec_stats: Any = None
+    """As ``exec_stats``."""
 
 
 class ReadTask:
@@ -39,19 +45,37 @@ class ReadTask:
     answers ``count()`` without reading when ``num_rows`` is known.
     """
 
-    __slots__ = ("metadata", "read_fn")
+    __slots__ = ("metadata", "per_task_row_limit", "read_fn", "schema")
 
-    def __init__(self, read_fn: Callable[[], Iterable[Any]], metadata: BlockMetadata) -> None:
+    def __init__(
+        self,
+        read_fn: Callable[[], Iterable[Any]],
+        metadata: BlockMetadata,
+        schema: pa.Schema | None = None,
+        per_task_row_limit: int | None = None,
+    ) -> None:
         self.read_fn = read_fn
         self.metadata = metadata
+        self.schema = schema
+        """The schema of the task's blocks, when known (Ray's ``ReadTask.schema``)."""
+        self.per_task_row_limit = per_task_row_limit
+        """At most this many rows come out of the task (Ray's limit pushed into a read)."""
 
     def __call__(self) -> Iterator[Block]:
+        left = self.per_task_row_limit
         for block in self.read_fn():
             if isinstance(block, pa.RecordBatch):
                 block = pa.Table.from_batches([block])
+            elif type(block).__module__.split(".")[0] == "pandas":  # Ray takes pandas blocks too
+                block = pa.Table.from_pandas(block, preserve_index=False)
             if not isinstance(block, pa.Table):
-                msg = f"a ReadTask must yield pyarrow Tables or RecordBatches, got {type(block).__name__}"
+                msg = f"a ReadTask must yield pyarrow Tables, RecordBatches or pandas DataFrames, got {type(block).__name__}"
                 raise TypeError(msg)
+            if left is not None:
+                if left <= 0:
+                    return
+                block = block.slice(0, left)
+                left -= block.num_rows
             yield block
 
     def __repr__(self) -> str:
@@ -76,8 +100,13 @@ class Datasource:
 
     def get_name(self) -> str:
         """A short name for plans and stats (``ReadParquet``, ``ReadRange``...)."""
-        name = type(self).__name__
+        name = type(self).__name__.lstrip("_")
         return name.removesuffix("Datasource") or name
+
+    @property
+    def supports_distributed_reads(self) -> bool:
+        """Whether read tasks may run on any node (Ray's; False keeps them on the driver's)."""
+        return True
 
     def get_read_tasks(self, parallelism: int) -> Iterable[ReadTask]:
         """The read tasks, ideally about ``parallelism`` of them; may be a lazy iterator."""
@@ -120,23 +149,55 @@ class TaskContext:
         return self.task_index
 
 
-class Datasink:
+WriteReturnType = TypeVar("WriteReturnType")
+
+
+class WriteResult(list, Generic[WriteReturnType]):  # type: ignore[type-arg]
+    """What ``Datasink.on_write_complete`` gets: Ray 2.60's ``WriteResult`` (``num_rows``,
+    ``size_bytes``, and ``write_returns``, each write task's return value) that is also the list
+    of those return values, as earlier Ray versions and dataflow's own sinks take it."""
+
+    def __init__(self, write_returns: Iterable[WriteReturnType] = (), num_rows: int = 0, size_bytes: int = 0) -> None:
+        super().__init__(write_returns)
+        self.num_rows = num_rows
+        self.size_bytes = size_bytes
+
+    @property
+    def write_returns(self) -> list[WriteReturnType]:
+        return list(self)
+
+
+class Datasink(Generic[WriteReturnType]):
     """Base class for sinks: ``write`` on workers, ``on_write_complete`` on the driver."""
 
     def get_name(self) -> str:
         """A short name for plans and stats."""
-        name = type(self).__name__
+        name = type(self).__name__.lstrip("_")
         return name.removesuffix("Datasink") or name
 
-    def on_write_start(self) -> None:
-        """Called once on the driver before any write task runs."""
+    def on_write_start(self, schema: pa.Schema | None = None) -> None:
+        """Called once on the driver before any write task runs, with the rows' schema when it
+        is known without running anything (a sink whose method takes no argument gets none)."""
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> Any:
         """Write ``blocks`` (on a worker) and return a small picklable result."""
         raise NotImplementedError
 
-    def on_write_complete(self, write_results: list[Any]) -> None:
-        """Called once on the driver with every task's result, after all succeeded."""
+    def on_write_complete(self, write_result: WriteResult[WriteReturnType]) -> None:
+        """Called once on the driver after every task succeeded, with their results (a
+        ``WriteResult``: a list of them, with ``num_rows`` and ``size_bytes`` written). If it
+        raises, ``on_write_failed`` is called, as for a failed task."""
+
+    @property
+    def supports_distributed_writes(self) -> bool:
+        """Whether write tasks may run on any node (Ray's; a local path on a multi-node
+        cluster is refused before anything runs)."""
+        return True
+
+    @property
+    def min_bytes_per_write(self) -> int | None:
+        """Blocks are combined until a write task has at least this many bytes (None: no minimum)."""
+        return None
 
     def on_write_failed(self, error: BaseException) -> None:
         """Called once on the driver when the job failed; remove partial output here."""

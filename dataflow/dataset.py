@@ -8,6 +8,7 @@ consuming call runs the plan again, except on a MaterializedDataset.
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 import os
 import uuid
@@ -17,6 +18,7 @@ from typing import Any, Literal, overload
 
 import pyarrow as pa
 
+from connectors.base import WriteResult
 from dataflow import all_to_all, progress, ray_api
 from dataflow import builtins as bi
 from dataflow import expressions as ex
@@ -678,7 +680,7 @@ class Dataset:
                 self._last_stats = getattr(writing, "_last_stats", None)
             return
         _check_reachable(datasink)  # before on_write_start, which may create or clear the folder
-        datasink.on_write_start()
+        _start_write(datasink, self)
         if getattr(datasink, "skip_write", False):  # SaveMode.IGNORE and the destination exists
             return
         handle = None
@@ -696,12 +698,14 @@ class Dataset:
                 handle.release(ref)
             self._last_stats = handle.stats()
             progress.settle(handle)  # the summary is out before the call returns
+            writes = self._last_stats.operators[-1] if self._last_stats.operators else None
+            result = WriteResult(handle.results(), writes.rows_out if writes else 0, writes.bytes_out if writes else 0)
+            datasink.on_write_complete(result)  # inside the try, as Ray's: a commit that raises is a failed write
         except BaseException as err:
             if handle is not None:
                 handle.wait_stopped(60.0)  # no write task may still be staging files
             datasink.on_write_failed(err)
             raise
-        datasink.on_write_complete(handle.results())
 
     def _write_files(self, sink: Any, try_create_dir: bool, arrow_open_stream_args: dict[str, Any] | None,
                      ray_remote_args: dict[str, Any] | None, concurrency: int | None) -> None:
@@ -1258,12 +1262,35 @@ class MaterializedDataset(Dataset):
 __all__ = ["Dataset", "MapStages", "MaterializedDataset"]
 
 
+def _start_write(sink: Any, ds: Dataset) -> None:
+    """``sink.on_write_start``, given the rows' schema when it is known without running
+    anything, as Ray 2.60 passes it; a sink written for earlier versions takes no argument."""
+    try:
+        params = [p for p in inspect.signature(sink.on_write_start).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):  # no signature to read (a builtin): call it as Ray does
+        params = [None]
+    if params:
+        sink.on_write_start(ds.schema(fetch_if_missing=False))
+    else:
+        sink.on_write_start()
+
+
 def _check_reachable(sink: Any) -> None:
-    """On a multi-node cluster, refuse a sink that would write to each node's own disk."""
+    """On a multi-node cluster, refuse a sink that would write to each node's own disk, or
+    whose writes must all run on the driver's node (``supports_distributed_writes`` False)."""
     ctx = DataContext.get_current()
-    if ctx.execution_mode != "ray" or not getattr(sink, "writes_local_files", False):
+    pinned = not getattr(sink, "supports_distributed_writes", True)
+    if ctx.execution_mode != "ray" or not (getattr(sink, "writes_local_files", False) or pinned):
         return  # only the Ray runner spans nodes: nothing to start or check on one machine
     backend = runner.backend(ctx.execution_options, ctx.execution_mode)
+    if pinned and getattr(backend, "multi_node", lambda: False)():
+        msg = (f"{sink.get_name()} has supports_distributed_writes=False, and dataflow's Ray runner "
+               "does not pin write tasks to the driver's node: on a cluster of several nodes, write "
+               "from a sink whose writes may run anywhere")
+        raise ValueError(msg)
+    if not getattr(sink, "writes_local_files", False):
+        return
     if getattr(backend, "multi_node", lambda: False)() and not _on_shared_path(sink.local_root, ctx.shared_filesystem_paths):
         msg = (f"this Ray cluster has several nodes: write to storage they all reach (s3://..., or a "
                f"folder every node mounts, declared in DataContext.shared_filesystem_paths or "

@@ -7,6 +7,8 @@ import io
 import re
 from pathlib import Path
 
+import pytest
+
 import dataflow
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -47,3 +49,56 @@ def test_example_source_reads_in_several_tasks(mode):
     rows = dataflow.read_datasource(source, override_num_blocks=5).take_all()
     assert [r["n"] for r in sorted(rows, key=lambda r: r["n"])] == list(range(5000))
     assert all(r["square"] == r["n"] ** 2 for r in rows)
+
+
+def test_a_connector_written_for_ray_2_60_runs_with_its_imports_changed(mode):
+    """Ray's docs' shapes: exec_stats in BlockMetadata, schema= in ReadTask, pandas blocks,
+    on_write_start(schema), a typed Datasink[T], a WriteResult in on_write_complete, and
+    on_write_failed when the commit raises."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from dataflow.block import BlockAccessor, BlockMetadata
+    from dataflow.datasource import Datasink, Datasource, ReadTask, WriteResult
+
+    class _FramesDatasource(Datasource):
+        def get_read_tasks(self, parallelism, per_task_row_limit=None):
+            schema = pa.schema([("x", pa.int64())])
+            meta = BlockMetadata(num_rows=5, size_bytes=40, input_files=None, exec_stats=None)
+            return [ReadTask(lambda i=i: [pd.DataFrame({"x": [i] * 5})], meta, schema=schema,
+                             per_task_row_limit=per_task_row_limit) for i in range(3)]
+
+        def estimate_inmemory_data_size(self):
+            return 120
+
+    events: list = []
+
+    class _RowsDatasink(Datasink[dict]):
+        def on_write_start(self, schema):
+            events.append(("start", schema))
+
+        def write(self, blocks, ctx):
+            return {"rows": sum(BlockAccessor.for_block(b).to_pandas().shape[0] for b in blocks)}
+
+        def on_write_complete(self, write_result: WriteResult[dict]):
+            events.append(("complete", write_result.num_rows, sum(r["rows"] for r in write_result.write_returns)))
+
+        def on_write_failed(self, error):
+            events.append(("failed", type(error).__name__))
+
+    source = _FramesDatasource()
+    assert source.get_name() == "Frames" and source.supports_distributed_reads  # Ray strips the "_"
+    ds = dataflow.read_datasource(source)
+    assert sorted(r["x"] for r in ds.take_all()) == [0] * 5 + [1] * 5 + [2] * 5
+    dataflow.from_items([{"x": i} for i in range(7)]).write_datasink(_RowsDatasink())
+    assert events == [("start", pa.schema([("x", pa.int64())])), ("complete", 7, 7)]
+    assert _RowsDatasink().get_name() == "Rows" and _RowsDatasink().supports_distributed_writes
+
+    class _FailingCommit(_RowsDatasink):
+        def on_write_complete(self, write_result):
+            raise RuntimeError("commit failed")
+
+    events.clear()
+    with pytest.raises(RuntimeError, match="commit failed"):
+        dataflow.range(3).map(lambda r: {"x": r["id"]}).write_datasink(_FailingCommit())
+    assert events == [("start", None), ("failed", "RuntimeError")]  # the schema needs a run: None

@@ -55,11 +55,9 @@ class ImageDatasource(FileDatasource):
                 if self._size is not None:
                     height, width = self._size
                     image = image.resize((width, height))
-                array = np.asarray(image, dtype=np.uint8)
+                array = np.asarray(image)  # as Ray: (h, w) for one channel, the mode's own dtype
         except (UnidentifiedImageError, OSError, ValueError) as exc:
             raise FileFormatError(f"not a readable image: {exc}", path=display) from exc
-        if array.ndim == 2:
-            array = array[:, :, np.newaxis]
         column = pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack([array]))
         yield pa.table({"image": column})
 

@@ -15,7 +15,8 @@ from connectors.retry import Retrier
 class TextDatasource(FileDatasource):
     """Lines of text files (``\\n`` or ``\\r\\n``), decoded with ``encoding``.
 
-    ``drop_empty_lines`` (default True, as in Ray Data) leaves out lines that are empty.
+    ``drop_empty_lines`` (default True, as in Ray Data) leaves out lines that are empty or only
+    whitespace.
     """
 
     FILE_EXTENSIONS = None
@@ -30,6 +31,6 @@ class TextDatasource(FileDatasource):
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
         data = read_file_bytes(fs, piece.entry.path, retrier, display, args=self._stream_args)
         lines = data.decode(self._encoding).splitlines()
-        if self._drop_empty_lines:
-            lines = [line for line in lines if line]
+        if self._drop_empty_lines:  # blank ones too (only spaces), as Ray's
+            lines = [line for line in lines if line.strip()]
         yield pa.table({"text": pa.array(lines, pa.string())})

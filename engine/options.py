@@ -52,6 +52,22 @@ class ExecutionResources:
         """Limits (Ray's spelling); an unset field is no limit."""
         return cls(cpu, gpu, object_store_memory, memory)
 
+    def copy(
+        self,
+        cpu: float | None = None,
+        gpu: float | None = None,
+        memory: float | None = None,
+        object_store_memory: float | None = None,
+    ) -> ExecutionResources:
+        """A copy with the given fields changed (None keeps this one's), as Ray's
+        ``resource_limits = resource_limits.copy(cpu=2)``."""
+        return ExecutionResources(
+            self.cpu if cpu is None else cpu,
+            self.gpu if gpu is None else gpu,
+            self.object_store_memory if object_store_memory is None else object_store_memory,
+            self.memory if memory is None else memory,
+        )
+
 
 @dataclass
 class ExecutionOptions:

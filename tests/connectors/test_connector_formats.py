@@ -122,10 +122,10 @@ def test_json_bad_line_names_file_and_row(tmp_path: Path) -> None:
 
 
 def test_text_lines(tmp_path: Path) -> None:
-    (tmp_path / "a.txt").write_bytes(b"one\r\ntwo\n\nthree")
-    assert read_all(TextDatasource(str(tmp_path / "a.txt")))["text"].to_pylist() == ["one", "two", "three"]
+    (tmp_path / "a.txt").write_bytes(b"one\r\ntwo\n\n  \nthree")
+    assert read_all(TextDatasource(str(tmp_path / "a.txt")))["text"].to_pylist() == ["one", "two", "three"]  # as Ray
     keep = read_all(TextDatasource(str(tmp_path / "a.txt"), drop_empty_lines=False))
-    assert keep["text"].to_pylist() == ["one", "two", "", "three"]
+    assert keep["text"].to_pylist() == ["one", "two", "", "  ", "three"]
     (tmp_path / "b.txt").write_bytes(b"\xff\xfe bad utf-8")
     with pytest.raises(FileFormatError, match=r"b.txt"):
         read_all(TextDatasource(str(tmp_path / "b.txt")))

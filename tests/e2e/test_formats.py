@@ -103,7 +103,10 @@ def test_images(mode, tmp_path):
     assert batch["image"].shape == (3, 6, 8, 3) and batch["image"].dtype == np.uint8
     np.testing.assert_array_equal(batch["image"][order], np.stack(pixels))
     small = dataflow.read_images(str(tmp_path), size=(3, 4), mode="L").take_batch(10)
-    assert small["image"].shape == (3, 3, 4, 1)
+    assert small["image"].shape == (3, 3, 4)  # one channel: (h, w), as Ray's np.asarray(image)
+    Image.fromarray(np.full((5, 7), 40000, dtype=np.uint16)).save(tmp_path / "deep.png")
+    deep = dataflow.read_images(str(tmp_path / "deep.png")).take(1)[0]["image"]
+    assert deep.shape == (5, 7) and int(deep.max()) == 40000  # 16-bit pixels kept, not cut to uint8
 
 
 def test_numpy(mode, tmp_path):

@@ -102,3 +102,11 @@ def test_a_starved_downstream_admits_over_budget_and_a_backlogged_one_admits_one
     assert blocked_reason(OpLoad(300, 1, 100, 200, downstream_starved=True)) is None
     assert blocked_reason(OpLoad(0, 1, 1, 10**9, backlogged=True)) == WAIT_BUDGET
     assert blocked_reason(OpLoad(0, 0, 1, 10**9, backlogged=True)) is None
+
+
+def test_execution_resources_copy_as_ray():
+    from engine.options import ExecutionResources
+
+    limits = ExecutionResources(cpu=4, object_store_memory=1e9)
+    assert limits.copy(cpu=2) == ExecutionResources(cpu=2, object_store_memory=1e9)
+    assert limits.copy() == limits and limits.copy(gpu=1).gpu == 1

@@ -143,6 +143,10 @@ def split(ds: Dataset, n: int, *, equal: bool = False, locality_hints: list[Any]
         return _split_rows(materialized, [each * i for i in range(n + 1)])
     # as Ray: whole blocks, dealt in n runs of consecutive blocks whose counts differ by at most one
     refs = materialized._blocks.refs
+    if len(refs) < n:  # fewer blocks than splits (a small dataset is one block here, several in
+        # Ray): whole blocks would leave splits empty, so cut rows, split sizes differing by one
+        total = _num_rows(materialized)
+        return _split_rows(materialized, [total * i // n for i in range(n + 1)])
     runs = np.array_split(np.arange(len(refs)), n)
     return [_build(materialized, [(refs[i], None) for i in run]) for run in runs]
 

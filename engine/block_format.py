@@ -96,9 +96,18 @@ def tensor_array(values: np.ndarray) -> pa.Array:
     return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
 
 
+def _torch_to_numpy(value: Any) -> Any:
+    """A torch tensor as a numpy array (on the CPU, without grad), as Ray converts what a UDF
+    returns; anything else as it is. torch is never imported here: a tensor's type says."""
+    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "numpy"):
+        return value.numpy(force=True)
+    return value
+
+
 def column_from_values(name: str, values: Any) -> pa.Array | pa.ChunkedArray:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values
+    values = _torch_to_numpy(values)
     if isinstance(values, np.ndarray):
         return tensor_array(values)
     if hasattr(values, "to_arrow") and hasattr(values, "dtype"):  # polars Series
@@ -106,6 +115,8 @@ def column_from_values(name: str, values: Any) -> pa.Array | pa.ChunkedArray:
     if hasattr(values, "to_numpy") and hasattr(values, "dtype"):  # pandas Series
         return pa.Array.from_pandas(values)
     values = list(values)
+    if values and type(values[0]).__module__.split(".")[0] == "torch":  # rows of tensors
+        values = [_torch_to_numpy(v) for v in values]
     if values and isinstance(values[0], np.ndarray):
         try:
             return tensor_array(np.stack(values))

@@ -445,3 +445,15 @@ def test_thread_cap_is_per_thread_and_each_loop_gets_its_own_back():
     for t in threads:
         t.join(20)
     assert results == {"a": (1, 4), "b": (2, 4)}
+
+
+def test_torch_tensors_a_udf_returns_become_columns_as_in_ray(mode):
+    """An inference UDF returns the model's tensors: Ray converts them; dataflow raised
+    TypeError ("cannot convert values to Arrow")."""
+    out = dataflow.range(4).map_batches(lambda b: {"t": torch.as_tensor(b["id"].copy()) * 2}).take_all()
+    assert [r["t"] for r in out] == [0, 2, 4, 6]
+    grads = dataflow.range(2).map_batches(lambda b: {"p": torch.ones(len(b["id"]), 2, requires_grad=True) * 2})
+    assert [r["p"].tolist() for r in grads.take_all()] == [[2.0, 2.0]] * 2  # detached, on the CPU
+    rows = dataflow.from_items([{"t": torch.tensor([1.0, 2.0])}, {"t": torch.tensor([3.0, 4.0])}]).take_all()
+    assert [r["t"].tolist() for r in rows] == [[1.0, 2.0], [3.0, 4.0]] and rows[0]["t"].dtype == np.float32
+    assert dataflow.range(2).map(lambda r: {"t": torch.tensor(r["id"])}).take_all() == [{"t": 0}, {"t": 1}]

@@ -297,6 +297,7 @@ class FileDatasink(Datasink):
         if self.mode is SaveMode.RESUME:
             self._start_resume()
             return
+        self._check_appended_names()
         exists = retrier.call(
             lambda: self._fs.get_file_info(self._root).type != pafs.FileType.NotFound,
             path=self._display(self._root),
@@ -321,6 +322,19 @@ class FileDatasink(Datasink):
             path=self._display(self.staging_dir),
             action="create",
         )
+
+    def _check_appended_names(self) -> None:
+        """In append mode, a ``filename_provider`` whose names do not change from one write to
+        the next would replace the earlier write's files: refused, as Ray's Parquet sink does."""
+        if self.mode is not SaveMode.APPEND or self._filename_provider is None:
+            return
+        name = str(self._filename_provider.get_filename_for_task(self._write_id, 0))
+        if self._write_id not in name:
+            raise ValueError(
+                f"Write UUID '{self._write_id}' missing from filename template '{name}'. This could result "
+                "in files being overwritten. Modify your FileNameProvider implementation to include the "
+                "`write_uuid` into the filename template or change your write mode to SaveMode.OVERWRITE."
+            )
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> WriteResult:
         """Encode ``blocks`` into staged files; returns what was staged. A resumable write's

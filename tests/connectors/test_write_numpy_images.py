@@ -110,5 +110,5 @@ def test_mode_and_filename_provider_as_every_file_sink(tmp_path: Path, mode: str
             return f"img-{task_index}-{{i}}.png"
 
     images = np.zeros((3, 4, 4, 3), np.uint8)
-    dataflow.from_numpy(images).write_images(str(tmp_path / "named"), "data", filename_provider=Named())
+    dataflow.from_numpy(images).write_images(str(tmp_path / "named"), "data", filename_provider=Named(), mode="overwrite")
     assert [p.name for p in _data_files(tmp_path / "named", ".png")] == ["img-0-0.png", "img-0-1.png", "img-0-2.png"]

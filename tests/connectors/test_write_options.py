@@ -60,8 +60,13 @@ class Named(FilenameProvider):
 
 
 def test_filename_provider_names_the_files(tmp_path: Path) -> None:
+    # names without the write's id would replace an earlier write's files: refused in the
+    # default append mode, as Ray refuses them
+    with pytest.raises(ValueError, match=r"missing from filename template 'part-000-\{i\}\.parquet'"):
+        dataflow.range(5).write_parquet(str(tmp_path / "a"), filename_provider=Named())
+    assert not (tmp_path / "a").exists()
     dataflow.range(100, override_num_blocks=1).write_parquet(
-        str(tmp_path / "a"), filename_provider=Named(), max_rows_per_file=40
+        str(tmp_path / "a"), filename_provider=Named(), max_rows_per_file=40, mode="overwrite"
     )
     assert [p.name for p in _data_files(tmp_path / "a")] == ["part-000-0.parquet", "part-000-1.parquet", "part-000-2.parquet"]
     dataflow.range(5).write_csv(str(tmp_path / "b"), filename_provider=FilenameProvider(dataset_uuid="ds", file_format="csv"))
@@ -73,7 +78,9 @@ def test_filename_provider_names_the_files(tmp_path: Path) -> None:
             return "same.parquet"
 
     with pytest.raises(ValueError, match="same file name"):
-        dataflow.range(10, override_num_blocks=2).repartition(2).write_parquet(str(tmp_path / "c"), filename_provider=Same())
+        dataflow.range(10, override_num_blocks=2).repartition(2).write_parquet(
+            str(tmp_path / "c"), filename_provider=Same(), mode="overwrite"
+        )
     assert not (tmp_path / "c").exists() or _data_files(tmp_path / "c") == []
 
 
@@ -117,7 +124,7 @@ def test_arrow_parquet_args(tmp_path: Path) -> None:
 
 def test_partition_cols_with_mode_and_provider(tmp_path: Path) -> None:
     table = pa.table({"id": list(range(6)), "k": ["a", "b"] * 3})
-    dataflow.from_arrow(table).write_parquet(str(tmp_path / "p"), partition_cols=["k"], filename_provider=Named())
+    dataflow.from_arrow(table).write_parquet(str(tmp_path / "p"), partition_cols=["k"], filename_provider=Named(), mode="overwrite")
     assert sorted(str(p.relative_to(tmp_path / "p")) for p in _data_files(tmp_path / "p")) == [
         "k=a/part-000-0.parquet", "k=b/part-000-0.parquet",
     ]

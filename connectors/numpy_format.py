@@ -46,6 +46,9 @@ class NumpyDatasource(FileDatasource):
             array = np.load(io.BytesIO(data), allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
             raise FileFormatError(f"not a readable .npy file: {exc}", path=display) from exc
+        if not isinstance(array, np.ndarray):  # an .npz archive: several named arrays
+            array.close()
+            raise FileFormatError("an .npz archive holds several arrays; read_numpy reads .npy files", path=display)
         if array.ndim == 0:
             array = array.reshape(1)
         yield pa.table({"data": tensor_column(array)})

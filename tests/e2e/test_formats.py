@@ -115,6 +115,9 @@ def test_numpy(mode, tmp_path):
     batch = dataflow.read_numpy(str(tmp_path)).take_batch(10)
     np.testing.assert_array_equal(np.sort(batch["data"].reshape(-1)), np.arange(20, dtype=np.float32))
     assert batch["data"].shape == (5, 2, 2)
+    np.savez(tmp_path / "c.npz", x=np.arange(3))
+    with pytest.raises(ValueError, match=r"c\.npz.*an \.npz archive holds several arrays"):
+        dataflow.read_numpy(str(tmp_path / "c.npz")).take_all()
 
 
 def test_from_torch(mode):

@@ -55,6 +55,24 @@ def env_metrics_address() -> tuple[str, int] | None:
     return os.environ.get("DATAFLOW_METRICS_HOST") or "127.0.0.1", int(port)
 
 
+_RAY_SETTINGS_NOT_HERE = {
+    # Ray Data settings scripts set, and why each has no meaning here (refused, never ignored)
+    "shuffle_strategy": "Ray's choice of shuffle algorithm: dataflow's exchanges have one, map tasks "
+    "partitioning and merges pushed as partitions arrive",
+    "use_push_based_shuffle": "Ray's older name for its shuffle choice: dataflow's exchanges have one, "
+    "map tasks partitioning and merges pushed as partitions arrive",
+    "target_min_block_size": "small blocks are bundled into tasks of min_task_input_bytes "
+    "(execution_options), not merged into bigger blocks",
+    "read_op_min_num_blocks": "pass override_num_blocks to the read instead",
+    "enable_pandas_block": "blocks are always Arrow tables here",
+    "enable_tensor_extension_casting": "tensor columns are Arrow's own types here (fixed_shape_tensor, "
+    "fixed_size_list for one dimension): there is no Ray tensor extension to cast to",
+    "verbose_stats_logs": "Dataset.stats() always gives every operator's details",
+    "enable_auto_log_stats": "each execution logs its summary line; Dataset.stats() gives the rest",
+    "enable_rich_progress_bars": "set progress_mode ('rich', 'log', 'off' or 'auto')",
+}
+
+
 @dataclass
 class DataContext:
     """What the next execution will use."""
@@ -96,10 +114,8 @@ class DataContext:
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _FIELD_NAMES and not isinstance(getattr(type(self), name, None), property):
             settings = sorted(n for n in (*_FIELD_NAMES, *_PROPERTIES) if not n.startswith("_"))
-            msg = (
-                f"DataContext has no setting {name!r} (a Ray Data setting dataflow does not have, or a "
-                f"typo); its settings are {settings}, and execution_options' fields"
-            )
+            why = _RAY_SETTINGS_NOT_HERE.get(name, "a Ray Data setting dataflow does not have, or a typo")
+            msg = f"DataContext has no setting {name!r} ({why}); its settings are {settings}, and execution_options' fields"
             raise AttributeError(msg, name=name, obj=self)
         if name == "progress_mode" and value not in PROGRESS_MODES:
             msg = f"progress_mode (DATAFLOW_PROGRESS) must be one of {PROGRESS_MODES}, got {value!r}"

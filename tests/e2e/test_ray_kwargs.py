@@ -214,8 +214,10 @@ def test_data_context_settings_are_honoured_or_refused(mode):
     assert ctx.progress_mode == "off" and ctx.enable_progress_bars is False
     ctx.enable_progress_bars = True
     assert ctx.progress_mode == "auto" and ctx.enable_progress_bars is True
-    with pytest.raises(AttributeError, match="has no setting 'use_push_based_shuffle'"):
-        ctx.use_push_based_shuffle = True
+    with pytest.raises(AttributeError, match=r"has no setting 'use_push_based_shuffle' .*exchanges have one"):
+        ctx.use_push_based_shuffle = True  # a Ray setting: refused saying why it has no meaning here
+    with pytest.raises(AttributeError, match=r"'shufle_strategy' \(a Ray Data setting dataflow does not have, or a typo"):
+        ctx.shufle_strategy = "x"
 
 
 def test_resource_limits_cap_cpus_and_store(mode):

@@ -36,6 +36,9 @@ class BlockMetadata:
     task_exec_stats: Any = None
     """As ``exec_stats``."""
 
+    def __post_init__(self) -> None:  # Ray's sources pass input_files=None or a list
+        object.__setattr__(self, "input_files", tuple(self.input_files or ()))
+
 
 class ReadTask:
     """A picklable unit of reading: calling it yields Arrow tables.
@@ -74,7 +77,7 @@ class ReadTask:
             if left is not None:
                 if left <= 0:
                     return
-                block = block.slice(0, left)
+                block = block.slice(0, min(left, block.num_rows))  # clamped: a table without columns is not
                 left -= block.num_rows
             yield block
 
@@ -105,7 +108,8 @@ class Datasource:
 
     @property
     def supports_distributed_reads(self) -> bool:
-        """Whether read tasks may run on any node (Ray's; False keeps them on the driver's)."""
+        """Whether read tasks may run on any node (Ray's). A source that says False is refused on
+        a multi-node Ray cluster, whose runner does not pin tasks to the driver's node."""
         return True
 
     def get_read_tasks(self, parallelism: int) -> Iterable[ReadTask]:

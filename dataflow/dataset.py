@@ -66,6 +66,7 @@ class Dataset:
         backend = runner.backend(options, ctx.execution_mode)
         options = backend.execution_options(options)
         logical = plan or self._plan
+        _check_pinned_reads(logical, backend)
         ops = compile_plan(logical if optimized else optimize(logical), options, output, sink)
         handle = backend.execute(ops, options)
         self._run_index += 1
@@ -1274,6 +1275,20 @@ def _start_write(sink: Any, ds: Dataset) -> None:
         sink.on_write_start(ds.schema(fetch_if_missing=False))
     else:
         sink.on_write_start()
+
+
+def _check_pinned_reads(plan: LogicalNode, backend: Any) -> None:
+    """On a multi-node cluster, refuse a source whose reads must all run on the driver's node
+    (``supports_distributed_reads`` False): the Ray runner does not pin tasks to a node."""
+    if not getattr(backend, "multi_node", lambda: False)():
+        return
+    for node in walk(plan):
+        source = getattr(node, "datasource", None)
+        if source is not None and not getattr(source, "supports_distributed_reads", True):
+            msg = (f"{source.get_name()} has supports_distributed_reads=False, and dataflow's Ray runner "
+                   "does not pin read tasks to the driver's node: on a cluster of several nodes, read "
+                   "with a source whose reads may run anywhere")
+            raise ValueError(msg)
 
 
 def _check_reachable(sink: Any) -> None:

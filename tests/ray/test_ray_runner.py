@@ -10,6 +10,7 @@ import threading
 import time
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import dataflow
@@ -181,6 +182,32 @@ def test_seeded_shuffle_matches_the_local_engine(on_ray):
     on_cluster = [r["id"] for r in ds.random_shuffle(seed=9).take_all()]
     with dataflow.options(execution_mode="local"):
         assert [r["id"] for r in ds.random_shuffle(seed=9).take_all()] == on_cluster
+
+
+def test_sources_and_sinks_pinned_to_the_driver_node_are_refused_on_several_nodes(on_ray):
+    """Ray's supports_distributed_reads/writes=False keep tasks on the driver's node; this runner
+    cannot pin them, so it says so instead of running them anywhere."""
+    from dataflow.block import BlockMetadata
+    from dataflow.datasource import Datasink, Datasource, ReadTask
+
+    class LocalOnly(Datasource):
+        supports_distributed_reads = False
+
+        def get_read_tasks(self, parallelism, per_task_row_limit=None):
+            return [ReadTask(lambda: [pa.table({"x": [1]})], BlockMetadata(num_rows=1, size_bytes=8))]
+
+    class DriverOnly(Datasink):
+        supports_distributed_writes = False
+
+        def write(self, blocks, ctx):
+            return None
+
+    with pytest.raises(ValueError, match="supports_distributed_reads=False"):
+        dataflow.read_datasource(LocalOnly()).take_all()
+    with pytest.raises(ValueError, match="supports_distributed_writes=False"):
+        dataflow.range(3).write_datasink(DriverOnly())
+    with dataflow.options(execution_mode="local"):  # one machine: every node is the driver's
+        assert dataflow.read_datasource(LocalOnly()).take_all() == [{"x": 1}]
 
 
 def test_writes_need_shared_storage(on_ray, tmp_path, s3, monkeypatch):

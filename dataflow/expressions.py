@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from dataflow.builtins import FilterExpression
+from dataflow.ray_api import RAY_EXPRESSIONS_API, module_getattr
 from engine.errors import ColumnNotFoundError
 
 if TYPE_CHECKING:
@@ -751,8 +752,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A Ray name this module lacks (``udf``, ``star``, ``download``...) says so."""
-    from dataflow.ray_api import RAY_EXPRESSIONS_API, module_attribute_error
-
-    raise module_attribute_error("dataflow.expressions", name, "ray.data.expressions", RAY_EXPRESSIONS_API)
+# a Ray name this module lacks (``udf``, ``star``, ``download``...) says so
+__getattr__ = module_getattr("dataflow.expressions", "ray.data.expressions", RAY_EXPRESSIONS_API)

@@ -8,7 +8,8 @@ a pipeline ported from Ray fails with a message that says why), any other name t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 RAY_DATASET_API: tuple[str, ...] = (
     # the public methods and properties of ray.data.Dataset / MaterializedDataset in Ray 2.60
@@ -65,6 +66,17 @@ RAY_EXPRESSIONS_API: tuple[str, ...] = (
 )  # fmt: skip
 
 
+RAY_DATASOURCE_API: tuple[str, ...] = (
+    # ray.data.datasource.__all__ in Ray 2.60, its private names left out
+    "BaseFileMetadataProvider", "BlockBasedFileDatasink", "Connection", "Datasink", "Datasource",
+    "DefaultFileMetadataProvider", "DeltaSharingDatasource", "DummyOutputDatasink",
+    "FileBasedDatasource", "FileMetadataProvider", "FileShuffleConfig", "FilenameProvider",
+    "LeRobotDatasource", "MCAPDatasource", "PartitionStyle", "Partitioning", "PathPartitionFilter",
+    "PathPartitionParser", "RandomIntRowDatasource", "ReadTask", "Reader", "RowBasedFileDatasink",
+    "SaveMode", "TimeRange", "TurbopufferDatasink", "WriteResult", "WriteReturnType",
+)  # fmt: skip
+
+
 def missing(cls: type, names: Iterable[str]) -> list[str]:
     """The names of ``names`` that ``cls`` does not have, in their order."""
     return [name for name in names if not hasattr(cls, name)]
@@ -93,3 +105,12 @@ def module_attribute_error(module: str, name: str, ray_module: str, ray_names: t
     else:
         msg = f"module {module!r} has no attribute {name!r}"
     return AttributeError(msg, name=name)
+
+
+def module_getattr(module: str, ray_module: str, ray_names: tuple[str, ...]) -> Callable[[str], Any]:
+    """A module's ``__getattr__``: a name of ``ray_module`` it lacks says so."""
+
+    def __getattr__(name: str) -> Any:
+        raise module_attribute_error(module, name, ray_module, ray_names)
+
+    return __getattr__

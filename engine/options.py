@@ -61,12 +61,8 @@ class ExecutionResources:
     ) -> ExecutionResources:
         """A copy with the given fields changed (None keeps this one's), as Ray's
         ``resource_limits = resource_limits.copy(cpu=2)``."""
-        return ExecutionResources(
-            self.cpu if cpu is None else cpu,
-            self.gpu if gpu is None else gpu,
-            self.object_store_memory if object_store_memory is None else object_store_memory,
-            self.memory if memory is None else memory,
-        )
+        changed = {"cpu": cpu, "gpu": gpu, "memory": memory, "object_store_memory": object_store_memory}
+        return replace(self, **{k: v for k, v in changed.items() if v is not None})
 
 
 @dataclass

@@ -76,7 +76,7 @@ def test_datasets_still_copy_and_pickle():
 
 
 def test_the_module_lists_are_sorted_and_unique():
-    for names in (ray_api.RAY_DATA_MODULE_API, ray_api.RAY_EXPRESSIONS_API):
+    for names in (ray_api.RAY_DATA_MODULE_API, ray_api.RAY_EXPRESSIONS_API, ray_api.RAY_DATASOURCE_API):
         assert list(names) == sorted(set(names))
 
 

@@ -68,6 +68,7 @@ from dataflow.read_api import (
     read_tfrecords,
     read_webdataset,
 )
+from dataflow.schema import Schema
 from dataflow.summary import DatasetSummary
 from dataflow.udf import ActorPoolStrategy, TaskPoolStrategy
 from engine.options import ExecutionOptions, ExecutionResources
@@ -190,6 +191,7 @@ __all__ = [
     "ReadTask",
     "ResumeMismatchError",
     "SaveMode",
+    "Schema",
     "TaskPoolStrategy",
     "UserCodeError",
     "WorkerDiedError",

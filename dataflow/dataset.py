@@ -22,7 +22,17 @@ from connectors.base import WriteResult
 from dataflow import all_to_all, progress, ray_api
 from dataflow import builtins as bi
 from dataflow import expressions as ex
-from dataflow.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, Sum
+from dataflow.aggregate import (
+    AggregateFnV2,
+    AggregateReducer,
+    Count,
+    Max,
+    Mean,
+    Min,
+    PartialAggPartitioner,
+    Std,
+    Sum,
+)
 from dataflow.context import DataContext
 from dataflow.grouped import GroupedData, aggregate_node, unique_names
 from dataflow.iterator import DataIterator
@@ -30,6 +40,7 @@ from dataflow.join import join_node, zip_node
 from dataflow.mixing import MixStoppingCondition, mix_node
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import Exchange, InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
+from dataflow.schema import Schema
 from dataflow.shuffle import random_sample_batch
 from dataflow.sources import input_sources
 from dataflow.summary import DatasetSummary
@@ -572,14 +583,19 @@ class Dataset:
         progress.settle(handle)  # the summary is out before the call returns
         return handle.row_count()
 
-    def schema(self, fetch_if_missing: bool = True) -> pa.Schema | None:
-        """The schema; from the source when the plan does not change it, from the first block
-        of a materialized dataset, else by running the plan for its first block (with
-        ``fetch_if_missing=False``: None instead, as Ray's). A union's is its inputs' schemas
-        unified (int64 and double give double), and a filter or limit that leaves no rows has
-        its input's."""
+    def schema(self, fetch_if_missing: bool = True) -> Schema | None:
+        """The schema (Ray's ``Schema``; ``.base_schema`` is the ``pyarrow.Schema``). From the
+        plan when it tells (a source's schema, what column selections, renames, filters, limits,
+        sorts and shuffles make of it), from the first block of a materialized dataset, else by
+        running the plan for its first block (with ``fetch_if_missing=False``: None instead, as
+        Ray's). A union's is its inputs' schemas unified (int64 and double give double), and a
+        filter or limit that leaves no rows has its input's."""
+        schema = self._arrow_schema(fetch_if_missing)
+        return Schema(schema) if schema is not None else None
+
+    def _arrow_schema(self, fetch_if_missing: bool = True) -> pa.Schema | None:
         if isinstance(self._plan, Union):
-            schemas = [self._derive(child).schema(fetch_if_missing) for child in self._plan.children]
+            schemas = [self._derive(child)._arrow_schema(fetch_if_missing) for child in self._plan.children]
             known = [schema for schema in schemas if schema is not None]
             return pa.unify_schemas(known, promote_options="permissive") if known else None
         plan = optimize(self._plan)
@@ -590,14 +606,14 @@ class Dataset:
         if isinstance(plan, InputBlocks) and not plan.refs:
             return None
         if not fetch_if_missing and not isinstance(plan, InputBlocks):
-            return None
+            return _schema_from_plan(self)
         for table in self.limit(1).iterator().iter_blocks():
             return table.schema
         same = _same_schema_input(self._plan)
-        return self._derive(same).schema(fetch_if_missing) if same is not None else None
+        return self._derive(same)._arrow_schema(fetch_if_missing) if same is not None else None
 
     def columns(self, fetch_if_missing: bool = True) -> list[str] | None:
-        schema = self.schema(fetch_if_missing)
+        schema = self._arrow_schema(fetch_if_missing)
         return list(schema.names) if schema is not None else None
 
     def show(self, limit: int = 20) -> None:
@@ -607,7 +623,7 @@ class Dataset:
     def to_arrow(self) -> pa.Table:
         tables = [t for t in self.iterator().iter_blocks()]
         if not tables:
-            schema = self.schema() if not isinstance(self._plan, InputBlocks) else None
+            schema = self._arrow_schema() if not isinstance(self._plan, InputBlocks) else None
             return schema.empty_table() if schema is not None else pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
 
@@ -1146,6 +1162,13 @@ class Dataset:
         """The name given with ``set_name`` (None if none)."""
         return self._dataset_name
 
+    @property
+    def context(self) -> DataContext:
+        """The ``DataContext`` this dataset runs with: the current one. dataflow reads its
+        settings when a dataset runs, not when it is made (Ray snapshots one per dataset), so a
+        setting changed here applies to every dataset run after the change."""
+        return DataContext.get_current()
+
     def set_name(self, name: str | None) -> None:
         """Name this dataset (and what is derived from it from now on); ``stats()`` shows it."""
         self._dataset_name = name
@@ -1210,7 +1233,14 @@ class Dataset:
         return text
 
     def __repr__(self) -> str:
-        return f"Dataset(plan={explain(self._plan).splitlines()[0]!r})"
+        """Ray 2.60's: a table of the columns (and rows, when materialized) where the schema
+        is known without running anything, else the steps above the source (``dataset_repr``)."""
+        from dataflow.dataset_repr import dataset_repr
+
+        return dataset_repr(self)
+
+    def __str__(self) -> str:
+        return repr(self)
 
 
 class _Blocks:
@@ -1255,10 +1285,6 @@ class MaterializedDataset(Dataset):
     def num_blocks(self) -> int:
         return len(self._blocks.refs)
 
-    def __repr__(self) -> str:
-        rows = sum(r.num_rows for r in self._blocks.refs)
-        return f"MaterializedDataset(num_blocks={len(self._blocks.refs)}, num_rows={rows})"
-
 
 __all__ = ["Dataset", "MapStages", "MaterializedDataset"]
 
@@ -1272,7 +1298,7 @@ def _start_write(sink: Any, ds: Dataset) -> None:
     except (TypeError, ValueError):  # no signature to read (a builtin): call it as Ray does
         params = [None]
     if params:
-        sink.on_write_start(ds.schema(fetch_if_missing=False))
+        sink.on_write_start(ds._arrow_schema(fetch_if_missing=False))
     else:
         sink.on_write_start()
 
@@ -1321,6 +1347,41 @@ def _on_shared_path(path: str, shared: tuple[str, ...]) -> bool:
         if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
             return True
     return False
+
+
+def _schema_from_plan(ds: Dataset) -> pa.Schema | None:
+    """The schema the plan's nodes tell without running anything: the input's through steps
+    that keep the columns (filters, limits, sorts, shuffles), and dataflow's own column steps
+    (select, drop, rename, expression filters) applied to an empty table of it."""
+    node = ds._plan
+    same = _same_schema_input(node)
+    if same is not None:
+        return ds._derive(same)._arrow_schema(fetch_if_missing=False)
+    if isinstance(node, Exchange) and _is_builtin_aggregation(node):
+        steps = [lambda t: node.partitioners[0].assign(t, 0)[0], lambda t: next(iter(node.reducer([[t]], 0)))]
+    elif isinstance(node, MapStages) and all(isinstance(s.fn, _SCHEMA_ONLY_STEPS) for s in node.stages):
+        steps = [stage.fn for stage in node.stages]
+    else:
+        return None
+    schema = ds._derive(node.inputs[0])._arrow_schema(fetch_if_missing=False)
+    if schema is None:
+        return None
+    table = schema.empty_table()
+    try:
+        for step in steps:
+            table = step(table)
+    except Exception:  # a missing column: the run raises it, naming the column
+        return None
+    return table.schema
+
+
+def _is_builtin_aggregation(node: Exchange) -> bool:
+    """A groupby of built-in aggregations, whose output types its steps give on no rows."""
+    return (len(node.children) == 1 and isinstance(node.reducer, AggregateReducer) and node.reducer.partial
+            and bool(node.partitioners) and isinstance(node.partitioners[0], PartialAggPartitioner))
+
+
+_SCHEMA_ONLY_STEPS = (bi.SelectColumns, bi.DropColumns, bi.RenameColumns, bi.FilterExpression)
 
 
 def _same_schema_input(node: LogicalNode) -> LogicalNode | None:

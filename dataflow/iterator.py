@@ -42,13 +42,17 @@ class DataIterator:
         self._skip_rows = 0
 
     def __repr__(self) -> str:
-        return f"DataIterator({self._name})"
+        return f"DataIterator({self._dataset!r})" if self._dataset is not None else f"DataIterator({self._name})"
 
     def __getattr__(self, name: str) -> Any:
         # only reached for a name the iterator lacks: say so when it is one of Ray Data's
         from dataflow import ray_api
 
         raise ray_api.attribute_error(self, name, ray_api.RAY_DATA_ITERATOR_API)
+
+    def get_context(self) -> DataContext:
+        """The ``DataContext`` the epochs run with (``Dataset.context``: the current one)."""
+        return DataContext.get_current()
 
     def stats(self) -> str:
         """Per-operator statistics of the last epoch this iterator ran (see ``Dataset.stats``)."""

@@ -10,6 +10,7 @@ that is what makes a map over a class an actor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -43,9 +44,15 @@ class UDFFailure(Exception):
 
 
 def udf_name(fn: Any) -> str:
-    """A readable name for a function or callable class."""
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-    return str(name)
+    """A function's or class's name as Ray Data names its operators: ``f`` (``<lambda>``), a
+    method's ``Class.f``, a partial's function's, a callable object's class's."""
+    if inspect.ismethod(fn):
+        return f"{type(fn.__self__).__name__}.{fn.__name__}"
+    if isinstance(fn, functools.partial):
+        return udf_name(fn.func)
+    if inspect.isclass(fn) or inspect.isfunction(fn) or inspect.isbuiltin(fn):
+        return str(fn.__name__)
+    return type(fn).__name__
 
 
 @dataclass

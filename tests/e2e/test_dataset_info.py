@@ -129,3 +129,17 @@ def test_schema_of_a_union_and_of_a_filter_that_leaves_no_rows(mode):
     assert dataflow.range(3).filter(lambda r: False).schema().names == ["id"]
     assert dataflow.range(3).filter(expr="id > 5").sort("id").limit(1).schema().names == ["id"]
     assert dataflow.range(3).map(lambda r: {"z": 1}).filter(lambda r: False).schema().names == ["z"]
+
+
+def test_context_is_the_current_one(mode):
+    ds = dataflow.range(4)
+    ctx = dataflow.DataContext.get_current()
+    assert ds.context is ctx and ds.iterator().get_context() is ctx
+    assert ds.streaming_split(2)[0].get_context() is ctx
+    old = ctx.execution_options.preserve_order
+    try:
+        ds.context.execution_options.preserve_order = True  # as Ray users set it
+        assert dataflow.DataContext.get_current().execution_options.preserve_order is True
+        assert [r["id"] for r in ds.map(lambda r: r).iter_rows()] == [0, 1, 2, 3]
+    finally:
+        ctx.execution_options.preserve_order = old

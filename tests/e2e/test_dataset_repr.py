@@ -1,0 +1,121 @@
+"""``repr(dataset)`` and ``Dataset.schema()`` as Ray Data 2.60 gives them (the expected strings
+were printed by Ray 2.60 for the same pipelines). On both execution modes."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pytest
+
+import dataflow
+from dataflow import Schema
+
+
+def test_schema_prints_as_rays_table_and_wraps_the_arrow_schema(mode):
+    schema = dataflow.range(3).map(lambda r: {"id": r["id"], "s": str(r["id"])}).schema()
+    assert isinstance(schema, Schema)
+    assert repr(schema) == str(schema) == "Column  Type\n------  ----\nid      int64\ns       string"
+    assert schema.names == ["id", "s"]
+    assert schema.types == [pa.int64(), pa.string()]
+    assert schema.base_schema == pa.schema([("id", pa.int64()), ("s", pa.string())])
+    assert schema == pa.schema([("id", pa.int64()), ("s", pa.string())])
+    assert schema == Schema(pa.schema([("id", pa.int64()), ("s", pa.string())]))
+    assert schema != Schema(pa.schema([("id", pa.int32()), ("s", pa.string())]))
+    # what pyarrow's schema has, for code written against it
+    assert len(schema) == 2 and schema.field("s").type == pa.string() and schema[0].name == "id"
+    assert [f.name for f in schema] == ["id", "s"]
+    assert schema.empty_table().num_rows == 0
+    assert pickle.loads(pickle.dumps(schema)) == schema
+    assert dataflow.range(3).iterator().schema() == pa.schema([("id", pa.int64())])
+
+
+def test_schema_without_running_where_the_plan_tells(mode):
+    ds = dataflow.range(10)
+    assert ds.random_shuffle().limit(3).schema(fetch_if_missing=False).names == ["id"]
+    renamed = ds.select_columns(["id"]).rename_columns({"id": "x"}).filter(expr="x > 2")
+    assert renamed.schema(fetch_if_missing=False).names == ["x"]
+    grouped = dataflow.from_items([{"k": "a", "v": 1, "f": 0.5}]).groupby("k").aggregate(
+        dataflow.aggregate.Count(), dataflow.aggregate.Mean("f"), dataflow.aggregate.Max("v"))
+    expected = pa.schema([("k", pa.string()), ("count()", pa.int64()), ("mean(f)", pa.float64()),
+                          ("max(v)", pa.int64())])
+    assert grouped.schema(fetch_if_missing=False) == expected
+    assert grouped.schema() == expected  # what running it gives
+    assert ds.map(lambda r: r).schema(fetch_if_missing=False) is None
+    assert ds.select_columns(["nope"]).schema(fetch_if_missing=False) is None
+
+
+def test_lazy_dataset_with_a_known_schema_prints_its_columns(mode):
+    assert repr(dataflow.range(10)) == (
+        "shape: (10, 1)\n"
+        "╭───────╮\n"
+        "│ id    │\n"
+        "│ ---   │\n"
+        "│ int64 │\n"
+        "╰───────╯\n"
+        "(Dataset isn't materialized)"
+    )
+    assert str(dataflow.range(10).groupby("id").count()) == (
+        "shape: (?, 2)\n"
+        "╭───────┬─────────╮\n"
+        "│ id    ┆ count() │\n"
+        "│ ---   ┆ ---     │\n"
+        "│ int64 ┆ int64   │\n"
+        "╰───────┴─────────╯\n"
+        "(Dataset isn't materialized)"
+    )
+
+
+def test_steps_above_the_source_when_the_schema_is_unknown(mode):
+    ds = dataflow.range(10).map(lambda r: r).filter(lambda r: True).map_batches(lambda b: b)
+    assert repr(ds) == (
+        "MapBatches(<lambda>)\n"
+        "+- Filter(<lambda>)\n"
+        "   +- Map(<lambda>)\n"
+        "      +- Dataset(num_rows=10, schema={id: int64})"
+    )
+    named = dataflow.range(5).map(lambda r: r)
+    named.set_name("train")
+    assert repr(named) == "Map(<lambda>)\n+- Dataset(name=train, num_rows=5, schema={id: int64})"
+    wide = dataflow.from_items([{f"a_very_long_column_name_number_{i}": i for i in range(4)}]).map(lambda r: r)
+    assert repr(wide) == (
+        "Map(<lambda>)\n"
+        "+- Dataset(\n"
+        "      num_rows=1,\n"
+        "      schema={\n"
+        "         a_very_long_column_name_number_0: int64,\n"
+        "         a_very_long_column_name_number_1: int64,\n"
+        "         a_very_long_column_name_number_2: int64,\n"
+        "         a_very_long_column_name_number_3: int64\n"
+        "      }\n"
+        "   )"
+    )
+
+
+def test_materialized_dataset_shows_its_first_and_last_rows(mode):
+    ds = dataflow.range(100, override_num_blocks=3).materialize()
+    expected = ["shape: (100, 1)", "╭───────╮", "│ id    │", "│ ---   │", "│ int64 │", "╞═══════╡"]
+    expected += [f"│ {i:<5} │" for i in range(5)] + ["│ …     │"] + [f"│ {i:<5} │" for i in range(95, 100)]
+    expected += ["╰───────╯", "(Showing 10 of 100 rows)"]
+    assert repr(ds) == "\n".join(expected)
+    assert repr(ds) == repr(ds)  # printing reads the blocks; it frees none of them
+    assert ds.count() == 100 and ds.take_all()[-1] == {"id": 99}
+
+    small = dataflow.range(3).filter(lambda r: True).materialize()
+    assert str(small).splitlines()[-5:] == ["│ 0     │", "│ 1     │", "│ 2     │", "╰───────╯",
+                                            "(Showing 3 of 3 rows)"]
+    long_values = dataflow.range(12).map_batches(lambda b: {"s": ["x" * 60] * len(b["id"])}).materialize()
+    assert repr(long_values).splitlines()[6] == "│ " + "x" * 39 + "… │"
+    assert repr(dataflow.range(3).filter(lambda r: False).materialize()) == (
+        "MaterializedDataset(num_rows=0, schema=Unknown schema)")
+
+
+def test_iterator_repr_is_its_datasets(mode):
+    ds = dataflow.range(10)
+    assert repr(ds.iterator()) == f"DataIterator({ds!r})"
+
+
+@pytest.mark.parametrize("columns", [["id"], []])
+def test_repr_runs_nothing(mode, columns):
+    ds = dataflow.range(4).select_columns(columns).map_batches(lambda b: 1 / 0)  # raises if it runs
+    assert repr(ds).startswith("MapBatches(<lambda>)\n+- ")

@@ -1,9 +1,11 @@
-"""Images decoded with Pillow into ``uint8`` tensors of shape ``(height, width, channels)``.
+"""Images decoded with Pillow into tensors, ``np.asarray(image)`` as Ray's: ``(height, width,
+channels)``, ``(height, width)`` for one channel, in the mode's own dtype.
 
 Column ``image`` is a fixed-shape tensor column (``pa.fixed_shape_tensor``), which reaches NumPy
-and torch without a copy. Grayscale images keep a channel axis of 1. Images of different shapes
-go to different blocks (each block's column has one shape); pass ``size=(h, w)`` to resize every
-image to one shape, and ``mode="RGB"`` (any Pillow mode) to convert colours.
+and torch without a copy. Images of different shapes go to different blocks (each block's column
+has one shape); batched together they become one variable-shape tensor column
+(``engine.ragged_tensors``), an object array of arrays in a numpy batch. Pass ``size=(h, w)`` to
+resize every image to one shape, and ``mode="RGB"`` (any Pillow mode) to convert colours.
 
 ``ImageDatasink`` writes one image file per row from a column of ``uint8`` arrays (``(h, w)``,
 ``(h, w, 1)``, ``(h, w, 3)`` or ``(h, w, 4)``; fixed-shape tensors or nested lists), encoded by

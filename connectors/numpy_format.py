@@ -25,6 +25,7 @@ from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import FileDatasource, FilePiece
 from connectors.filesystem import read_file_bytes
 from connectors.retry import Retrier
+from engine.ragged_tensors import is_ragged, ragged_to_numpy
 
 
 def tensor_column(array: np.ndarray) -> pa.Array:
@@ -65,6 +66,10 @@ def column_to_ndarray(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarr
     typ = column.type
     if isinstance(typ, pa.FixedShapeTensorType):
         return column.to_numpy_ndarray()  # type: ignore[attr-defined,no-any-return]
+    if is_ragged(typ) and column.null_count == 0:
+        cells = list(ragged_to_numpy(column))
+        if len({c.shape for c in cells}) <= 1:  # one row (an image to write), or rows of one shape
+            return np.stack(cells) if cells else np.empty(0)
     if pa.types.is_fixed_size_list(typ) and column.null_count == 0:
         inner = column_to_ndarray(column.flatten(), name)
         return inner.reshape(len(column), typ.list_size, *inner.shape[1:])

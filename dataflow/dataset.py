@@ -46,6 +46,7 @@ from dataflow.sources import input_sources
 from dataflow.summary import DatasetSummary
 from dataflow.udf import builtin_node, map_node, with_remote_args
 from engine import runner
+from engine.block_format import concat_blocks
 from engine.runner import ExecutionHandle
 from engine.stats import ExecutionStats
 from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
@@ -625,7 +626,7 @@ class Dataset:
         if not tables:
             schema = self._arrow_schema() if not isinstance(self._plan, InputBlocks) else None
             return schema.empty_table() if schema is not None else pa.table({})
-        return pa.concat_tables(tables, promote_options="permissive")
+        return concat_blocks(tables)
 
     def to_pandas(self, limit: int | None = None) -> Any:
         """The rows as one pandas DataFrame, with Ray Data 2.60's dtypes (``pd.ArrowDtype``

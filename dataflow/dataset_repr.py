@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import InputBlocks, LogicalNode, Read
-from engine.block_format import iter_rows
+from engine.block_format import concat_blocks, iter_rows
 
 if TYPE_CHECKING:
     from dataflow.dataset import Dataset
@@ -171,7 +171,7 @@ def _rows(ds: Any, refs: list[Any], count: int, head: bool) -> list[dict[str, An
     tables = list(ds._derive(InputBlocks(tuple(wanted), ds._blocks)).iterator().iter_blocks())
     if not tables:
         return []
-    table = pa.concat_tables(tables, promote_options="permissive")
+    table = concat_blocks(tables)
     table = table.slice(0, count) if head else table.slice(max(0, table.num_rows - count))
     return list(iter_rows(table))
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from dataflow import progress
 from dataflow.context import DataContext
-from engine.block_format import iter_rows, slice_rows, to_batch
+from engine.block_format import concat_blocks, iter_rows, slice_rows, to_batch
 
 _END = object()
 
@@ -292,7 +292,7 @@ def rebatch(blocks: Iterator[pa.Table], batch_size: int | None, drop_last: bool 
 def _concat(tables: list[pa.Table]) -> pa.Table:
     if len(tables) == 1:
         return tables[0]
-    return pa.concat_tables(tables).combine_chunks()
+    return concat_blocks(tables).combine_chunks()
 
 
 def local_shuffle(
@@ -319,7 +319,7 @@ def local_shuffle(
 
 
 def _shuffled(tables: list[pa.Table], rng: np.random.Generator) -> pa.Table:
-    table = pa.concat_tables(tables)
+    table = concat_blocks(tables)
     return table.take(pa.array(rng.permutation(table.num_rows)))
 
 

@@ -129,7 +129,13 @@ def _stack_cells(name: str, array: np.ndarray) -> np.ndarray:
         try:
             return np.stack(cells)
         except ValueError:
-            pass
+            shapes = sorted({c.shape for c in cells})
+            msg = (
+                f"column {name!r} holds arrays of different shapes ({', '.join(map(str, shapes[:4]))}"
+                f"{'...' if len(shapes) > 4 else ''}), which do not make one tensor; resize or pad them "
+                "in a map or map_batches (read_images(size=...) for images), or build the batch with collate_fn"
+            )
+            raise TypeError(msg) from None
     kind = type(cells[0]).__name__ if cells else "nothing"
     msg = (
         f"column {name!r} holds {kind} values (strings, ragged lists or nulls), which do not make one "

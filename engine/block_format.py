@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.errors import UDFOutputError
+from engine.ragged_tensors import can_be_ragged, is_ragged, ragged_array, ragged_to_numpy, unify_tensors
 
 BATCH_FORMATS = ("default", "numpy", "pandas", "pyarrow", "polars")
 
@@ -31,6 +32,8 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     typ = column.type
     if isinstance(typ, pa.FixedShapeTensorType):
         return column.to_numpy_ndarray()  # type: ignore[attr-defined,no-any-return]
+    if is_ragged(typ):
+        return ragged_to_numpy(column)
     if pa.types.is_fixed_size_list(typ) and column.null_count == 0:
         inner = column_to_numpy(column.flatten())
         return inner.reshape(len(column), typ.list_size, *inner.shape[1:])
@@ -85,14 +88,14 @@ def numeric_array(values: np.ndarray) -> pa.Array | None:
 
 def tensor_array(values: np.ndarray) -> pa.Array:
     """An n-d numpy array (first axis = rows) as an Arrow column."""
+    if values.dtype == object:  # of strings, or of arrays (tensors, ragged or not)
+        return column_from_values("", list(values))
     if values.ndim == 1:
         fast = numeric_array(values)
         return fast if fast is not None else pa.array(values)
     if values.ndim == 2 and values.dtype != object:
         flat = tensor_array(np.ascontiguousarray(values).reshape(-1))
         return pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
-    if values.dtype == object:
-        return pa.array(list(values))
     return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))
 
 
@@ -120,7 +123,9 @@ def column_from_values(name: str, values: Any) -> pa.Array | pa.ChunkedArray:
     if values and isinstance(values[0], np.ndarray):
         try:
             return tensor_array(np.stack(values))
-        except ValueError:
+        except ValueError:  # arrays of different shapes
+            if can_be_ragged(values):
+                return ragged_array(values)
             return pa.array([v.tolist() for v in values])
     try:
         return pa.array(values)
@@ -168,7 +173,7 @@ def table_to_pandas(table: pa.Table, arrow_backed: bool = True) -> Any:
     import pandas as pd
 
     tensors = [i for i, f in enumerate(table.schema) if isinstance(f.type, pa.FixedShapeTensorType)
-               or pa.types.is_fixed_size_list(f.type)]
+               or is_ragged(f.type) or pa.types.is_fixed_size_list(f.type)]
     from_pandas = bool(table.schema.metadata and b"pandas" in table.schema.metadata)
 
     def mapper(typ: pa.DataType) -> Any:
@@ -190,7 +195,7 @@ def table_to_pandas(table: pa.Table, arrow_backed: bool = True) -> Any:
 
 def _python_column(column: pa.ChunkedArray) -> list[Any]:
     typ = column.type
-    if isinstance(typ, pa.FixedShapeTensorType) or pa.types.is_fixed_size_list(typ):
+    if isinstance(typ, pa.FixedShapeTensorType) or is_ragged(typ) or pa.types.is_fixed_size_list(typ):
         return list(column_to_numpy(column))
     if pa.types.is_list(typ) and isinstance(typ.value_type, pa.FixedShapeTensorType):  # lists of tensors
         return [None if cell is None else list(cell) for cell in column.to_numpy(zero_copy_only=False)]
@@ -228,6 +233,19 @@ def rows_of(table: pa.Table) -> list[dict[str, Any]]:
     if table.num_columns == 0:
         return [{} for _ in range(table.num_rows)]
     return _row_builder(tuple(table.column_names))([_python_column(c) for c in table.columns])  # type: ignore[no-any-return]
+
+
+def concat_blocks(tables: list[pa.Table]) -> pa.Table:
+    """One table of ``tables``' rows. Blocks whose schemas differ are unified as Ray's are:
+    tensor columns of different shapes become one variable-shape tensor column (images of
+    different sizes), other types are promoted (a null-typed column, int widths)."""
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid:
+        tables = unify_tensors(tables) or tables
+        return pa.concat_tables(tables, promote_options="permissive")
 
 
 def slice_rows(table: pa.Table, offset: int, length: int) -> pa.Table:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 import pyarrow as pa
 
+from engine.block_format import concat_blocks as concat
 from engine.transform import TaskTransform, UDFFailure, _shape_output
 
 FINE_PARTITIONS = 256
@@ -50,14 +51,6 @@ class Reducer(Protocol):
         ...
 
 
-def concat(tables: list[pa.Table]) -> pa.Table:
-    """One table from blocks whose schemas may differ slightly (a null-typed column, int widths)."""
-    if len(tables) == 1:
-        return tables[0]
-    try:
-        return pa.concat_tables(tables)
-    except pa.ArrowInvalid:
-        return pa.concat_tables(tables, promote_options="permissive")
 
 
 def grouping_order(parts: np.ndarray, num_partitions: int) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine import row_errors
-from engine.block_format import rows_of, rows_to_block, slice_rows, to_batch, to_block
+from engine.block_format import concat_blocks, rows_of, rows_to_block, slice_rows, to_batch, to_block
 from engine.errors import UDFOutputError
 
 ROW_CHUNK = 16384
@@ -370,10 +370,10 @@ def _rebatch(blocks: Iterator[pa.Table], batch_size: int | None) -> Iterator[pa.
             have += take
             offset += take
             if have == batch_size:
-                yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+                yield concat_blocks(pending)
                 pending, have = [], 0
     if have:
-        yield pending[0] if len(pending) == 1 else pa.concat_tables(pending)
+        yield concat_blocks(pending)
 
 
 def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
@@ -450,4 +450,4 @@ def _flush(pending: list[pa.Table]) -> Iterator[pa.Table]:
     if len(pending) == 1:
         yield pending[0]
     elif pending:
-        yield pa.concat_tables(pending)
+        yield concat_blocks(pending)

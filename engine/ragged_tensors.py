@@ -1,0 +1,134 @@
+"""Tensor columns whose rows have different shapes (images of different sizes, token arrays of
+different lengths), as Arrow's canonical ``arrow.variable_shape_tensor`` extension type.
+
+Its storage is ``struct<data: list<T>, shape: fixed_size_list<int32>[ndim]>``: each row's values
+flattened in C order, and the row's shape. Parquet, Arrow IPC and any Arrow reader keep the type.
+pyarrow has no Python class for it, but its C++ library registers it, so an instance is made
+once per (value type, ndim) by reading the schema of an empty IPC stream whose field names it.
+
+A batch holds such a column as a 1-d ``object`` array of n-d arrays (each a view of the
+column's data, no copy), as Ray's variable-shaped tensors are. It comes from:
+- a UDF returning a list (or object array) of arrays of one ndim and different shapes;
+- concatenating blocks whose fixed-shape tensor columns differ in shape (``unify_tensors``):
+  ``read_images`` of images of different sizes, batched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+NAME = "arrow.variable_shape_tensor"
+
+
+@functools.cache
+def ragged_type(value_type: pa.DataType, ndim: int) -> pa.DataType:
+    """The ``arrow.variable_shape_tensor`` type of ``ndim`` dimensions of ``value_type``."""
+    storage = pa.struct([("data", pa.list_(value_type)), ("shape", pa.list_(pa.int32(), ndim))])
+    field = pa.field("t", storage, metadata={b"ARROW:extension:name": NAME.encode(),
+                                             b"ARROW:extension:metadata": b"{}"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, pa.schema([field])):
+        pass
+    typ = pa.ipc.open_stream(sink.getvalue()).schema.field(0).type
+    if not is_ragged(typ):  # a pyarrow built without the canonical extension types
+        msg = f"this pyarrow ({pa.__version__}) does not provide the {NAME} type"
+        raise NotImplementedError(msg)
+    return typ
+
+
+def is_ragged(typ: pa.DataType) -> bool:
+    return isinstance(typ, pa.BaseExtensionType) and typ.extension_name == NAME
+
+
+def can_be_ragged(values: Sequence[object]) -> bool:
+    """Arrays (or None) of one number of dimensions, and numeric or boolean values."""
+    arrays = [v for v in values if v is not None]
+    return (bool(arrays) and all(isinstance(v, np.ndarray) for v in arrays)
+            and len({v.ndim for v in arrays}) == 1 and all(v.dtype.kind in "biuf" for v in arrays))  # type: ignore[union-attr]
+
+
+def ragged_array(values: Sequence[np.ndarray | None]) -> pa.Array:
+    """Arrays of one ndim (None: a null row) as one column; values cast to their common dtype."""
+    arrays = [v for v in values if v is not None]
+    ndim = arrays[0].ndim
+    dtype = np.result_type(*arrays)
+    flat = np.concatenate([np.ascontiguousarray(a, dtype=dtype).reshape(-1) for a in arrays])
+    sizes = np.array([0 if v is None else v.size for v in values], dtype=np.int64)
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    shapes = np.array([(0,) * ndim if v is None else v.shape for v in values], dtype=np.int32).reshape(-1)
+    nulls = pa.array([v is None for v in values]) if len(arrays) < len(values) else None
+    data = pa.ListArray.from_arrays(_arrow(offsets), _arrow(flat))
+    shape = pa.FixedSizeListArray.from_arrays(_arrow(shapes), ndim)
+    storage = pa.StructArray.from_arrays([data, shape], names=["data", "shape"], mask=nulls)
+    return pa.ExtensionArray.from_storage(ragged_type(data.type.value_type, ndim), storage)
+
+
+def ragged_to_numpy(column: pa.Array) -> np.ndarray:
+    """A 1-d object array of each row's n-d array (views of the column's data; None for nulls)."""
+    data, shape = column.storage.flatten()  # the children, cut to the column's slice
+    values = data.values.to_numpy(zero_copy_only=False)
+    offsets = data.offsets.to_numpy()
+    ndim = shape.type.list_size
+    dims = shape.values.to_numpy(zero_copy_only=False)[shape.offset * ndim:(shape.offset + len(column)) * ndim]
+    shapes = dims.reshape(len(column), ndim)
+    out = np.empty(len(column), dtype=object)
+    valid = column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else None
+    for i in range(len(column)):
+        if valid is None or valid[i]:
+            out[i] = values[offsets[i]:offsets[i + 1]].reshape(shapes[i])
+    return out
+
+
+def fixed_to_ragged(column: pa.Array) -> pa.Array:
+    """A fixed-shape tensor column as the ragged type (no per-row work: the data is shared)."""
+    typ = column.type
+    size = int(np.prod(typ.shape))
+    storage = column.storage  # .values, not .flatten(): that drops the values of null rows
+    flat = storage.values.slice(storage.offset * size, len(column) * size)
+    offsets = _arrow(np.arange(len(column) + 1, dtype=np.int32) * size)
+    shapes = np.tile(np.array(typ.shape, dtype=np.int32), len(column))
+    nulls = column.is_null() if column.null_count else None
+    data = pa.ListArray.from_arrays(offsets, flat)
+    shape = pa.FixedSizeListArray.from_arrays(_arrow(shapes), len(typ.shape))
+    storage = pa.StructArray.from_arrays([data, shape], names=["data", "shape"], mask=nulls)
+    return pa.ExtensionArray.from_storage(ragged_type(typ.value_type, len(typ.shape)), storage)
+
+
+def _arrow(values: np.ndarray) -> pa.Array:
+    """A 1-d numeric array as Arrow, sharing its memory (``pa.array`` imports pandas)."""
+    if values.dtype.kind in "iuf":
+        return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
+    return pa.array(values)
+
+
+def _tensor_key(typ: pa.DataType) -> tuple[pa.DataType, int] | None:
+    if isinstance(typ, pa.FixedShapeTensorType):
+        return typ.value_type, len(typ.shape)
+    if is_ragged(typ):
+        return typ.storage_type.field("data").type.value_type, typ.storage_type.field("shape").type.list_size
+    return None
+
+
+def unify_tensors(tables: Sequence[pa.Table]) -> list[pa.Table] | None:
+    """``tables`` with each column that is a tensor of one value type and ndim in every table,
+    but not of one shape, made ragged in all of them; None when no column needs it."""
+    changed = False
+    out = list(tables)
+    for name in tables[0].column_names:
+        types = {t.schema.field(name).type for t in tables if name in t.column_names}
+        keys = {_tensor_key(t) for t in types}
+        if len(types) < 2 or len(keys) != 1 or None in keys:
+            continue
+        changed = True
+        for i, table in enumerate(out):
+            if name in table.column_names and not is_ragged(table.schema.field(name).type):
+                column = table.column(name)
+                chunks = [fixed_to_ragged(chunk) for chunk in column.chunks]
+                ragged = pa.chunked_array(chunks, type=ragged_type(*next(iter(keys))))
+                out[i] = table.set_column(table.column_names.index(name), name, ragged)
+    return out if changed else None

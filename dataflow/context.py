@@ -103,6 +103,12 @@ class DataContext:
     enable_arrow_backed_pandas_conversion: bool = True
     """Ray's setting (True by default since Ray 2.56): ``Dataset.to_pandas`` gives
     ``pd.ArrowDtype`` columns; False gives numpy dtypes."""
+    enable_fallback_to_arrow_object_ext_type: bool | None = None
+    """Ray's setting: values a UDF returns (or ``from_items``, ``from_torch`` hold) that Arrow
+    cannot hold natively (a tuple of mixed types, an instance of your class) are kept as pickled
+    Python objects (``engine.python_objects``): None (the default) with a warning once per
+    process, True without one; False raises the conversion error instead. Read when a step
+    is added to a dataset."""
 
     _current: Any = None
 

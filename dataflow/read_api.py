@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from connectors.base import Datasource
 from connectors.memory import ArrowDatasource, RangeDatasource
-from dataflow.context import options
+from dataflow.context import DataContext, options
 from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.plan import Read
 
@@ -118,9 +118,10 @@ def items_to_table(items: Sequence[Any]) -> pa.Table:
     """Dicts become columns; any other value becomes column ``item`` (as ``ray.data.from_items``)."""
     from engine.block_format import rows_to_block, to_block
 
+    objects = DataContext.get_current().enable_fallback_to_arrow_object_ext_type
     if items and all(isinstance(i, dict) for i in items):
-        return rows_to_block(list(items))
-    return to_block({"item": list(items)})
+        return rows_to_block(list(items), objects)
+    return to_block({"item": list(items)}, objects)
 
 
 def from_items(items: Sequence[Any], *, override_num_blocks: int | None = None) -> Dataset:
@@ -545,7 +546,7 @@ def _torch_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _torch_value(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return [_torch_value(v) for v in value]
+        return type(value)(_torch_value(v) for v in value) if type(value) in (tuple, list) else value
     return value
 
 
@@ -553,10 +554,10 @@ def _tensor_lists(samples: list[Any]) -> pa.Array | None:
     """Samples that are tuples of tensors of one shape and dtype, as a list column of tensors
     (rows give lists of numpy arrays), or None for other samples."""
     first = samples[0] if samples else None
-    if not isinstance(first, list) or not first or not isinstance(first[0], np.ndarray) or first[0].ndim == 0:
+    if not isinstance(first, (list, tuple)) or not first or not isinstance(first[0], np.ndarray) or first[0].ndim == 0:
         return None
     kind = (first[0].shape, first[0].dtype)
-    if not all(isinstance(s, list) and all(isinstance(v, np.ndarray) and (v.shape, v.dtype) == kind for v in s)
+    if not all(isinstance(s, (list, tuple)) and all(isinstance(v, np.ndarray) and (v.shape, v.dtype) == kind for v in s)
                for s in samples):
         return None
     values = pa.FixedShapeTensorArray.from_numpy_ndarray(np.stack([v for s in samples for v in s]))
@@ -571,12 +572,12 @@ def _torch_chunk_table(samples: list[Any], first_index: int) -> pa.Table:
     if tensors is not None:
         return pa.table({"item": tensors})
     try:
-        return to_block({"item": samples})
+        return to_block({"item": samples}, DataContext.get_current().enable_fallback_to_arrow_object_ext_type)
     except (TypeError, ValueError) as exc:
-        kinds = sorted({type(v).__name__ for s in samples[:1] if isinstance(s, list) for v in s})
+        kinds = sorted({type(v).__name__ for s in samples[:1] if isinstance(s, (list, tuple)) for v in s})
         hint = (
             f" (sample {first_index} is a tuple of {', '.join(kinds)}: an Arrow column cannot hold a tuple of"
-            " mixed types)"
+            " mixed types, and enable_fallback_to_arrow_object_ext_type is False)"
             if kinds
             else ""
         )
@@ -594,9 +595,9 @@ def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> Datas
     The samples are read here, in this process (``dataset[i]`` for a map-style dataset, iteration
     for an iterable one). Tensors become NumPy arrays (same-shape ones a tensor column, scalars
     plain values; a tuple of same-shape tensors a list of arrays), PIL images ``uint8`` arrays
-    and dicts struct values. Unlike Ray, which can keep
-    any Python object, a column must be Arrow-typed: a tuple of mixed types, such as
-    ``(image, label)``, cannot be stored, and the error says to return a dict instead.
+    and dicts struct values. A sample Arrow cannot hold, such as an ``(image, label)`` tuple,
+    is kept as a pickled Python object, as Ray keeps it (``engine.python_objects``): its rows
+    give the tuple back, with the image as a numpy array.
     """
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         samples: Any = (dataset[i] for i in builtins.range(len(dataset)))

@@ -441,6 +441,7 @@ def map_node(
         batch_size=batch_size,
         batch_format=batch_format,
         arrow_backed_pandas=DataContext.get_current().enable_arrow_backed_pandas_conversion,
+        python_objects=DataContext.get_current().enable_fallback_to_arrow_object_ext_type,
         zero_copy_batch=zero_copy_batch,
         max_retries=remote.max_retries,
         retry_exceptions=remote.retry_exceptions,

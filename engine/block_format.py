@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.errors import UDFOutputError
+from engine.python_objects import is_python_object, object_array, objects_to_numpy
 from engine.ragged_tensors import can_be_ragged, is_ragged, ragged_array, ragged_to_numpy, unify_tensors
 
 BATCH_FORMATS = ("default", "numpy", "pandas", "pyarrow", "polars")
@@ -34,6 +35,8 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
         return column.to_numpy_ndarray()  # type: ignore[attr-defined,no-any-return]
     if is_ragged(typ):
         return ragged_to_numpy(column)
+    if is_python_object(typ):
+        return objects_to_numpy(column)
     if pa.types.is_fixed_size_list(typ) and column.null_count == 0:
         inner = column_to_numpy(column.flatten())
         return inner.reshape(len(column), typ.list_size, *inner.shape[1:])
@@ -86,10 +89,11 @@ def numeric_array(values: np.ndarray) -> pa.Array | None:
     return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
 
 
-def tensor_array(values: np.ndarray) -> pa.Array:
-    """An n-d numpy array (first axis = rows) as an Arrow column."""
-    if values.dtype == object:  # of strings, or of arrays (tensors, ragged or not)
-        return column_from_values("", list(values))
+def tensor_array(values: np.ndarray, name: str = "", objects: bool | None = None) -> pa.Array:
+    """An n-d numpy array (first axis = rows) as an Arrow column. ``objects``: what to do with
+    values Arrow cannot hold (``python_objects.object_array``)."""
+    if values.dtype == object:  # of strings, of arrays (tensors, ragged or not), of objects
+        return column_from_values(name, list(values), objects)
     if values.ndim == 1:
         fast = numeric_array(values)
         return fast if fast is not None else pa.array(values)
@@ -107,12 +111,12 @@ def _torch_to_numpy(value: Any) -> Any:
     return value
 
 
-def column_from_values(name: str, values: Any) -> pa.Array | pa.ChunkedArray:
+def column_from_values(name: str, values: Any, objects: bool | None = None) -> pa.Array | pa.ChunkedArray:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values
     values = _torch_to_numpy(values)
     if isinstance(values, np.ndarray):
-        return tensor_array(values)
+        return tensor_array(values, name, objects)
     if hasattr(values, "to_arrow") and hasattr(values, "dtype"):  # polars Series
         return values.to_arrow()
     if hasattr(values, "to_numpy") and hasattr(values, "dtype"):  # pandas Series
@@ -126,23 +130,23 @@ def column_from_values(name: str, values: Any) -> pa.Array | pa.ChunkedArray:
         except ValueError:  # arrays of different shapes
             if can_be_ragged(values):
                 return ragged_array(values)
-            return pa.array([v.tolist() for v in values])
     try:
         return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
         msg = f"column {name!r}: cannot convert values to Arrow ({err})"
-        raise TypeError(msg) from err
+        return object_array(values, objects, TypeError(msg))
 
 
-def to_block(batch: Any) -> pa.Table:
-    """Whatever a batch UDF returned, as an Arrow table."""
+def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
+    """Whatever a batch UDF returned, as an Arrow table; ``objects``: what to do with values
+    Arrow cannot hold (``python_objects.object_array``)."""
     if isinstance(batch, pa.Table):
         return batch
     if isinstance(batch, pa.RecordBatch):
         return pa.Table.from_batches([batch])
     if isinstance(batch, Mapping):
         names = list(batch.keys())
-        columns = [column_from_values(str(n), batch[n]) for n in names]
+        columns = [column_from_values(str(n), batch[n], objects) for n in names]
         lengths = {len(c) for c in columns}
         if len(lengths) > 1:
             sizes = {str(n): len(c) for n, c in zip(names, columns, strict=True)}
@@ -173,7 +177,7 @@ def table_to_pandas(table: pa.Table, arrow_backed: bool = True) -> Any:
     import pandas as pd
 
     tensors = [i for i, f in enumerate(table.schema) if isinstance(f.type, pa.FixedShapeTensorType)
-               or is_ragged(f.type) or pa.types.is_fixed_size_list(f.type)]
+               or is_ragged(f.type) or is_python_object(f.type) or pa.types.is_fixed_size_list(f.type)]
     from_pandas = bool(table.schema.metadata and b"pandas" in table.schema.metadata)
 
     def mapper(typ: pa.DataType) -> Any:
@@ -195,7 +199,8 @@ def table_to_pandas(table: pa.Table, arrow_backed: bool = True) -> Any:
 
 def _python_column(column: pa.ChunkedArray) -> list[Any]:
     typ = column.type
-    if isinstance(typ, pa.FixedShapeTensorType) or is_ragged(typ) or pa.types.is_fixed_size_list(typ):
+    if (isinstance(typ, pa.FixedShapeTensorType) or is_ragged(typ) or is_python_object(typ)
+            or pa.types.is_fixed_size_list(typ)):
         return list(column_to_numpy(column))
     if pa.types.is_list(typ) and isinstance(typ.value_type, pa.FixedShapeTensorType):  # lists of tensors
         return [None if cell is None else list(cell) for cell in column.to_numpy(zero_copy_only=False)]
@@ -260,7 +265,7 @@ def iter_rows(table: pa.Table) -> Iterable[dict[str, Any]]:
         yield from rows_of(slice_rows(table, start, 16384))
 
 
-def rows_to_block(rows: list[Any]) -> pa.Table:
+def rows_to_block(rows: list[Any], objects: bool | None = None) -> pa.Table:
     """Rows (dicts) back into a table; one pass per column when every row has the same keys."""
     if not rows:
         return pa.table({})
@@ -272,7 +277,7 @@ def rows_to_block(rows: list[Any]) -> pa.Table:
     try:  # fast path: every row has exactly the first row's keys
         columns = {k: [r[k] for r in rows] for k in keys}
         if len(set(map(len, rows))) == 1:
-            return to_block(columns)
+            return to_block(columns, objects)
     except (KeyError, TypeError, IndexError):
         pass
     all_keys: dict[Any, None] = {}
@@ -281,4 +286,4 @@ def rows_to_block(rows: list[Any]) -> pa.Table:
             msg = f"a row function must return a dict, got {type(r).__name__}"
             raise UDFOutputError(msg)
         all_keys.update(dict.fromkeys(r))
-    return to_block({k: [r.get(k) for r in rows] for k in all_keys})  # missing keys are nulls
+    return to_block({k: [r.get(k) for r in rows] for k in all_keys}, objects)  # missing keys are nulls

@@ -3,8 +3,6 @@ different lengths), as Arrow's canonical ``arrow.variable_shape_tensor`` extensi
 
 Its storage is ``struct<data: list<T>, shape: fixed_size_list<int32>[ndim]>``: each row's values
 flattened in C order, and the row's shape. Parquet, Arrow IPC and any Arrow reader keep the type.
-pyarrow has no Python class for it, but its C++ library registers it, so an instance is made
-once per (value type, ndim) by reading the schema of an empty IPC stream whose field names it.
 
 A batch holds such a column as a 1-d ``object`` array of n-d arrays (each a view of the
 column's data, no copy), as Ray's variable-shaped tensors are. It comes from:
@@ -15,6 +13,7 @@ column's data, no copy), as Ray's variable-shaped tensors are. It comes from:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 
@@ -24,24 +23,47 @@ import pyarrow as pa
 NAME = "arrow.variable_shape_tensor"
 
 
+class VariableShapeTensorType(pa.ExtensionType):
+    """``arrow.variable_shape_tensor`` as a Python extension type. pyarrow's C++ library
+    registers the canonical type under this name but has no Python class for it, and its
+    instances cannot be pickled (a block travelling to a worker inside a read task, or through
+    Ray, failed). This class replaces that registration: same name, same storage, so files and
+    streams are the same for every Arrow reader; dimension names and permutations in files from
+    elsewhere are not kept."""
+
+    def __init__(self, value_type: pa.DataType, ndim: int) -> None:
+        self.value_type, self.ndim = value_type, ndim
+        storage = pa.struct([("data", pa.list_(value_type)), ("shape", pa.list_(pa.int32(), ndim))])
+        super().__init__(storage, NAME)
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b"{}"
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> VariableShapeTensorType:
+        return cls(storage_type.field("data").type.value_type, storage_type.field("shape").type.list_size)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return VariableShapeTensorType, (self.value_type, self.ndim)
+
+    def __str__(self) -> str:
+        return f"extension<{NAME}[value_type={self.value_type}, ndim={self.ndim}]>"
+
+
+with contextlib.suppress(pa.ArrowKeyError):  # pyarrow's own registration (see the class)
+    pa.unregister_extension_type(NAME)
+with contextlib.suppress(pa.ArrowKeyError):  # registered already (this module loaded twice)
+    pa.register_extension_type(VariableShapeTensorType(pa.int8(), 1))
+
+
 @functools.cache
-def ragged_type(value_type: pa.DataType, ndim: int) -> pa.DataType:
+def ragged_type(value_type: pa.DataType, ndim: int) -> VariableShapeTensorType:
     """The ``arrow.variable_shape_tensor`` type of ``ndim`` dimensions of ``value_type``."""
-    storage = pa.struct([("data", pa.list_(value_type)), ("shape", pa.list_(pa.int32(), ndim))])
-    field = pa.field("t", storage, metadata={b"ARROW:extension:name": NAME.encode(),
-                                             b"ARROW:extension:metadata": b"{}"})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, pa.schema([field])):
-        pass
-    typ = pa.ipc.open_stream(sink.getvalue()).schema.field(0).type
-    if not is_ragged(typ):  # a pyarrow built without the canonical extension types
-        msg = f"this pyarrow ({pa.__version__}) does not provide the {NAME} type"
-        raise NotImplementedError(msg)
-    return typ
+    return VariableShapeTensorType(value_type, ndim)
 
 
 def is_ragged(typ: pa.DataType) -> bool:
-    return isinstance(typ, pa.BaseExtensionType) and typ.extension_name == NAME
+    return isinstance(typ, VariableShapeTensorType)
 
 
 def can_be_ragged(values: Sequence[object]) -> bool:
@@ -110,7 +132,7 @@ def _tensor_key(typ: pa.DataType) -> tuple[pa.DataType, int] | None:
     if isinstance(typ, pa.FixedShapeTensorType):
         return typ.value_type, len(typ.shape)
     if is_ragged(typ):
-        return typ.storage_type.field("data").type.value_type, typ.storage_type.field("shape").type.list_size
+        return typ.value_type, typ.ndim
     return None
 
 

@@ -73,6 +73,9 @@ class Stage:
     arrow_backed_pandas: bool = True
     """Pandas batches get ``pd.ArrowDtype`` columns (``DataContext.enable_arrow_backed_pandas_conversion``
     when the step was added), as Ray 2.60's do."""
+    python_objects: bool | None = None
+    """What to do with output values Arrow cannot hold (``DataContext.enable_fallback_to_arrow_object_ext_type``
+    when the step was added): pickle them (None: with a warning, as Ray's default), or raise (False)."""
     user_code: bool = True
     """False for engine-provided steps (select_columns...), whose errors are not UDF errors."""
     zero_copy_batch: bool = True
@@ -301,7 +304,7 @@ def _run_row_stages(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator
 
 def _rows_block(stage: Stage, rows: list[Any]) -> pa.Table:
     try:
-        return rows_to_block(rows)
+        return rows_to_block(rows, stage.python_objects)
     except (TypeError, ValueError) as err:
         raise UDFFailure(stage.name, err, "(converting its output rows)") from err
 
@@ -390,7 +393,7 @@ def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Ta
         outputs = result if inspect.isgenerator(result) else (result,)
         try:
             for out in outputs:
-                yield to_block(out)
+                yield to_block(out, stage.python_objects)
         except UDFFailure:
             raise
         except USER_ERRORS as err:
@@ -412,7 +415,9 @@ def _skip_failing_batch_rows(stage: Stage, fn: Callable[..., Any], batch: pa.Tab
             formatted = writable_batch(formatted)
         try:
             result = fn(formatted, *stage.fn_args, **stage.fn_kwargs)
-            outputs = [to_block(out) for out in result] if inspect.isgenerator(result) else [to_block(result)]
+            objects = stage.python_objects
+            outputs = ([to_block(out, objects) for out in result] if inspect.isgenerator(result)
+                       else [to_block(result, objects)])
         except Exception as err:  # KeyboardInterrupt and SystemExit still end the task
             if table.num_rows > 1:
                 half = table.num_rows // 2

@@ -144,9 +144,9 @@ def test_from_torch(mode):
     rows = dataflow.from_torch(Pairs()).take_all()
     assert [r["item"]["y"] for r in rows] == [0, 1, 2]
     assert list(rows[2]["item"]["x"]) == [2, 2]
-    mixed = torch.utils.data.TensorDataset(torch.zeros(3, 2), torch.arange(3))
-    with pytest.raises(TypeError, match="dict"):
-        dataflow.from_torch(mixed)
+    mixed = torch.utils.data.TensorDataset(torch.zeros(3, 2), torch.arange(3))  # (features, label) tuples
+    items = [r["item"] for r in dataflow.from_torch(mixed).take_all()]  # kept as Python objects, as Ray
+    assert [label for _, label in items] == [0, 1, 2] and all(f.shape == (2,) for f, _ in items)
 
 
 def test_from_torch_does_not_import_torch_at_import():

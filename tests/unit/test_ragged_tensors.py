@@ -90,5 +90,14 @@ def test_npy_files_take_ragged_rows_of_one_shape_only():
     from connectors.numpy_format import column_to_ndarray
 
     assert column_to_ndarray(ragged_array([np.ones((2, 3)), np.ones((2, 3))]), "t").shape == (2, 2, 3)
-    with pytest.raises(TypeError, match="column 't'.*cannot be written to .npy"):
+    with pytest.raises(TypeError, match=r"column 't'.*cannot be written to \.npy"):
         column_to_ndarray(ragged_array(_arrays()), "t")
+
+
+def test_blocks_with_ragged_and_object_columns_pickle():
+    import pickle
+
+    table = to_block({"t": _arrays(), "o": [(1, "a"), (2, "b"), None]})
+    back = pickle.loads(pickle.dumps(table))  # read tasks and the Ray runner pickle blocks
+    assert back.equals(table) and back.schema == table.schema
+    assert list(to_batch(back, "numpy")["o"]) == [(1, "a"), (2, "b"), None]

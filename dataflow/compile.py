@@ -321,9 +321,10 @@ def compile_plan(
             _emit_in_order(last)
         if (type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly)
                 or min_bytes or (resumes and not reads_directly)):
+            # a materialized dataset's blocks are written one file each, as Ray writes them
+            bundle = 1 if isinstance(last, InputOperator) else _bundle_after(last, options.min_task_input_bytes)
             last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,
-                                     min_bundle_bytes=min_bytes or _bundle_after(last, options.min_task_input_bytes),
-                                     whole_units=resumes))
+                                     min_bundle_bytes=min_bytes or bundle, whole_units=resumes))
         assert isinstance(last, MapOperator)
         last.output = output
         last.sink = sink

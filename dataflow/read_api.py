@@ -106,12 +106,20 @@ def from_blocks(blocks: Sequence[Any]) -> MaterializedDataset:
         return read_datasource(ArrowDatasource(tables, max(len(tables), 1), "FromBlocks")).materialize()
 
 
-def from_arrow(tables: pa.Table | Sequence[pa.Table], *, override_num_blocks: int | None = None) -> Dataset:
+def _in_memory(source: ArrowDatasource) -> MaterializedDataset:
+    """Data already in this process as a materialized dataset, in order, as Ray's ``from_*``
+    give one (``num_blocks()`` answers, ``print`` shows rows): the blocks are put into the
+    object store now, once, and every execution reads them from there."""
+    with options(preserve_order=True):
+        return read_datasource(source).materialize()
+
+
+def from_arrow(tables: pa.Table | Sequence[pa.Table], *, override_num_blocks: int | None = None) -> MaterializedDataset:
     """A dataset of Arrow tables (or record batches) already in memory."""
     if isinstance(tables, (pa.Table, pa.RecordBatch)):
         tables = [tables]
     tables = [pa.Table.from_batches([t]) if isinstance(t, pa.RecordBatch) else t for t in tables]
-    return read_datasource(ArrowDatasource(tables, override_num_blocks, "FromArrow"))
+    return _in_memory(ArrowDatasource(tables, override_num_blocks, "FromArrow"))
 
 
 def items_to_table(items: Sequence[Any]) -> pa.Table:
@@ -124,32 +132,32 @@ def items_to_table(items: Sequence[Any]) -> pa.Table:
     return to_block({"item": list(items)}, objects)
 
 
-def from_items(items: Sequence[Any], *, override_num_blocks: int | None = None) -> Dataset:
+def from_items(items: Sequence[Any], *, override_num_blocks: int | None = None) -> MaterializedDataset:
     """A dataset of Python values: dicts become rows, other values a column ``item``."""
     items = list(items)
-    return read_datasource(ArrowDatasource([items_to_table(items)], override_num_blocks, "FromItems"))
+    return _in_memory(ArrowDatasource([items_to_table(items)], override_num_blocks, "FromItems"))
 
 
-def from_pandas(dfs: Any, *, override_num_blocks: int | None = None) -> Dataset:
+def from_pandas(dfs: Any, *, override_num_blocks: int | None = None) -> MaterializedDataset:
     """A dataset of one pandas DataFrame or a list of them (the index is dropped)."""
     frames = dfs if isinstance(dfs, (list, tuple)) else [dfs]
     tables = [pa.Table.from_pandas(df, preserve_index=False) for df in frames]
-    return read_datasource(ArrowDatasource(tables, override_num_blocks, "FromPandas"))
+    return _in_memory(ArrowDatasource(tables, override_num_blocks, "FromPandas"))
 
 
-def from_polars(dfs: Any, *, override_num_blocks: int | None = None) -> Dataset:
+def from_polars(dfs: Any, *, override_num_blocks: int | None = None) -> MaterializedDataset:
     """A dataset of one polars DataFrame or a list of them."""
     frames = dfs if isinstance(dfs, (list, tuple)) else [dfs]
-    return read_datasource(ArrowDatasource([df.to_arrow() for df in frames], override_num_blocks, "FromPolars"))
+    return _in_memory(ArrowDatasource([df.to_arrow() for df in frames], override_num_blocks, "FromPolars"))
 
 
-def from_numpy(ndarrays: np.ndarray | Sequence[np.ndarray], *, override_num_blocks: int | None = None) -> Dataset:
+def from_numpy(ndarrays: np.ndarray | Sequence[np.ndarray], *, override_num_blocks: int | None = None) -> MaterializedDataset:
     """Column ``data``; an n-d array becomes one tensor column (one row per first-axis entry)."""
     from engine.block_format import tensor_array
 
     arrays = [ndarrays] if isinstance(ndarrays, np.ndarray) else list(ndarrays)
     tables = [pa.Table.from_arrays([tensor_array(np.asarray(a))], names=["data"]) for a in arrays]
-    return read_datasource(ArrowDatasource(tables, override_num_blocks, "FromNumpy"))
+    return _in_memory(ArrowDatasource(tables, override_num_blocks, "FromNumpy"))
 
 
 def read_parquet(
@@ -589,7 +597,7 @@ def _torch_chunk_table(samples: list[Any], first_index: int) -> pa.Table:
         raise TypeError(msg) from exc
 
 
-def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> Dataset:
+def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> MaterializedDataset:
     """A torch ``Dataset``'s samples, one row each, in column ``item`` (as ``ray.data.from_torch``).
 
     The samples are read here, in this process (``dataset[i]`` for a map-style dataset, iteration
@@ -617,7 +625,7 @@ def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> Datas
             chunk = []
     if chunk or not tables:
         tables.append(_torch_chunk_table(chunk, count - len(chunk)) if chunk else pa.table({"item": pa.array([])}))
-    return read_datasource(ArrowDatasource(tables, override_num_blocks, "FromTorch"))
+    return _in_memory(ArrowDatasource(tables, override_num_blocks, "FromTorch"))
 
 
 def from_huggingface(dataset: Any, *, override_num_blocks: int | None = None) -> Dataset:

@@ -63,4 +63,8 @@ class InlineSlot:
             # or the driver keeps a Parquet decode's worth of memory for the rest of its life
             pa.default_memory_pool().release_unused()
             self._results.append((execution, op, pending, result))
+            # drop this frame's references before waiting for the next task: the last task's
+            # execution (and, when it failed, the caller's frames its error holds) stayed
+            # alive until another task came, for the rest of the session if none did
+            del item, execution, op, pending, result
             self._wake()

@@ -380,6 +380,9 @@ class RayExecutor:
                 self._guarded(more)
             if not self._stopping:
                 self._guarded(self._schedule)
+            # nothing of the last event may outlive it while the loop waits (a finished task's
+            # closure holds its execution, whose error holds the caller's frames)
+            fn = more = None
 
     def _guarded(self, fn: Callable[[], None]) -> None:
         try:

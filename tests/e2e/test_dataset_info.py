@@ -143,3 +143,25 @@ def test_context_is_the_current_one(mode):
         assert [r["id"] for r in ds.map(lambda r: r).iter_rows()] == [0, 1, 2, 3]
     finally:
         ctx.execution_options.preserve_order = old
+
+
+def test_in_memory_sources_are_materialized_as_in_ray(mode, tmp_path):
+    import numpy as np
+    import pandas as pd
+    import polars as pl
+
+    made = [
+        dataflow.from_items([{"a": 1}, {"a": 2}]),
+        dataflow.from_pandas(pd.DataFrame({"a": [1, 2]})),
+        dataflow.from_arrow(pa.table({"a": [1, 2]})),
+        dataflow.from_numpy(np.arange(2)),
+        dataflow.from_polars(pl.DataFrame({"a": [1, 2]})),
+    ]
+    for ds in made:
+        assert isinstance(ds, MaterializedDataset) and ds.num_blocks() >= 1 and ds.count() == 2
+    ds = dataflow.from_items(list(range(100)), override_num_blocks=4)
+    assert ds.num_blocks() == 4
+    for _ in range(2):  # read twice: executions over it free none of its blocks
+        assert ds.map(lambda r: r).take_all() == [{"item": i} for i in range(100)]
+    ds.write_parquet(str(tmp_path / "out"))  # one file per block, as Ray writes a materialized dataset
+    assert len(list((tmp_path / "out").glob("*.parquet"))) == 4

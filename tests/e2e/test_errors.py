@@ -121,3 +121,23 @@ def test_a_source_failing_while_listing_fails_the_job_not_the_engine(mode):
     with pytest.raises(PermissionError, match="access denied while listing"):
         dataflow.read_datasource(Listing()).take_all()
     assert dataflow.range(10).map(lambda r: r).count() == 10  # the engine still works
+
+
+def test_a_failed_job_keeps_nothing_of_the_caller_alive(mode, tmp_path):
+    """The error a failed job raises holds the caller's frames; nothing in the engine may keep
+    it (the slot that runs tasks in the driver kept its last task until the next one came)."""
+    import gc
+    import weakref
+
+    def fail(batch):
+        raise KeyError("boom")
+
+    ds = dataflow.from_items([{"v": [1, 2]}, {"v": [3]}])
+    alive = weakref.ref(ds)
+    with pytest.raises(KeyError):
+        ds.map_batches(fail).take_all()
+    with pytest.raises(TypeError):
+        ds.write_numpy(str(tmp_path / "npy"), column="v")  # lists of different lengths
+    del ds
+    gc.collect()
+    assert alive() is None

@@ -239,7 +239,11 @@ def read_block(ref: BlockRef) -> pa.Table:
     if ref.data is not None:  # a copy: the ref's bytes are shared and must not be written
         return pa.ipc.open_stream(pa.py_buffer(bytearray(ref.data))).read_all()
     if ref.path is None:
-        msg = f"block {ref.block_id} is held in another process's memory (in-process mode)"
+        msg = (
+            f"block {ref.block_id} is held in another process's memory: it was made in the in-process "
+            "(execution_mode='local') mode, which alone can read it; make or materialize the dataset "
+            "under the mode that reads it"
+        )
         raise KeyError(msg)
     fd = os.open(ref.path, os.O_RDONLY)  # (not open(): a buffered file object costs more than the read)
     try:

@@ -722,6 +722,7 @@ class Dataset:
         except BaseException as err:
             if handle is not None:
                 handle.wait_stopped(60.0)  # no write task may still be staging files
+                progress.settle(handle)  # its summary is out, and the progress thread holds it no more
             datasink.on_write_failed(err)
             raise
 

@@ -98,11 +98,15 @@ def _die_with_test_process() -> None:
 
 
 def _wait_for(predicate, timeout: float = 5.0) -> bool:
+    """``predicate()`` became true within ``timeout``. Garbage is collected between tries: a
+    failed job's error holds the test's frames in a cycle, which a thread that was still done
+    with it (a progress summary) can keep out of the one collection before the wait."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
         time.sleep(0.02)
+        gc.collect()
     return predicate()
 
 

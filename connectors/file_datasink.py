@@ -29,6 +29,9 @@ staging folder and the marker are never read as data):
   removed (on object stores every staged file stays there until step 3);
 * after step 4: every file of the job and ``_SUCCESS``, and no staging folder.
 
+A job that wrote no rows into a destination that did not exist leaves no destination (Ray's
+behaviour): the commit removes the staging folder and the folder it created, and writes no marker.
+
 A commit that fails with an error (a file that cannot be moved, the marker that cannot be
 written) stops placing files, removes again every file it had put in place, removes the staging
 folder and raises ``CommitError`` naming the files that failed: the destination holds nothing of
@@ -41,7 +44,8 @@ before anything runs: ``APPEND`` (the default, as Ray) adds the job's files; ``E
 removes what was there, at the commit, just before the new files are put in place (step 1), so
 a job that fails leaves the old data as it was. A ``filename_provider`` (Ray's
 ``FilenameProvider``) names each task's files instead of the write id: a name with ``{i}`` gets
-the file's number in the task there, others get ``-<i>`` before the extension.
+the file's number in the task there; other names get ``-<i>`` before the extension, on every
+file for Parquet and ORC, past a task's first file for the other sinks (Ray's naming).
 
 ``mode="resume"`` (dataflow's own ``SaveMode.RESUME``) changes the protocol: each write task
 writes one input unit and commits it itself, and the driver's commit only writes ``_SUCCESS``
@@ -127,12 +131,19 @@ class FilenameProvider:
         return name + (f".{self.file_format}" if self.file_format is not None else "")
 
 
-def _template(name: str, extension: str) -> str:
-    """A task's file name with ``{i}`` where the file's number goes (Ray's rule)."""
+def _numbered(name: str, extension: str, number: int, *, always: bool) -> str:
+    """File ``number`` of a write task whose ``filename_provider`` name is ``name``.
+
+    Ray's rules: a name with ``{i}`` gets the number there; Parquet (``always``) puts ``-<i>``
+    before the extension of every file; the other sinks write one file per task under the name as
+    it is, and a task that writes more than one file (``max_rows_per_file``) numbers the later ones.
+    """
     if "{i}" in name:
+        return name.replace("{i}", str(number))
+    if not always and number == 0:
         return name
     stem, ext = posixpath.splitext(name)
-    return f"{stem}-{{i}}{ext or extension}"
+    return f"{stem}-{number}{ext or extension}"
 
 
 def rows_per_file(num_rows_per_file: int | None, min_rows_per_file: int | None) -> int | None:
@@ -186,6 +197,8 @@ class FileDatasink(Datasink):
     """Base class for sinks that write files into one destination folder."""
 
     EXTENSION = ""
+    NUMBERS_EVERY_FILE = False
+    """Whether a ``filename_provider`` name gets ``-<i>`` on every file (Parquet) or only past the first."""
 
     @property
     def writes_local_files(self) -> bool:
@@ -253,6 +266,7 @@ class FileDatasink(Datasink):
         self._resume: ResumeState | None = None
         self._try_create_dir = True
         self._open_args: dict[str, Any] = {}
+        self._created_root = False
 
     def set_output_options(self, try_create_dir: bool = True, arrow_open_stream_args: dict[str, Any] | None = None) -> None:
         """Ray's ``try_create_dir`` (False: a local destination must exist already) and
@@ -317,6 +331,7 @@ class FileDatasink(Datasink):
                 "or leave try_create_dir at True"
             )
         self._replace_existing = exists and self.mode is SaveMode.OVERWRITE
+        self._created_root = not exists
         retrier.call(
             lambda: self._fs.create_dir(self.staging_dir, recursive=True),
             path=self._display(self.staging_dir),
@@ -387,6 +402,11 @@ class FileDatasink(Datasink):
                 f"filename_provider gave two write tasks the same file name ({duplicated[0]}); its "
                 "get_filename_for_task must make a unique name from write_uuid and task_index"
             )
+        if not relatives and self._created_root:
+            # no rows: as Ray, a destination this job would have created is not left behind
+            self._remove_staging()
+            self._remove_root_if_empty(retrier)
+            return
         if self.write_success_marker:
             failures = self._step(marker, lambda: self._remove_marker(marker, retrier))
         if not failures and self._replace_existing:
@@ -401,6 +421,16 @@ class FileDatasink(Datasink):
         if failures:
             self._abort_commit(len(relatives), placed, failures)
         self.written_files.extend(self._display(f"{self._root}/{relative}") for relative in relatives)
+
+    def _remove_root_if_empty(self, retrier: Retrier) -> None:
+        def remove() -> None:
+            info = self._fs.get_file_info(self._root)
+            if info.type != pafs.FileType.Directory:
+                return
+            if not self._fs.get_file_info(pafs.FileSelector(self._root, recursive=False)):
+                self._fs.delete_dir(self._root)
+
+        retrier.call(remove, path=self._display(self._root), action="remove")
 
     def on_write_failed(self, error: BaseException) -> None:
         """Remove the staging folder: a failed job leaves nothing behind (a resumable write
@@ -668,7 +698,7 @@ class _RollingFile:
         task = ctx.unit if sink.resumes and ctx.unit is not None else ctx.task_index
         if sink._filename_provider is not None:
             task_name = sink._filename_provider.get_filename_for_task(sink._write_id, task)
-            name = _template(str(task_name), sink.EXTENSION).replace("{i}", str(self._sequence))
+            name = _numbered(str(task_name), sink.EXTENSION, self._sequence, always=sink.NUMBERS_EVERY_FILE)
         elif sink.resumes:
             name = f"{sink._write_id}_{task:06d}_{self._sequence:04d}{sink.EXTENSION}"
         else:

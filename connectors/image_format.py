@@ -94,6 +94,8 @@ def encode_image(array: np.ndarray, pillow_name: str) -> bytes:
 class ImageDatasink(FileDatasink):
     """One image file per row of ``column`` under ``path`` (local or ``s3://``), committed atomically."""
 
+    NUMBERS_EVERY_FILE = True  # a file per row: a ``filename_provider`` name gets each row's number
+
     def __init__(
         self, path: str, *, column: str, file_format: str = "png", filesystem: Any = None, **file_options: Any
     ) -> None:

@@ -196,6 +196,7 @@ class ORCDatasink(FileDatasink):
     """
 
     EXTENSION = ".orc"
+    NUMBERS_EVERY_FILE = True
 
     def __init__(
         self,

@@ -487,6 +487,7 @@ class ParquetDatasink(FileDatasink):
     """
 
     EXTENSION = ".parquet"
+    NUMBERS_EVERY_FILE = True
 
     def __init__(
         self,

@@ -87,10 +87,10 @@ def repartition(
             reducer.exact_blocks = True
         return Exchange((plan,), f"Repartition[{num_blocks}, keys]",
                         (HashPartitioner(columns, max(FINE_PARTITIONS, num_blocks)),), reducer,
-                        num_tasks=num_blocks, preserves_rows=True)
+                        num_tasks=num_blocks, keep_empty_blocks=True, preserves_rows=True)
     if shuffle:
         return Exchange((plan,), f"Repartition[{num_blocks}, shuffle]",
                         (RandomPartitioner(None, max(FINE_PARTITIONS, num_blocks)),), ShuffleReducer(exact_blocks=True),
-                        num_tasks=num_blocks, preserves_rows=True)
+                        num_tasks=num_blocks, keep_empty_blocks=True, preserves_rows=True)
     return Exchange((plan,), f"Repartition[{num_blocks}]", reducer=ConcatReducer(), grouping="rows",
-                    num_tasks=num_blocks, ordered_input=True, preserves_rows=True)
+                    num_tasks=num_blocks, keep_empty_blocks=True, ordered_input=True, preserves_rows=True)

@@ -198,6 +198,7 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
                             rows_per_task=node.rows_per_task, seed=node.seed, merge_fan_in=merges,
                             resources=_resources(node.resources) if node.resources is not None else None)
     reduce.max_concurrency = node.max_concurrency
+    reduce.keep_empty_blocks = node.keep_empty_blocks
     if node.orders_output:
         c.ordering.add(id(reduce))
     return c.add(reduce)

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import InputBlocks, LogicalNode, Read
+from dataflow.schema import type_name
 from engine.block_format import concat_blocks, iter_rows
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def table_repr(
     ellipses between head and tail), and a line saying how many rows are shown."""
     columns = list(schema.names)
     headers = [_cut(column) for column in columns]
-    types = [_cut(str(t)) for t in schema.types]
+    types = [_cut(type_name(t)) for t in schema.types]
     rows = [[_cut(_format_value(row.get(c))) for c in columns] for row in head]
     if head and tail:
         rows.append([ELLIPSIS] * len(columns))
@@ -105,7 +106,8 @@ def summary_repr(ds: Dataset) -> str:
         schema = ds._derive(source)._arrow_schema(fetch_if_missing=False)
         num_rows = count_from_metadata(optimize(source))
     rows_text = "?" if num_rows is None else str(num_rows)
-    fields = [f"{n}: {t}" for n, t in zip(schema.names, schema.types, strict=True)] if schema is not None else None
+    fields = ([f"{n}: {type_name(t)}" for n, t in zip(schema.names, schema.types, strict=True)]
+              if schema is not None else None)
     schema_text = "Unknown schema" if fields is None else "{" + ", ".join(fields) + "}"
     cls = type(ds).__name__
     name = f"name={ds.name}, " if ds.name is not None else ""

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from dataflow import progress
 from dataflow.context import DataContext
+from dataflow.schema import Schema
 from engine.block_format import concat_blocks, iter_rows, slice_rows, to_batch
 
 _END = object()
@@ -61,9 +62,9 @@ class DataIterator:
             return "This iterator has not been executed yet."
         return str(stats())
 
-    def schema(self) -> pa.Schema | None:
-        """The schema of the dataset iterated (``Dataset.schema``); None when it is not known
-        without reading an epoch (an iterator of ``streaming_split``)."""
+    def schema(self) -> Schema | None:
+        """The schema of the dataset iterated (``Dataset.schema``); for an iterator of
+        ``streaming_split``, the schema its plan tells without running, else None."""
         return self._dataset.schema() if self._dataset is not None else None
 
     def materialize(self) -> Any:

@@ -189,6 +189,8 @@ class Exchange(LogicalNode):
     """"partitions" (by the partitioners), "rows" (by global row ranges), "blocks" (no task:
     the blocks in a random order)."""
     num_tasks: int | None = None
+    keep_empty_blocks: bool = False
+    """Exactly ``num_tasks`` output blocks, empty ones included (``repartition(n)``, as Ray)."""
     rows_per_task: int | None = None
     """With "rows": tasks of this many rows each (the last one shorter)."""
     sampler: bool = False

@@ -20,6 +20,20 @@ from typing import Any
 import pyarrow as pa
 
 
+def type_name(type_: pa.DataType) -> str:
+    """How Ray 2.60 prints a column type: its own names for tensor columns
+    (``ArrowTensorTypeV2(shape=(2, 3), dtype=double)``,
+    ``ArrowVariableShapedTensorType(ndim=1, dtype=double)``), Arrow's for the rest."""
+    if isinstance(type_, pa.FixedShapeTensorType):
+        return f"ArrowTensorTypeV2(shape={tuple(type_.shape)}, dtype={type_.value_type})"
+    if isinstance(type_, pa.ExtensionType) and type_.extension_name == "arrow.variable_shape_tensor":
+        ndim = getattr(type_, "ndim", None)
+        value_type = getattr(type_, "value_type", None)
+        if ndim is not None and value_type is not None:
+            return f"ArrowVariableShapedTensorType(ndim={ndim}, dtype={value_type})"
+    return str(type_)
+
+
 class Schema:
     """A dataset's column names and Arrow types (``base_schema``: the ``pyarrow.Schema``)."""
 
@@ -47,7 +61,7 @@ class Schema:
     def __repr__(self) -> str:
         width = max([len(name) for name in self.names] + [len("Column")]) + 2
         lines = ["Column".ljust(width) + "Type", "------".ljust(width) + "----"]
-        lines += [name.ljust(width) + str(type_) for name, type_ in zip(self.names, self.types, strict=True)]
+        lines += [name.ljust(width) + type_name(type_) for name, type_ in zip(self.names, self.types, strict=True)]
         return "\n".join(lines)
 
     def __len__(self) -> int:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from dataflow.iterator import DataIterator
+from dataflow.schema import Schema
 from engine import runner
 
 if TYPE_CHECKING:
@@ -93,8 +94,12 @@ class _SplitHandle:
 class SplitIterator(DataIterator):
     """One of ``n`` iterators sharing an execution (see ``Dataset.streaming_split``)."""
 
-    def __init__(self, coordinator: SplitCoordinator | None, key: str, address: str | None, split: int, n: int) -> None:
+    def __init__(
+        self, coordinator: SplitCoordinator | None, key: str, address: str | None, split: int, n: int,
+        schema: Schema | None = None,
+    ) -> None:
         super().__init__(self._next_epoch, f"StreamingSplit[{split}/{n}]")
+        self._schema = schema
         self._coordinator = coordinator
         self._key = key
         self._address = address
@@ -124,13 +129,18 @@ class SplitIterator(DataIterator):
         self._split_epoch += 1
         return _SplitHandle(self._source(), self._split, self._split_epoch)
 
+    def schema(self) -> Schema | None:
+        """The split dataset's schema where its plan tells it without running (as
+        ``Dataset.schema(fetch_if_missing=False)``), else None."""
+        return self._schema
+
     def stats(self) -> dict[str, Any]:
         """Rows each split got in the last finished epoch, and rows dropped to make them equal."""
         coordinator = self._coordinator or runner.find_split(self._key)
         return dict(coordinator.last_stats) if coordinator is not None else {}
 
     def __reduce__(self) -> Any:
-        return (SplitIterator, (None, self._key, self._address, self._split, self._n))
+        return (SplitIterator, (None, self._key, self._address, self._split, self._n, self._schema))
 
     def __repr__(self) -> str:
         return f"SplitIterator(split={self._split}, n={self._n}, pid={os.getpid()})"

@@ -294,6 +294,9 @@ class ReduceOperator(MapOperator):
         self.grouping = grouping
         self.num_tasks = num_tasks
         """Exactly this many reduce tasks (``repartition(n)``, ``join(num_partitions=n)``)."""
+        self.keep_empty_blocks = False
+        """A task with no rows gets a zero-row slice of the input (its schema), so it outputs an
+        empty block: ``repartition(n)`` makes ``n`` blocks whatever the row count, as Ray's."""
         self.rows_per_task = rows_per_task
         self.seed = seed
         self._arrived: list[list[BlockRef]] = [[] for _ in upstream]
@@ -487,7 +490,7 @@ class ReduceOperator(MapOperator):
                         size += piece.size_bytes
                         self._slices[r.block_id] = self._slices.get(r.block_id, 0) + 1
                         n += 1
-                if n == 0 and side and len(sides) > 1:  # no rows from this side: its schema
+                if n == 0 and side and (len(sides) > 1 or self.keep_empty_blocks):  # no rows: its schema
                     bundle.append(BlockSlice(lean[side[0].block_id], 0, 0))
                     self._slices[side[0].block_id] = self._slices.get(side[0].block_id, 0) + 1
                     n = 1
@@ -521,6 +524,8 @@ class ReduceOperator(MapOperator):
             size = 0
             for side in sides:
                 pieces = _row_range(side, lo, hi)
+                if not pieces and side and self.keep_empty_blocks:  # no rows: the schema
+                    pieces = [BlockSlice(side[0], 0, 0)]
                 for piece in pieces:
                     self._slices[piece.ref.block_id] = self._slices.get(piece.ref.block_id, 0) + 1
                     size += piece.size_bytes

@@ -71,7 +71,22 @@ def test_filename_provider_names_the_files(tmp_path: Path) -> None:
     assert [p.name for p in _data_files(tmp_path / "a")] == ["part-000-0.parquet", "part-000-1.parquet", "part-000-2.parquet"]
     dataflow.range(5).write_csv(str(tmp_path / "b"), filename_provider=FilenameProvider(dataset_uuid="ds", file_format="csv"))
     names = [p.name for p in _data_files(tmp_path / "b", ".csv")]
-    assert len(names) == 1 and names[0].startswith("ds_") and names[0].endswith("_000000-0.csv")
+    # Ray's CSV and JSON sinks write a task's file under the provider's name as it is
+    assert len(names) == 1 and names[0].startswith("ds_") and names[0].endswith("_000000.csv")
+
+    class Plain(FilenameProvider):
+        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+            return f"{write_uuid}-task{task_index}.json"
+
+    dataflow.range(100, override_num_blocks=1).write_json(str(tmp_path / "j"), filename_provider=Plain())
+    (only,) = _data_files(tmp_path / "j", ".json")
+    assert only.name.endswith("-task0.json") and "-task0-" not in only.name
+    # a task that must write several files (max_rows_per_file) numbers the ones after its first
+    dataflow.range(100, override_num_blocks=1).write_json(
+        str(tmp_path / "j2"), filename_provider=Plain(), max_rows_per_file=40
+    )
+    names = sorted(p.name[p.name.index("task"):] for p in _data_files(tmp_path / "j2", ".json"))
+    assert names == ["task0-1.json", "task0-2.json", "task0.json"]
 
     class Same(FilenameProvider):
         def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
@@ -130,3 +145,23 @@ def test_partition_cols_with_mode_and_provider(tmp_path: Path) -> None:
     ]
     dataflow.from_arrow(table).write_parquet(str(tmp_path / "p"), partition_cols=["k"], mode="overwrite")
     assert len(_data_files(tmp_path / "p")) == 2 and _ids(tmp_path / "p") == list(range(6))
+
+
+@pytest.mark.parametrize("execution", ["local", "streaming"])
+def test_writing_no_rows_leaves_no_destination(tmp_path: Path, execution: str) -> None:
+    """As Ray 2.60: a write of zero rows creates no folder (no ``_SUCCESS``-only folder); a
+    destination that existed already is left as it was, with the marker of a finished job."""
+    with dataflow.options(execution_mode=execution):
+        empty = dataflow.range(10, override_num_blocks=2).filter(lambda row: False)
+        for fmt in ("parquet", "csv", "json"):
+            getattr(empty, f"write_{fmt}")(str(tmp_path / fmt))
+            assert not (tmp_path / fmt).exists()
+        existing = tmp_path / "existing"
+        dataflow.range(3).write_parquet(str(existing))
+        before = _data_files(existing)
+        empty.write_parquet(str(existing))
+        assert _data_files(existing) == before and (existing / "_SUCCESS").exists()
+        assert not [p for p in existing.iterdir() if p.name.startswith("_staging")]
+        # rows again after an empty write: the folder appears as usual
+        dataflow.range(4).write_csv(str(tmp_path / "csv"))
+        assert len(_data_files(tmp_path / "csv", ".csv")) == 1 and (tmp_path / "csv" / "_SUCCESS").exists()

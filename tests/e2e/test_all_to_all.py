@@ -495,6 +495,22 @@ def test_repartition_sets_blocks_and_files(mode, tmp_path):
         ds.repartition(0)
 
 
+def test_repartition_to_more_blocks_than_rows_makes_empty_blocks(mode, tmp_path):
+    """As Ray 2.60: ``repartition(10)`` of 5 rows is 10 blocks, 5 of them empty, in every
+    variant; the empty ones keep the schema, and a write skips them."""
+    ds = dataflow.range(5, override_num_blocks=2)
+    for variant in (ds.repartition(10), ds.repartition(10, shuffle=True), ds.repartition(10, keys="id")):
+        m = variant.materialize()
+        assert m.num_blocks() == 10 and sorted(r["id"] for r in m.take_all()) == list(range(5))
+        assert m.schema().names == ["id"]
+        sizes = sorted(len(b["id"]) for b in m.iter_batches(batch_size=None, batch_format="pyarrow"))
+        assert sum(sizes) == 5 and all(size <= 1 for size in sizes)
+    ds.repartition(10).write_parquet(str(tmp_path / "w"))
+    files = list((tmp_path / "w").glob("*.parquet"))
+    assert len(files) == 5 and sum(pq.ParquetFile(f).metadata.num_rows for f in files) == 5
+    assert dataflow.range(0).repartition(4).materialize().num_blocks() == 4
+
+
 def test_zip(mode):
     a = dataflow.range(1000, override_num_blocks=3)
     b = dataflow.range(1000, override_num_blocks=8).map(lambda r: {"id": r["id"] * 2, "y": str(r["id"])})

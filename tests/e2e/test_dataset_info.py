@@ -3,6 +3,8 @@ copy; DataIterator.stats, schema, materialize, to_torch. On both execution modes
 
 from __future__ import annotations
 
+import pickle
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -89,7 +91,10 @@ def test_split_iterator_materialize(mode):
     its = dataflow.range(100, override_num_blocks=4).streaming_split(1)
     materialized = its[0].materialize()
     assert sorted(r["id"] for r in materialized.take_all()) == list(range(100))
-    assert its[0].schema() is None
+    # the schema the plan tells without running, as Ray's split iterator gives its dataset's
+    assert its[0].schema() == pa.schema([("id", pa.int64())])
+    assert pickle.loads(pickle.dumps(its[0])).schema() == pa.schema([("id", pa.int64())])
+    assert dataflow.range(10).map(lambda r: r).streaming_split(1)[0].schema() is None  # would need a run
 
 
 def test_iterator_to_torch_as_ray(mode):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -121,3 +122,30 @@ def test_iterator_repr_is_its_datasets(mode):
 def test_repr_runs_nothing(mode, columns):
     ds = dataflow.range(4).select_columns(columns).map_batches(lambda b: 1 / 0)  # raises if it runs
     assert repr(ds).startswith("MapBatches(<lambda>)\n+- ")
+
+
+def test_tensor_columns_print_with_rays_type_names(mode):
+    fixed = dataflow.from_numpy(np.zeros((4, 2, 3)))
+    assert repr(fixed.schema()) == "Column  Type\n------  ----\ndata    ArrowTensorTypeV2(shape=(2, 3), dtype=double)"
+    assert isinstance(fixed.schema().types[0], pa.FixedShapeTensorType)  # still the Arrow type
+    assert repr(fixed.map(lambda r: r)) == (
+        "Map(<lambda>)\n"
+        "+- Dataset(\n"
+        "      num_rows=4,\n"
+        "      schema={data: ArrowTensorTypeV2(shape=(2, 3), dtype=double)}\n"
+        "   )"
+    )
+    ragged = dataflow.from_items([{"a": np.zeros((2,))}, {"a": np.zeros((3,))}])
+    assert repr(ragged.schema()) == "Column  Type\n------  ----\na       ArrowVariableShapedTensorType(ndim=1, dtype=double)"
+    assert repr(ragged) == (
+        "shape: (2, 1)\n"
+        "╭──────────────────────────────────────────╮\n"
+        "│ a                                        │\n"
+        "│ ---                                      │\n"
+        "│ ArrowVariableShapedTensorType(ndim=1, d… │\n"
+        "╞══════════════════════════════════════════╡\n"
+        "│ [0. 0.]                                  │\n"
+        "│ [0. 0. 0.]                               │\n"
+        "╰──────────────────────────────────────────╯\n"
+        "(Showing 2 of 2 rows)"
+    )

@@ -19,7 +19,7 @@ import csv as stdlib_csv
 import functools
 import io
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -248,11 +248,41 @@ class CSVDatasink(FileDatasink):
 
     EXTENSION = ".csv"
 
-    def __init__(self, path: str, *, write_options: pacsv.WriteOptions | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        write_options: pacsv.WriteOptions | None = None,
+        arrow_csv_args_fn: Callable[[], dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(path, **kwargs)
         self._write_options = write_options
+        if arrow_csv_args_fn is not None and not callable(arrow_csv_args_fn):
+            msg = f"arrow_csv_args_fn must be a function returning a dict, got {type(arrow_csv_args_fn).__name__}"
+            raise TypeError(msg)
+        self._args_fn = arrow_csv_args_fn
 
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
+        write_options = self._write_options
+        if self._args_fn is not None:  # Ray's arrow_csv_args_fn: called in the write task
+            args = dict(self._args_fn())
+            write_options = args.pop("write_options", write_options)
+            check_csv_write_args("arrow_csv_args_fn()", args)
         out = pa.BufferOutputStream()
-        pacsv.write_csv(combine(tables), out, self._write_options)
+        pacsv.write_csv(combine(tables), out, write_options)
         return out.getvalue()
+
+
+CSV_WRITE_ARGS = ("write_options",)
+"""What ``pyarrow.csv.write_csv`` takes besides the table and the file (Ray's ``**arrow_csv_args``;
+its ``memory_pool`` is a process's own object and cannot travel to a write task)."""
+
+
+def check_csv_write_args(where: str, args: dict[str, Any]) -> None:
+    """``TypeError`` naming the first of ``args`` that ``pyarrow.csv.write_csv`` does not take."""
+    unknown = sorted(name for name in args if name not in CSV_WRITE_ARGS)
+    if unknown:
+        msg = (f"{where} got an unexpected keyword argument {unknown[0]!r} (pyarrow.csv.write_csv takes "
+               "write_options, a pyarrow.csv.WriteOptions)")
+        raise TypeError(msg)

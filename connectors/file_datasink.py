@@ -23,7 +23,8 @@ What a reader of the destination sees (listings skip names starting with ``_`` o
 staging folder and the marker are never read as data):
 
 * while tasks write, or if the job dies then: nothing new, whatever happened; a job that failed
-  with an error also removes its staging folder (``on_write_failed``), a killed driver leaves it;
+  with an error also removes its staging folder (``on_write_failed``), and the destination
+  folder if the job created it and it is empty; a killed driver leaves them;
 * during steps 1 to 3, or if the driver is killed then: some or all of the job's files (all named
   ``<write id>_...``), no ``_SUCCESS``, and the staging folder with the staged files not yet
   removed (on object stores every staged file stays there until step 3);
@@ -433,9 +434,13 @@ class FileDatasink(Datasink):
         retrier.call(remove, path=self._display(self._root), action="remove")
 
     def on_write_failed(self, error: BaseException) -> None:
-        """Remove the staging folder: a failed job leaves nothing behind (a resumable write
-        keeps the units it committed, for the next run)."""
+        """Remove the staging folder, and the destination folder when this job created it and
+        it is empty: a failed job leaves nothing behind (a resumable write keeps the units it
+        committed, for the next run)."""
         self._remove_staging()
+        if self._created_root and not self.resumes:
+            with contextlib.suppress(Exception):  # best effort: the job's own error is what the caller gets
+                self._remove_root_if_empty(Retrier(self._retry_policy))
 
     # resumable writes (mode="resume"; see connectors.resumable_write) -----------------------
     def _manifest(self, retrier: Retrier | None = None) -> ResumeManifest:

@@ -169,7 +169,8 @@ class FileDatasource(Datasource):
     and order the files (``connectors.file_selection``). ``arrow_open_stream_args`` (Ray's):
     ``compression`` (every file's codec, instead of its extension's) and ``buffer_size``, for the
     formats read as streams (``READS_STREAMS``). ``ignore_missing_paths``: skip a path
-    that is not there, as long as another holds files (Ray's).
+    that is not there, as long as another holds files (Ray's). ``skip_paths`` (Ray's): files
+    to leave out of the listing, named as they would be passed to the read.
     """
 
     sizes_own_tasks = True
@@ -193,6 +194,7 @@ class FileDatasource(Datasource):
         shuffle: str | FileShuffleConfig | None = None,
         ignore_missing_paths: bool = False,
         arrow_open_stream_args: dict[str, Any] | None = None,
+        skip_paths: str | Sequence[str] | None = None,
     ) -> None:
         if arrow_open_stream_args is not None and not self.READS_STREAMS:
             raise TypeError(f"arrow_open_stream_args: {self.get_name()} opens its files for random access, "
@@ -210,7 +212,8 @@ class FileDatasource(Datasource):
         self._include_paths = include_paths
         self._target_task_bytes = target_task_bytes
         self._retry_policy: RetryPolicy = default_retry_policy()
-        self._files = SelectedFiles.of(self._files, partition_filter, shuffle)  # Ray's partition_filter, shuffle
+        # Ray's partition_filter, shuffle and skip_paths
+        self._files = SelectedFiles.of(self._files, partition_filter, shuffle, skip_paths)
 
     @property
     def file_set(self) -> FileSet:

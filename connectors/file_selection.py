@@ -10,6 +10,7 @@ each execution (``reseed_after_execution=True``, Ray's default), or the same ord
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,19 +54,25 @@ class SelectedFiles(FileSet):
 
     partition_filter: PathPartitionFilter | None = None
     shuffle: str | FileShuffleConfig | None = None
+    skip_paths: frozenset[str] = frozenset()
+    """Files left out whatever they hold (Ray's ``skip_paths``), as the user or the listing writes them."""
     _executions: list[int] = field(default_factory=lambda: [-1], compare=False, hash=False, repr=False)
     """The index of the execution listing now (shared by copies of the datasource; the first is 0)."""
 
     @staticmethod
-    def of(files: FileSet, partition_filter: PathPartitionFilter | None, shuffle: Any) -> FileSet:
+    def of(
+        files: FileSet, partition_filter: PathPartitionFilter | None, shuffle: Any, skip_paths: Any = None
+    ) -> FileSet:
         """``files`` itself when nothing is filtered or shuffled."""
         check_shuffle(shuffle)
         if partition_filter is not None and not isinstance(partition_filter, PathPartitionFilter):
             raise TypeError(f"partition_filter must be a PathPartitionFilter, got {type(partition_filter).__name__}")
-        if partition_filter is None and shuffle is None:
+        skip = _skip_set(skip_paths)
+        if partition_filter is None and shuffle is None and not skip:
             return files
         return SelectedFiles(files.filesystem, files.roots, files.uri_prefix, files.extensions,
-                             ignore_missing=files.ignore_missing, partition_filter=partition_filter, shuffle=shuffle)
+                             ignore_missing=files.ignore_missing, partition_filter=partition_filter, shuffle=shuffle,
+                             skip_paths=skip)
 
     def next_execution(self) -> None:
         """An execution starts listing: a reseeding shuffle takes its next order."""
@@ -73,6 +80,9 @@ class SelectedFiles(FileSet):
 
     def iter_files(self) -> Iterator[FileEntry]:
         files = super().iter_files()
+        if self.skip_paths:
+            files = (entry for entry in files
+                     if entry.path not in self.skip_paths and self.display(entry.path) not in self.skip_paths)
         if self.partition_filter is not None:
             files = (entry for entry in files if self.partition_filter.apply(entry.path, entry.root))
         if self.shuffle is None:
@@ -82,3 +92,21 @@ class SelectedFiles(FileSet):
         seed = self.shuffle.get_seed(self._executions[0]) if isinstance(self.shuffle, FileShuffleConfig) else None
         np.random.default_rng(seed).shuffle(entries)  # type: ignore[arg-type]
         yield from entries
+
+
+def _skip_set(skip_paths: Any) -> frozenset[str]:
+    """Ray's ``skip_paths`` (a path or a list), each as given and, for local paths, absolute."""
+    if skip_paths is None:
+        return frozenset()
+    items = [skip_paths] if isinstance(skip_paths, (str, os.PathLike)) else list(skip_paths)
+    out: set[str] = set()
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"skip_paths must be a path or a list of paths, got {type(item).__name__}")
+        text = os.fspath(item)
+        out.add(text)
+        if "://" not in text:
+            out.add(os.path.abspath(text))
+        elif text.startswith("file://"):
+            out.add(os.path.abspath(text[len("file://"):]))
+    return frozenset(out)

@@ -27,7 +27,7 @@ import decimal
 import functools
 import json as stdlib_json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -309,10 +309,62 @@ class JSONDatasink(FileDatasink):
 
     EXTENSION = ".json"
 
+    def __init__(
+        self,
+        path: str,
+        *,
+        pandas_json_args_fn: Callable[[], dict[str, Any]] | None = None,
+        pandas_json_args: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(path, **kwargs)
+        if pandas_json_args_fn is not None and not callable(pandas_json_args_fn):
+            msg = f"pandas_json_args_fn must be a function returning a dict, got {type(pandas_json_args_fn).__name__}"
+            raise TypeError(msg)
+        self._pandas_args = dict(pandas_json_args or {})
+        check_pandas_json_args("write_json()", self._pandas_args)
+        self._pandas_args_fn = pandas_json_args_fn
+
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
+        if self._pandas_args or self._pandas_args_fn is not None:
+            return self._encode_with_pandas(tables)
         lines = [
             stdlib_json.dumps(row, default=_json_default, ensure_ascii=False, separators=(",", ":"))
             for table in tables
             for row in _finite_floats(table).to_pylist()
         ]
         return pa.py_buffer(("\n".join(lines) + "\n").encode())
+
+    def _encode_with_pandas(self, tables: list[pa.Table]) -> pa.Buffer:
+        """Ray's writer: ``DataFrame.to_json(orient="records", lines=True, **pandas_json_args)``,
+        with what ``pandas_json_args_fn()`` returns (called in the write task) under the named ones."""
+        args = dict(self._pandas_args_fn()) if self._pandas_args_fn is not None else {}
+        check_pandas_json_args("pandas_json_args_fn()", args)
+        args.update(self._pandas_args)
+        orient = args.pop("orient", "records")
+        lines = args.pop("lines", True)
+        frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+        text = frame.to_json(orient=orient, lines=lines, **args)
+        if lines and not text.endswith("\n"):
+            text += "\n"
+        return pa.py_buffer(text.encode())
+
+
+@functools.cache
+def _pandas_json_params() -> frozenset[str]:
+    import inspect
+
+    import pandas as pd
+
+    return frozenset(inspect.signature(pd.DataFrame.to_json).parameters) - {"self", "path_or_buf"}
+
+
+def check_pandas_json_args(where: str, args: dict[str, Any]) -> None:
+    """``TypeError`` naming the first of ``args`` that ``pandas.DataFrame.to_json`` does not take."""
+    if not args:
+        return
+    unknown = sorted(name for name in args if name not in _pandas_json_params())
+    if unknown:
+        msg = (f"{where} got an unexpected keyword argument {unknown[0]!r} (the JSON writer passes "
+               "its extra arguments to pandas.DataFrame.to_json, as Ray's)")
+        raise TypeError(msg)

@@ -2,7 +2,7 @@
 
 A ``(n, ...)`` array gives ``n`` rows; rows of more than one dimension are stored as a fixed-shape
 tensor column (``pa.fixed_shape_tensor``), zero-copy to NumPy. Pickled object arrays are refused
-(``allow_pickle=False``): a data file must not be able to run code.
+unless the caller passes ``allow_pickle=True`` (as Ray): a data file must not run code unasked.
 
 ``NumpyDatasink`` writes one column back: one ``.npy`` file per write task (the rows of the blocks
 that task received, or ``max_rows_per_file`` at most), staged and committed by ``file_datasink``.
@@ -25,6 +25,7 @@ from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import FileDatasource, FilePiece
 from connectors.filesystem import read_file_bytes
 from connectors.retry import Retrier
+from engine.block_format import tensor_array
 from engine.ragged_tensors import is_ragged, ragged_to_numpy
 
 
@@ -36,22 +37,48 @@ def tensor_column(array: np.ndarray) -> pa.Array:
     return pa.FixedShapeTensorArray.from_numpy_ndarray(array)
 
 
+NUMPY_LOAD_ARGS = ("fix_imports", "encoding", "max_header_size")
+"""What ``np.load`` takes besides the file and ``allow_pickle`` (Ray's ``**numpy_load_args``;
+``mmap_mode`` needs a local file, and files are read as bytes here)."""
+
+
 class NumpyDatasource(FileDatasource):
-    """Rows of ``.npy`` arrays (column ``data``)."""
+    """Rows of ``.npy`` arrays (column ``data``).
+
+    ``allow_pickle`` (Ray's, default False): an object-dtype ``.npy`` holds pickled Python
+    objects, and unpickling can run code: only for files you trust. Its rows become a column of
+    Arrow values where Arrow can hold them, else of Python objects. ``numpy_load_args``: more
+    arguments of ``np.load``.
+    """
 
     FILE_EXTENSIONS = (".npy",)
+
+    def __init__(
+        self, paths: Any, *, allow_pickle: bool = False, numpy_load_args: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        unknown = sorted(set(numpy_load_args or ()) - set(NUMPY_LOAD_ARGS))
+        if unknown:
+            raise TypeError(f"read_numpy() got an unexpected keyword argument {unknown[0]!r} "
+                            f"(np.load's arguments taken here: {', '.join(NUMPY_LOAD_ARGS)})")
+        super().__init__(paths, **kwargs)
+        self._allow_pickle = bool(allow_pickle)
+        self._load_args = dict(numpy_load_args or {})
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
         data = read_file_bytes(fs, piece.entry.path, retrier, display, args=self._stream_args)
         try:
-            array = np.load(io.BytesIO(data), allow_pickle=False)
+            array = np.load(io.BytesIO(data), allow_pickle=self._allow_pickle, **self._load_args)
         except (ValueError, OSError, EOFError) as exc:
-            raise FileFormatError(f"not a readable .npy file: {exc}", path=display) from exc
+            hint = "; pass allow_pickle=True if you trust it" if "allow_pickle" in str(exc) else ""
+            raise FileFormatError(f"not a readable .npy file: {exc}{hint}", path=display) from exc
         if not isinstance(array, np.ndarray):  # an .npz archive: several named arrays
             array.close()
             raise FileFormatError("an .npz archive holds several arrays; read_numpy reads .npy files", path=display)
         if array.ndim == 0:
             array = array.reshape(1)
+        if array.dtype == object:  # only loaded with allow_pickle=True
+            yield pa.table({"data": tensor_array(array, "data", objects=True)})
+            return
         yield pa.table({"data": tensor_column(array)})
 
 

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from connectors import io_stats, tensor_columns
+from connectors import io_stats, row_hash, tensor_columns
 from connectors.errors import (
     AccessDeniedError,
     FileFormatError,
@@ -105,9 +105,11 @@ class ParquetDatasource(FileDatasource):
         include_paths: bool = False,
         schema: pa.Schema | None = None,
         tensor_column_schema: dict[str, Any] | None = None,
+        include_row_hash: bool = False,
         **kwargs: Any,
     ) -> None:
         self._tensor_columns = tensor_columns.check(tensor_column_schema)
+        self._include_row_hash = bool(include_row_hash)
         super().__init__(
             paths, filesystem=filesystem, partitioning=partitioning, include_paths=include_paths, **kwargs
         )
@@ -157,6 +159,10 @@ class ParquetDatasource(FileDatasource):
             return None
         if self._include_paths:
             full = full.append(pa.field("path", pa.string()))
+        if self._include_row_hash:
+            if row_hash.COLUMN in full.names:  # the file's own row_hash is replaced, as in Ray
+                full = full.remove(full.get_field_index(row_hash.COLUMN))
+            full = full.append(pa.field(row_hash.COLUMN, pa.uint64()))
         for name in self._tensor_columns:
             index = full.get_field_index(name)
             if index < 0:
@@ -210,8 +216,8 @@ class ParquetDatasource(FileDatasource):
                 return None
         if sum(e.size or 0 for e in entries) > limit:  # bigger on disk already: no footer needed
             return None
-        if self._include_paths or (entries and self._partition_schema(entries[0]) is not None):
-            return None  # a path or partition value on every row: not in the footers
+        if self._include_paths or self._include_row_hash or (entries and self._partition_schema(entries[0]) is not None):
+            return None  # a path, hash or partition value on every row: not in the footers
         read = functools.partial(_read_footer, self._files.filesystem, retrier=Retrier(self._retry_policy))
         footers = map_small_reads(self._files.filesystem, lambda e: read(e, self._display(e)), entries)
         total = 0
@@ -266,13 +272,18 @@ class ParquetDatasource(FileDatasource):
         for piece in pieces:
             display = self._display(piece.entry)
             values = self._partition_values(part_schema, piece.entry, display) if part_schema else {}
+            seed = row_hash.piece_seed(display, piece.index, piece.count) if self._wants(row_hash.COLUMN) else None
+            position = 0
             try:
                 for table in retrier.iterate(
                     functools.partial(self._open_row_groups, fs, piece, display, part_schema, values),
                     path=display,
                 ):
-                    if self._include_paths and (self._columns is None or "path" in self._columns):
+                    if self._include_paths and self._wants("path"):
                         table = table.append_column("path", pa.array([display] * table.num_rows, pa.string()))
+                    if seed is not None:
+                        table = row_hash.with_row_hash(table, seed, position)
+                        position += table.num_rows
                     if self._tensor_columns:
                         table = tensor_columns.decode(table, self._tensor_columns, display)
                     yield table
@@ -306,9 +317,19 @@ class ParquetDatasource(FileDatasource):
             return self._read_plain(fs, piece, display, expected)
         return self._read_fragment(fs, piece, display, expected, part_schema, values)
 
+    def _wants(self, derived: str) -> bool:
+        """Whether the output keeps column ``derived`` (``path``, ``row_hash``) after projection."""
+        if derived == row_hash.COLUMN and not self._include_row_hash:
+            return False
+        return self._columns is None or derived in self._columns
+
     def _projected_file_columns(self) -> list[str] | None:
-        """The projected columns the files hold (``path`` is added after reading); None: all."""
-        return [c for c in self._columns if c != "path"] if self._columns is not None else None
+        """The projected columns the files hold (``path`` and ``row_hash`` are added after
+        reading); None: all."""
+        if self._columns is None:
+            return None
+        derived = {"path"} | ({row_hash.COLUMN} if self._include_row_hash else set())
+        return [c for c in self._columns if c not in derived]
 
     def _read_fragment(
         self,
@@ -368,7 +389,9 @@ class ParquetDatasource(FileDatasource):
             for rg_id in ids:
                 table = parquet.read_row_group(rg_id, columns=wanted, use_threads=False)
                 io_stats.record(bytes_read=_group_bytes(metadata.row_group(rg_id), columns))
-                yield table.replace_schema_metadata(expected.metadata)
+                # (a table of no columns, when only path or row_hash is wanted, keeps its row
+                # count only as it is: pyarrow rebuilds it with 0 rows on any schema change)
+                yield table.replace_schema_metadata(expected.metadata) if table.num_columns else table
 
     def _check_schema(self, physical: pa.Schema, expected: pa.Schema, display: str) -> None:
         names = self._columns if self._columns is not None else expected.names

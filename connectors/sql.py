@@ -196,10 +196,13 @@ def naming_query(exc: Exception, sql: str, what: str = "query") -> Exception:
     return named
 
 
-def execute(cursor: Any, sql: str, what: str = "query") -> None:
-    """``cursor.execute(sql)``; a failure names ``sql``."""
+def execute(cursor: Any, sql: str, what: str = "query", params: Any = None) -> None:
+    """``cursor.execute(sql)`` (with ``params`` bound, when given); a failure names ``sql``."""
     try:
-        cursor.execute(sql)
+        if params is None:
+            cursor.execute(sql)
+        else:
+            cursor.execute(sql, params)
     except Exception as exc:
         raise naming_query(exc, sql, what) from exc
 
@@ -228,6 +231,7 @@ class SQLDatasource(Datasource):
         shard_keys: Sequence[str] | None = None,
         shard_hash_fn: str = "MD5",
         num_shards: int | None = None,
+        sql_params: Any = None,
     ) -> None:
         if not isinstance(sql, str) or not clean_query(sql):
             raise ValueError(f"sql must be a non-empty query string, got {sql!r}")
@@ -247,6 +251,9 @@ class SQLDatasource(Datasource):
         self.shard_keys = list(shard_keys) if shard_keys else None
         self.shard_hash_fn = shard_hash_fn
         self.num_shards = num_shards
+        self.sql_params = sql_params
+        """Bound to the query's placeholders (Ray's ``sql_params``), in every query built on it:
+        the query comes first in each, and what is added after it holds no placeholder."""
 
     def get_name(self) -> str:
         """``ReadSQL``."""
@@ -257,7 +264,7 @@ class SQLDatasource(Datasource):
         connection = connect(self.connection_factory)
         try:
             cursor = connection.cursor()
-            execute(cursor, f"SELECT COUNT(*) FROM ({self.sql}) AS {ALIAS}", "count of the query")
+            execute(cursor, f"SELECT COUNT(*) FROM ({self.sql}) AS {ALIAS}", "count of the query", self.sql_params)
             return int(cursor.fetchone()[0])
         finally:
             _close(connection)
@@ -273,7 +280,7 @@ class SQLDatasource(Datasource):
         return [self._task(f"SELECT * FROM ({self.sql}) AS {ALIAS} WHERE {p}") for p in predicates]
 
     def _task(self, query: str) -> ReadTask:
-        read = functools.partial(read_query, self.connection_factory, query)
+        read = functools.partial(read_query, self.connection_factory, query, self.sql_params)
         return ReadTask(read, BlockMetadata(num_rows=None, size_bytes=None))
 
     def _plan_shards(self, shards: int) -> list[str] | None:
@@ -290,7 +297,11 @@ class SQLDatasource(Datasource):
             keys, fn = self.shard_keys, self.shard_hash_fn
             predicates = [shard_predicate(dialect, keys, fn, shards, i, integer_key=integer_key) for i in range(shards)]
             try:
-                cursor.execute(f"SELECT COUNT(*) FROM ({self.sql}) AS {ALIAS} WHERE 1 = 0 AND {predicates[0]}")
+                probe = f"SELECT COUNT(*) FROM ({self.sql}) AS {ALIAS} WHERE 1 = 0 AND {predicates[0]}"
+                if self.sql_params is None:
+                    cursor.execute(probe)
+                else:
+                    cursor.execute(probe, self.sql_params)
                 cursor.fetchall()
             except Exception as exc:  # as Ray: a database without the functions reads in one task
                 logger.warning(
@@ -311,13 +322,13 @@ class SQLDatasource(Datasource):
         if single and dialect == "sqlite":
             # one scan: the count, and how many keys are not integers
             sql = f"SELECT COUNT(*), COUNT({key}) - COALESCE(SUM(typeof({key}) = 'integer'), 0) FROM ({self.sql}) AS {ALIAS}"
-            execute(cursor, sql, "count of the query")
+            execute(cursor, sql, "count of the query", self.sql_params)
             rows, others = cursor.fetchone()
             return int(rows), int(others) == 0
-        execute(cursor, f"SELECT COUNT(*) FROM ({self.sql}) AS {ALIAS}", "count of the query")
+        execute(cursor, f"SELECT COUNT(*) FROM ({self.sql}) AS {ALIAS}", "count of the query", self.sql_params)
         rows = int(cursor.fetchone()[0])
         if single and dialect == "postgresql":
-            execute(cursor, f"SELECT {key} FROM ({self.sql}) AS {ALIAS} LIMIT 0", "shard key probe")
+            execute(cursor, f"SELECT {key} FROM ({self.sql}) AS {ALIAS} LIMIT 0", "shard key probe", self.sql_params)
             cursor.fetchall()
             return rows, cursor.description[0][1] in _PG_INTEGERS
         return rows, False
@@ -340,14 +351,15 @@ def _open_cursor(connection: Any, dialect: str) -> Any:
     return connection.cursor()
 
 
-def read_query(connection_factory: ConnectionFactory, sql: str) -> Iterator[pa.Table]:
-    """Run ``sql`` on a new connection and yield its rows as Arrow tables of at most ``BLOCK_BYTES``."""
+def read_query(connection_factory: ConnectionFactory, sql: str, params: Any = None) -> Iterator[pa.Table]:
+    """Run ``sql`` (``params`` bound) on a new connection and yield its rows as Arrow tables of
+    at most ``BLOCK_BYTES``."""
     connection = connect(connection_factory)
     cursor = None
     try:
         dialect = dialect_of(connection)
         cursor = _open_cursor(connection, dialect)
-        execute(cursor, sql)
+        execute(cursor, sql, params=params)
         yield from _blocks(cursor, dialect, sql)
     finally:
         if cursor is not None:

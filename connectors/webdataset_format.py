@@ -322,11 +322,13 @@ class WebDatasetDatasource(ProjectingFileDatasource):
         suffixes: Any = None,
         verbose_open: bool = False,
         columns: Sequence[str] | None = None,
+        expand_json: bool = False,
         **kwargs: Any,
     ) -> None:
         if decoder is not None and decoder is not False:
             _check_decoder(decoder)
         super().__init__(paths, **kwargs)
+        self._expand_json = bool(expand_json)
         self._decoder = None if decoder is False else decoder
         self._fileselect = fileselect
         self._filerename = filerename
@@ -343,13 +345,15 @@ class WebDatasetDatasource(ProjectingFileDatasource):
             fileobj, display, fileselect=self._fileselect, filerename=self._filerename, verbose_open=self._verbose_open
         )
         keep = None
-        if self._columns is not None and _decoders_are_default(self._decoder):
+        if self._columns is not None and _decoders_are_default(self._decoder) and not self._expand_json:
             keep = {*self._columns, "__key__"}  # members nobody asked for are neither kept nor decoded
         for sample in group_samples(members, display, self._suffixes):
             if keep is not None:
                 sample = {k: v for k, v in sample.items() if k in keep}
             if self._decoder is not None:  # a decoder's own errors go up as they are
                 sample = _apply(self._decoder, sample, default=default_decoder)
+            if self._expand_json:
+                _expand_json(sample, display)
             sample["__url__"] = display
             yield sample
 
@@ -363,6 +367,22 @@ class WebDatasetDatasource(ProjectingFileDatasource):
 
         yield from iter_stream(fs, piece.entry.path, retrier, display, parse, decompress=False,
                                args=dataclasses.replace(self._stream_args, compression=None))
+
+
+def _expand_json(sample: Sample, display: str) -> None:
+    """Ray's ``expand_json=True``: each field of the sample's ``json`` member becomes a column of
+    its own (a member of the same name is kept as it is)."""
+    if "json" not in sample:
+        raise FileFormatError(f"expand_json=True, but sample {sample.get('__key__')!r} has no .json member",
+                              path=display)
+    value = sample["json"]
+    if isinstance(value, (bytes, str)):
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise FileFormatError(f"expand_json=True: sample {sample.get('__key__')!r} holds a JSON "
+                              f"{type(value).__name__}, not an object", path=display)
+    for key, field_value in value.items():
+        sample.setdefault(key, field_value)
 
 
 # ----- writing -----------------------------------------------------------------------------------

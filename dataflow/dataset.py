@@ -284,6 +284,7 @@ class Dataset:
     def _column_step(self, method: str, name: str, fn: Any, remote: dict[str, Any], **node_args: Any) -> Dataset:
         """A column step of dataflow's own, with the task arguments its call passed."""
         node = builtin_node(self._plan, name, fn, **node_args)
+        remote = {**(remote.pop("ray_remote_args", None) or {}), **remote}  # named ones win, as in Ray
         if remote:
             named = {k: remote.pop(k) for k in ("compute", "concurrency", "num_cpus", "num_gpus", "memory",
                                                  "resources", "task_timeout_s") if k in remote}
@@ -793,18 +794,22 @@ class Dataset:
         arrow_open_stream_args: dict[str, Any] | None = None,
         ray_remote_args: dict[str, Any] | None = None,
         concurrency: int | None = None,
+        arrow_csv_args_fn: Callable[[], dict[str, Any]] | None = None,
+        **arrow_csv_args: Any,
     ) -> None:
         """Write CSV files (with a header) under ``path``, atomically, as ``write_parquet``.
 
-        ``write_options`` is a ``pyarrow.csv.WriteOptions``.
+        ``write_options`` is a ``pyarrow.csv.WriteOptions``; as in Ray it may also come from
+        ``arrow_csv_args_fn()``, called in each write task (for options that do not pickle).
         """
-        from connectors.csv_format import CSVDatasink
+        from connectors.csv_format import CSVDatasink, check_csv_write_args
         from connectors.file_datasink import rows_per_file
 
+        check_csv_write_args("write_csv()", arrow_csv_args)  # only write_options, named above
         self._write_files(CSVDatasink(
             path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, filesystem=filesystem, write_options=write_options,
-            mode=mode, filename_provider=filename_provider,
+            mode=mode, filename_provider=filename_provider, arrow_csv_args_fn=arrow_csv_args_fn,
         ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
     def write_json(
@@ -822,14 +827,22 @@ class Dataset:
         arrow_open_stream_args: dict[str, Any] | None = None,
         ray_remote_args: dict[str, Any] | None = None,
         concurrency: int | None = None,
+        pandas_json_args_fn: Callable[[], dict[str, Any]] | None = None,
+        **pandas_json_args: Any,
     ) -> None:
-        """Write JSON Lines files (one object per row) under ``path``, atomically, as ``write_parquet``."""
+        """Write JSON Lines files (one object per row) under ``path``, atomically, as ``write_parquet``.
+
+        As Ray: ``**pandas_json_args`` (and what ``pandas_json_args_fn()`` returns, called in each
+        write task) go to ``pandas.DataFrame.to_json(orient="records", lines=True, ...)``; without
+        them dataflow's own encoder writes the same JSON Lines without pandas.
+        """
         from connectors.file_datasink import rows_per_file
         from connectors.json_format import JSONDatasink
 
         self._write_files(JSONDatasink(
             path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, filesystem=filesystem, mode=mode, filename_provider=filename_provider,
+            pandas_json_args_fn=pandas_json_args_fn, pandas_json_args=pandas_json_args,
         ), try_create_dir, arrow_open_stream_args, ray_remote_args, concurrency)
 
     def write_lance(
@@ -1121,12 +1134,16 @@ class Dataset:
         """Standard deviation (sample, ``ddof=1``, as Ray Data)."""
         return self._column_aggs(lambda c: Std(c, ddof=ddof, ignore_nulls=ignore_nulls), on)
 
-    def summary(self, columns: list[str] | None = None) -> DatasetSummary:
+    def summary(
+        self, columns: list[str] | None = None, override_dtype_agg_mapping: dict[Any, Any] | None = None
+    ) -> DatasetSummary:
         """Statistics of each column, chosen by its type (count, mean, min, max, std, median,
-        missing and zero percentages, most frequent values): ``.to_pandas()`` to see them."""
+        missing and zero percentages, most frequent values): ``.to_pandas()`` to see them.
+        ``override_dtype_agg_mapping``: ``{pa.int64(): lambda col: [Sum(on=col)]}`` picks the
+        aggregations of the columns of a type (or a type category such as ``"temporal"``)."""
         from dataflow.summary import summarize
 
-        return summarize(self, columns)
+        return summarize(self, columns, override_dtype_agg_mapping)
 
     def unique(self, column: str, ignore_nulls: bool = False) -> list[Any]:
         """The distinct values of ``column``, null among them unless ``ignore_nulls=True``."""

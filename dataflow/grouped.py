@@ -192,6 +192,20 @@ class GroupedData:
     def std(self, on: str | Sequence[str] | None = None, ddof: int = 1, ignore_nulls: bool = True) -> Dataset:
         return self.aggregate(*(Std(c, ddof=ddof, ignore_nulls=ignore_nulls) for c in self._columns(on)))
 
+    def with_column(self, column_name: str, expr: Any, **ray_remote_args: Any) -> Dataset:
+        """Ray's ``GroupedData.with_column``: every row with ``column_name`` set to ``expr``'s
+        value, computed group by group (the output holds each group's rows together)."""
+        from dataflow import expressions as ex
+
+        if not isinstance(column_name, str) or not column_name:
+            msg = f"column_name must be a non-empty string, got: {column_name!r}"
+            raise ValueError(msg)
+        if not isinstance(expr, ex.Expr):
+            msg = "expr must be a dataflow (Ray Data) expression created via the expression API"
+            raise TypeError(msg)
+        project = ex.WithColumns(ex.named_exprs({column_name: expr}, "with_column"))
+        return self.map_groups(project, batch_format="pyarrow", **ray_remote_args)
+
     def map_groups(
         self,
         fn: Any,

@@ -27,7 +27,10 @@ from dataflow.context import DataContext, options
 from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.plan import Read
 
-READ_TASK_ARGS = ("parallelism", "concurrency", "num_cpus", "num_gpus", "memory", "resources", "ray_remote_args")
+READ_TASK_ARGS = ("parallelism", "concurrency", "num_cpus", "num_gpus", "memory", "resources", "ray_remote_args",
+                  "accelerator_type", "label_selector", "fallback_strategy", "max_calls", "runtime_env")
+_REMOTE_NAMED = ("accelerator_type", "label_selector", "fallback_strategy", "max_calls", "runtime_env")
+"""Ray's named read arguments that are remote options: checked as ``ray_remote_args`` are."""
 
 
 def read_datasource(datasource: Datasource, *, override_num_blocks: int | None = None, **task_args: Any) -> Dataset:
@@ -48,38 +51,55 @@ def _read(datasource: Datasource, method: str, override_num_blocks: int | None, 
     if unknown:
         msg = f"{method}() got an unexpected keyword argument {unknown[0]!r}"
         raise TypeError(msg)
-    parallelism = task_args.get("parallelism")
-    if parallelism is not None and parallelism != -1:
-        warnings.warn("`parallelism` is deprecated; use `override_num_blocks` instead", DeprecationWarning, stacklevel=3)
-        if override_num_blocks is not None:
-            msg = f"{method}() takes override_num_blocks or parallelism (its old name), not both"
-            raise ValueError(msg)
-        override_num_blocks = parallelism
+    override_num_blocks = _num_blocks(method, task_args.get("parallelism", -1), override_num_blocks, stacklevel=4)
     asked = {k: task_args.get(k) for k in ("num_cpus", "num_gpus", "memory", "resources")}
-    remote, concurrency = task_limits(method, task_args.get("concurrency"), **asked,
-                                      ray_remote_args=task_args.get("ray_remote_args"))
+    named = {k: task_args[k] for k in _REMOTE_NAMED if task_args.get(k) is not None}
+    remote_options = {**(task_args.get("ray_remote_args") or {}), **named} or None
+    remote, concurrency = task_limits(method, task_args.get("concurrency"), **asked, ray_remote_args=remote_options)
     if remote.max_retries is not None or remote.retry_exceptions or remote.env_vars:
         msg = (f"{method}() takes resources for its read tasks (num_cpus, num_gpus, memory, resources); "
                "max_retries, retry_exceptions and runtime_env are for the functions of map steps")
         raise ValueError(msg)
-    custom = any(v is not None for v in asked.values()) or bool(task_args.get("ray_remote_args"))
+    custom = any(v is not None for v in asked.values()) or bool(remote_options)
     return Dataset(Read(datasource, override_num_blocks or -1, resources=remote.resources if custom else None,
                         max_concurrency=concurrency))
 
 
-def range(n: int, *, override_num_blocks: int | None = None) -> Dataset:
-    """Rows ``{"id": 0}`` ... ``{"id": n - 1}``."""
-    return read_datasource(RangeDatasource(n, override_num_blocks))
+def _num_blocks(method: str, parallelism: int, override_num_blocks: int | None, stacklevel: int = 3) -> int | None:
+    """``override_num_blocks``, or Ray's deprecated ``parallelism`` that means the same (-1: unset)."""
+    if parallelism is None or parallelism == -1:
+        return override_num_blocks
+    warnings.warn("`parallelism` is deprecated; use `override_num_blocks` instead", DeprecationWarning, stacklevel=stacklevel)
+    if override_num_blocks is not None:
+        msg = f"{method}() takes override_num_blocks or parallelism (its old name), not both"
+        raise ValueError(msg)
+    return parallelism
 
 
-def range_tensor(n: int, *, shape: tuple[int, ...] = (1,), override_num_blocks: int | None = None) -> Dataset:
+def range(
+    n: int, *, parallelism: int = -1, concurrency: int | None = None, override_num_blocks: int | None = None
+) -> Dataset:
+    """Rows ``{"id": 0}`` ... ``{"id": n - 1}``; ``concurrency`` caps the tasks making them."""
+    blocks = _num_blocks("range", parallelism, override_num_blocks)
+    return _read(RangeDatasource(n, blocks), "range", None, {"concurrency": concurrency})
+
+
+def range_tensor(
+    n: int,
+    *,
+    shape: tuple[int, ...] = (1,),
+    parallelism: int = -1,
+    concurrency: int | None = None,
+    override_num_blocks: int | None = None,
+) -> Dataset:
     """Rows ``{"data": np.full(shape, i)}`` for i in 0 ... n - 1: one int64 tensor column (Ray's
     ``range_tensor``)."""
     shape = tuple(shape)
     if not all(isinstance(d, int) and d > 0 for d in shape):
         msg = f"range_tensor(shape=...) takes positive ints, got {shape!r}"
         raise ValueError(msg)
-    return range(n, override_num_blocks=override_num_blocks)._column_step(
+    blocks = _num_blocks("range_tensor", parallelism, override_num_blocks)
+    return range(n, concurrency=concurrency, override_num_blocks=blocks)._column_step(
         "range_tensor", f"RangeTensor{shape}", RangeTensor(shape), {}
     )
 
@@ -132,10 +152,13 @@ def items_to_table(items: Sequence[Any]) -> pa.Table:
     return to_block({"item": list(items)}, objects)
 
 
-def from_items(items: Sequence[Any], *, override_num_blocks: int | None = None) -> MaterializedDataset:
+def from_items(
+    items: Sequence[Any], *, parallelism: int = -1, override_num_blocks: int | None = None
+) -> MaterializedDataset:
     """A dataset of Python values: dicts become rows, other values a column ``item``."""
     items = list(items)
-    return _in_memory(ArrowDatasource([items_to_table(items)], override_num_blocks, "FromItems"))
+    blocks = _num_blocks("from_items", parallelism, override_num_blocks)
+    return _in_memory(ArrowDatasource([items_to_table(items)], blocks, "FromItems"))
 
 
 def from_pandas(dfs: Any, *, override_num_blocks: int | None = None) -> MaterializedDataset:
@@ -399,15 +422,24 @@ def read_numpy(
     override_num_blocks: int | None = None,
     partition_filter: Any = None,
     shuffle: Any = None,
+    allow_pickle: bool = False,
     **task_args: Any,
 ) -> Dataset:
     """``.npy`` files: one row per entry of each array's first axis, in column ``data``.
 
-    Rows of more than one dimension form a tensor column. Pickled object arrays are refused.
+    Rows of more than one dimension form a tensor column. Pickled object arrays are refused
+    unless ``allow_pickle=True`` (unpickling runs code: only for files you trust). Ray's
+    ``**numpy_load_args`` (``encoding``, ``fix_imports``, ``max_header_size``) go to ``np.load``.
     """
-    from connectors.numpy_format import NumpyDatasource
+    from connectors.numpy_format import NUMPY_LOAD_ARGS, NumpyDatasource
 
-    source = NumpyDatasource(paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args))
+    load_args = {k: task_args.pop(k) for k in NUMPY_LOAD_ARGS if k in task_args}
+    if "mmap_mode" in task_args:
+        msg = "read_numpy(mmap_mode=...): files are read whole into memory here (local or remote), not mapped"
+        raise TypeError(msg)
+    source = NumpyDatasource(paths, allow_pickle=allow_pickle, numpy_load_args=load_args,
+                             **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter,
+                                            shuffle, task_args))
     return _read(source, "read_numpy", override_num_blocks, task_args)
 
 
@@ -522,9 +554,13 @@ def read_sql(
     shard_hash_fn: str = "MD5",
     parallelism: int = -1,
     override_num_blocks: int | None = None,
+    sql_params: Any = None,
     **task_args: Any,
 ) -> Dataset:
     """The rows of a SQL query, over any DB-API 2 connection (``lambda: sqlite3.connect(path)``).
+
+    ``sql_params`` are bound to the query's placeholders, in the connector's own style
+    (``?`` for sqlite3, ``%s`` for psycopg), as Ray's.
 
     Without ``shard_keys`` one task runs the query; with them the query is split into shards
     by a hash of the keys (``shard_hash_fn``, as Ray), one task each: ``override_num_blocks``
@@ -537,7 +573,8 @@ def read_sql(
     shards = override_num_blocks or (parallelism if parallelism > 0 else None)
     if shards is None and shard_keys:
         shards = DataContext.get_current().execution_options.resolved_num_cpus()
-    source = SQLDatasource(sql, connection_factory, shard_keys=shard_keys, shard_hash_fn=shard_hash_fn, num_shards=shards)
+    source = SQLDatasource(sql, connection_factory, shard_keys=shard_keys, shard_hash_fn=shard_hash_fn,
+                           num_shards=shards, sql_params=sql_params)
     return _read(source, "read_sql", override_num_blocks, task_args)
 
 
@@ -628,7 +665,9 @@ def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> Mater
     return _in_memory(ArrowDatasource(tables, override_num_blocks, "FromTorch"))
 
 
-def from_huggingface(dataset: Any, *, override_num_blocks: int | None = None) -> Dataset:
+def from_huggingface(
+    dataset: Any, *, parallelism: int = -1, concurrency: int | None = None, override_num_blocks: int | None = None
+) -> Dataset:
     """A Hugging Face ``datasets.Dataset``, through its Arrow table (no row-by-row conversion).
 
     Selections, shuffles and splits made on the Hugging Face side are applied (their index
@@ -646,7 +685,9 @@ def from_huggingface(dataset: Any, *, override_num_blocks: int | None = None) ->
         msg = f"from_huggingface takes a datasets.Dataset, got {type(dataset).__name__}"
         raise TypeError(msg)
     table = dataset.with_format("arrow")[:]
-    return read_datasource(ArrowDatasource([table], override_num_blocks, "FromHuggingFace"))
+    blocks = _num_blocks("from_huggingface", parallelism, override_num_blocks)
+    return _read(ArrowDatasource([table], blocks, "FromHuggingFace"), "from_huggingface", None,
+                 {"concurrency": concurrency})
 
 
 def read_webdataset(
@@ -661,6 +702,7 @@ def read_webdataset(
     include_paths: bool = False,
     file_extensions: Sequence[str] | None = None,
     override_num_blocks: int | None = None,
+    expand_json: bool = False,
     **kwargs: Any,
 ) -> Dataset:
     """WebDataset tar shards (a file, folder, glob or list; local or ``s3://``), one row per sample.
@@ -668,15 +710,17 @@ def read_webdataset(
     Members are grouped into samples by key (``__key__``), one column per suffix, plus
     ``__url__``. ``decoder`` (True: images to ``uint8`` arrays, ``npy``, ``json``, ``txt``,
     ``cls``; a callable or list; False/None: bytes), ``fileselect``, ``filerename``, ``suffixes``
-    and ``verbose_open`` are Ray Data's. Shards are streamed, never held whole; a damaged one
-    fails naming the member. See ``connectors.webdataset_format``.
+    and ``verbose_open`` are Ray Data's; ``expand_json=True`` makes each field of a sample's
+    ``json`` member a column. Shards are streamed, never held whole; a damaged one fails naming
+    the member. See ``connectors.webdataset_format``.
     """
     task_args = {k: kwargs.pop(k) for k in READ_TASK_ARGS if k in kwargs}  # the rest are the reader's
     from connectors.webdataset_format import WebDatasetDatasource
 
     source = WebDatasetDatasource(
         paths, decoder=decoder, fileselect=fileselect, filerename=filerename, suffixes=suffixes,
-        verbose_open=verbose_open, **{**_file_kwargs(filesystem, None, include_paths, file_extensions), **kwargs},
+        verbose_open=verbose_open, expand_json=expand_json,
+        **{**_file_kwargs(filesystem, None, include_paths, file_extensions), **kwargs},
     )
     return _read(source, "read_webdataset", override_num_blocks, task_args)
 

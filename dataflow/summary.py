@@ -6,12 +6,14 @@ frequent values; temporal columns: count, min, max, missing percentage; anything
 missing percentage. The decomposable statistics of every column are one aggregation pass (partial
 states on the map side); medians are one more pass over the numeric columns, and each string
 column's top values a ``groupby().count()`` and a top-k. Values are exact, where Ray's median and
-top values are approximate.
+top values are approximate. ``override_dtype_agg_mapping`` (Ray's) replaces the statistics of
+the columns whose type it names: ``{pa.int64(): lambda col: [Count(on=col), Sum(on=col)]}``; keys
+are Arrow types (where Ray takes its ``DataType``) or Ray's type category names (``"temporal"``...).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +83,53 @@ class DatasetSummary:
         return f"DatasetSummary(columns={list(self.stats)})\n{self.to_pandas().to_string(index=False)}"
 
 
-def summarize(ds: Dataset, columns: Sequence[str] | None) -> DatasetSummary:
+_CATEGORIES: dict[str, Callable[[pa.DataType], bool]] = {
+    "list": pa.types.is_list,
+    "large_list": pa.types.is_large_list,
+    "struct": pa.types.is_struct,
+    "map": pa.types.is_map,
+    "tensor": lambda t: isinstance(t, pa.ExtensionType) and "tensor" in t.extension_name,
+    "temporal": pa.types.is_temporal,
+}
+"""Ray's ``TypeCategory`` values, as keys of ``override_dtype_agg_mapping``."""
+
+
+def _override(
+    mapping: Mapping[Any, Callable[[str], list[AggregateFnV2]]] | None, name: str, t: pa.DataType
+) -> list[AggregateFnV2] | None:
+    """The aggregations ``mapping`` asks for column ``name`` of type ``t``, or None: an Arrow
+    type key matches that type exactly, a category name (``"temporal"``, ``"list"``...) every
+    type of the category; the first match wins."""
+    for key, factory in (mapping or {}).items():
+        category = getattr(key, "value", key)
+        if isinstance(key, pa.DataType):
+            matched = key == t
+        elif isinstance(category, str) and category in _CATEGORIES:
+            matched = _CATEGORIES[category](t)
+        else:
+            msg = (f"override_dtype_agg_mapping keys are pyarrow types (pa.int64()) or type categories "
+                   f"({', '.join(_CATEGORIES)}), got {key!r}")
+            raise TypeError(msg)
+        if matched:
+            aggs = list(factory(name))
+            if not all(isinstance(a, AggregateFnV2) for a in aggs):
+                msg = f"override_dtype_agg_mapping[{key!r}]({name!r}) must return a list of aggregations"
+                raise TypeError(msg)
+            return aggs
+    return None
+
+
+def _stat_name(agg: AggregateFnV2, column: str) -> str:
+    """``sum`` for ``sum(v)``: the statistic's row in the summary table."""
+    suffix = f"({column})"
+    return agg.name[: -len(suffix)] if agg.name.endswith(suffix) else agg.name
+
+
+def summarize(
+    ds: Dataset,
+    columns: Sequence[str] | None,
+    override_dtype_agg_mapping: Mapping[Any, Callable[[str], list[AggregateFnV2]]] | None = None,
+) -> DatasetSummary:
     schema = ds.schema()
     arrow_schema: pa.Schema = getattr(schema, "base_schema", schema)
     if arrow_schema is None:
@@ -93,6 +141,8 @@ def summarize(ds: Dataset, columns: Sequence[str] | None) -> DatasetSummary:
             raise ColumnNotFoundError(msg)
     aggs: list[AggregateFnV2] = []
     plan: dict[str, list[tuple[str, str]]] = {}
+    custom: set[str] = set()
+    """Columns whose statistics ``override_dtype_agg_mapping`` chose: no median or top values."""
     for name in wanted:
         t = arrow_schema.field(name).type
 
@@ -101,6 +151,12 @@ def summarize(ds: Dataset, columns: Sequence[str] | None) -> DatasetSummary:
             aggs.append(agg)
             plan.setdefault(name, []).append((stat, agg.name))
 
+        overridden = _override(override_dtype_agg_mapping, name, t)
+        if overridden is not None:
+            custom.add(name)
+            for agg in overridden:
+                add(_stat_name(agg, name), agg)
+            continue
         add("count", Count(name, ignore_nulls=True))
         if _numeric(t) or pa.types.is_boolean(t):
             add("mean", Mean(name))
@@ -118,13 +174,13 @@ def summarize(ds: Dataset, columns: Sequence[str] | None) -> DatasetSummary:
     values = ds.aggregate(*aggs) or {}
     for name in wanted:
         summary.stats[name] = {stat: values.get(agg_name) for stat, agg_name in plan.get(name, [])}
-    numeric = [n for n in wanted if _numeric(arrow_schema.field(n).type)]
+    numeric = [n for n in wanted if _numeric(arrow_schema.field(n).type) and n not in custom]
     if numeric:
         medians = ds.select_columns(numeric).aggregate(*(Quantile(n, q=0.5) for n in numeric)) or {}
         for n in numeric:
             summary.stats[n]["median"] = medians.get(f"quantile({n})")
     for name in wanted:
-        if _textual(arrow_schema.field(name).type):
+        if _textual(arrow_schema.field(name).type) and name not in custom:
             top = ds.select_columns([name]).groupby(name).count().sort("count()", descending=True).take(TOP_K + 1)
             summary.stats[name][f"top_{TOP_K}"] = [(r[name], r["count()"]) for r in top if r[name] is not None][:TOP_K]
     return summary

@@ -86,6 +86,55 @@ def test_projection_and_include_paths(tmp_path: Path) -> None:
         ParquetDatasource(str(tmp_path), columns=["nope"]).schema()
 
 
+def test_only_derived_columns_keep_every_row(tmp_path: Path) -> None:
+    """A projection onto ``path`` (or ``row_hash``) alone reads no file column: the rows stay."""
+    pq.write_table(_table(10), tmp_path / "a.parquet")
+    out = read_all(ParquetDatasource(str(tmp_path), include_paths=True).apply_projection(["path"]))
+    assert out.num_rows == 10 and out.column_names == ["path"]
+    out = read_all(ParquetDatasource(str(tmp_path), include_row_hash=True).apply_projection(["row_hash"]))
+    assert out.num_rows == 10 and out.column_names == ["row_hash"] and len(set(out["row_hash"].to_pylist())) == 10
+
+
+def test_include_row_hash_is_deterministic_and_replaces_the_files_own(tmp_path: Path) -> None:
+    """Ray's ``include_row_hash``: a uint64 per row from the file's path and the row's position,
+    the same on every read with the same configuration, whatever the task order."""
+    for name, table in (("big", _table(20_000)), ("small", _table(500, start=20_000))):
+        table = table.append_column("row_hash", pa.array([7] * table.num_rows, pa.int64()))
+        pq.write_table(table, tmp_path / f"{name}.parquet", row_group_size=1000)
+    size = (tmp_path / "big.parquet").stat().st_size
+
+    def hashes(**kwargs) -> dict[int, int]:
+        source = ParquetDatasource(str(tmp_path), include_row_hash=True, target_task_bytes=size // 5, **kwargs)
+        assert source.schema().field("row_hash").type == pa.uint64()
+        out = read_all(source, 8)
+        return dict(zip(out["id"].to_pylist(), out["row_hash"].to_pylist(), strict=True))
+
+    first = hashes()
+    assert sorted(first) == list(range(20_500)) and len(set(first.values())) == 20_500  # the file's 7s replaced
+    assert hashes() == first
+    filtered = hashes(filter=pc.field("id") >= 20_000)  # positions count the rows the read outputs
+    assert sorted(filtered) == list(range(20_000, 20_500))
+    assert ParquetDatasource(str(tmp_path)).schema().field("row_hash").type == pa.int64()  # not asked: the file's
+
+    def engine_hashes() -> dict[int, int]:
+        ds = dataflow.read_parquet(str(tmp_path), include_row_hash=True).select_columns(["id", "row_hash"])
+        return {r["id"]: r["row_hash"] for r in ds.take_all()}
+
+    through_engine = engine_hashes()  # the engine's own task sizes: its own, stable, hashes
+    assert len(set(through_engine.values())) == 20_500 and engine_hashes() == through_engine
+
+
+def test_skip_paths_leaves_files_out(tmp_path: Path) -> None:
+    for i in range(3):
+        pq.write_table(_table(10, start=10 * i), tmp_path / f"f{i}.parquet")
+    ds = dataflow.read_parquet(str(tmp_path), skip_paths=str(tmp_path / "f1.parquet"))
+    assert sorted(r["id"] for r in ds.take_all()) == list(range(10)) + list(range(20, 30))
+    ds = dataflow.read_parquet(str(tmp_path), skip_paths=[str(tmp_path / "f0.parquet"), str(tmp_path / "gone.parquet")])
+    assert ds.count() == 20
+    with pytest.raises(TypeError, match="skip_paths"):
+        dataflow.read_parquet(str(tmp_path), skip_paths=[3])
+
+
 def test_big_file_is_split_by_row_groups_exactly_once(tmp_path: Path) -> None:
     pq.write_table(_table(20_000), tmp_path / "big.parquet", row_group_size=1000)
     size = (tmp_path / "big.parquet").stat().st_size
@@ -223,7 +272,7 @@ def test_failed_write_leaves_nothing_and_commit_is_atomic(tmp_path: Path) -> Non
     with pytest.raises(RuntimeError):
         sink.write(failing_blocks(), TaskContext(1))
     sink.on_write_failed(RuntimeError("task died"))
-    assert os.listdir(dest) == []
+    assert not dest.exists()  # the job created the folder: it goes with the staging folder
     assert first.num_rows == 10
 
 

@@ -117,6 +117,22 @@ def test_unsupported_shard_hash_falls_back_to_one_task(db: str, caplog: pytest.L
     assert read_all(source).num_rows == ROWS
 
 
+def test_sql_params_are_bound_in_every_query(db: str, mode: str) -> None:
+    """Ray's ``sql_params``: bound to the placeholders of the query, in its count, its shard
+    probe and each shard's query too."""
+    query = "SELECT * FROM t WHERE id >= ? AND grp = ?"
+    whole = dataflow.read_sql(query, _factory(db), sql_params=(100, 1)).to_arrow()
+    expected = dataflow.read_sql("SELECT * FROM t WHERE id >= 100 AND grp = 1", _factory(db)).to_arrow()
+    assert whole.num_rows == expected.num_rows > 0 and _sorted_rows(whole) == _sorted_rows(expected)
+    sharded = dataflow.read_sql(query, _factory(db), sql_params=(100, 1), shard_keys=["id"], override_num_blocks=3)
+    assert sharded.count() == expected.num_rows and _sorted_rows(sharded.to_arrow()) == _sorted_rows(expected)
+    named = dataflow.read_sql("SELECT * FROM t WHERE grp = :g", _factory(db), sql_params={"g": 1})
+    assert named.count() == len([r for r in _sorted_rows(read_all(SQLDatasource("SELECT * FROM t", _factory(db))))
+                                 if r["grp"] == 1])
+    with pytest.raises(Exception, match=r"binding|parameter"):
+        dataflow.read_sql(query, _factory(db)).take_all()  # placeholders and no params: the driver says
+
+
 def test_bad_sql_fails_naming_the_query(db: str, mode: str) -> None:
     query = "SELECT * FROM no_such_table"
     with pytest.raises(sqlite3.OperationalError, match=r"no such table.*in the query: SELECT \* FROM no_such_table"):
@@ -299,6 +315,10 @@ def test_postgres_autocommit_connection_and_bad_sql(postgres: PostgresServer, pg
     factory = _pg_factory(postgres, autocommit=True)  # the server-side cursor is then WITH HOLD
     assert dataflow.read_sql("SELECT id FROM items", factory).count() == ROWS
     assert dataflow.read_sql("SELECT id FROM items WHERE id < 10", factory).to_arrow().num_rows == 10
+    # sql_params in psycopg's style, through the server-side cursor and the shard queries
+    bound = dataflow.read_sql("SELECT id, name FROM items WHERE id < %s", factory, sql_params=(40,),
+                              shard_keys=["id"], override_num_blocks=2)
+    assert sorted(bound.to_arrow()["id"].to_pylist()) == list(range(40))
     with pytest.raises(psycopg.errors.UndefinedTable, match=r"in the query: SELECT \* FROM missing_table"):
         dataflow.read_sql("SELECT * FROM missing_table", factory).to_arrow()
 

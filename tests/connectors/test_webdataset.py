@@ -281,3 +281,21 @@ def test_arrow_open_stream_args_name_the_codec_of_a_shard(mode: str, tmp_path: P
     assert ds.select_columns(["cls", "__key__"]).take_all() == [{"cls": 1, "__key__": "a"}, {"cls": 2, "__key__": "b"}]
     with pytest.raises(Exception, match=r"s\.tar"):  # read as a plain tar: not one
         dataflow.read_webdataset(str(tmp_path / "s.tar")).take_all()
+
+
+def test_expand_json_makes_each_field_a_column(mode: str, tmp_path: Path) -> None:
+    """Ray's ``expand_json=True``: the fields of each sample's ``.json`` become columns, with
+    the decoders on or off, and with a projection onto them."""
+    _write_shards(tmp_path / "shards")
+    rows = dataflow.read_webdataset(str(tmp_path / "shards"), expand_json=True).take_all()
+    assert sorted(r["id"] for r in rows) == list(range(6))
+    assert all(list(r["tags"]) == ["a", "b"] and r["json"]["id"] == r["id"] for r in rows)
+    raw = dataflow.read_webdataset(str(tmp_path / "shards"), expand_json=True, decoder=False).take_all()
+    assert sorted(r["id"] for r in raw) == list(range(6))  # the json member as bytes, parsed
+    projected = dataflow.read_webdataset(str(tmp_path / "shards"), expand_json=True).select_columns(["__key__", "id"])
+    assert sorted(r["id"] for r in projected.take_all()) == list(range(6))
+    (tmp_path / "nojson").mkdir()
+    (tmp_path / "nojson" / "a.tar").write_bytes(_tar([("s0.txt", b"x")]))
+    with pytest.raises(Exception, match=r"no \.json member") as info:
+        dataflow.read_webdataset(str(tmp_path / "nojson"), expand_json=True).take_all()
+    assert "a.tar" in str(info.value)

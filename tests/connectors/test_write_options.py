@@ -165,3 +165,28 @@ def test_writing_no_rows_leaves_no_destination(tmp_path: Path, execution: str) -
         # rows again after an empty write: the folder appears as usual
         dataflow.range(4).write_csv(str(tmp_path / "csv"))
         assert len(_data_files(tmp_path / "csv", ".csv")) == 1 and (tmp_path / "csv" / "_SUCCESS").exists()
+
+
+def test_csv_and_json_writer_arguments_as_rays(tmp_path: Path) -> None:
+    """Ray's ``write_csv(arrow_csv_args_fn=, **arrow_csv_args)`` and
+    ``write_json(pandas_json_args_fn=, **pandas_json_args)``: the function is called in the
+    write task, its arguments reach pyarrow's CSV writer or ``DataFrame.to_json``."""
+    import pyarrow.csv as pacsv
+
+    ds = dataflow.from_items([{"a": 1, "b": 0.123456}, {"a": 2, "b": 2.5}])
+    ds.write_csv(str(tmp_path / "c"), arrow_csv_args_fn=lambda: {"write_options": pacsv.WriteOptions(delimiter=";")})
+    (csv_file,) = _data_files(tmp_path / "c", ".csv")
+    assert csv_file.read_text().splitlines() == ['"a";"b"', "1;0.123456", "2;2.5"]
+    ds.write_json(str(tmp_path / "j"), double_precision=2)
+    (json_file,) = _data_files(tmp_path / "j", ".json")
+    assert json_file.read_text() == '{"a":1,"b":0.12}\n{"a":2,"b":2.5}\n'
+    ds.write_json(str(tmp_path / "s"), pandas_json_args_fn=lambda: {"orient": "split", "lines": False, "index": False})
+    (split_file,) = _data_files(tmp_path / "s", ".json")
+    assert split_file.read_text() == '{"columns":["a","b"],"data":[[1,0.123456],[2,2.5]]}'
+    with pytest.raises(TypeError, match="'delimiter'"):
+        ds.write_csv(str(tmp_path / "x"), delimiter=";")
+    with pytest.raises(TypeError, match=r"'orientt'.*DataFrame\.to_json"):
+        ds.write_json(str(tmp_path / "y"), orientt="records")
+    with pytest.raises(TypeError, match=r"'indnt'.*DataFrame\.to_json"):  # the function's, in the task
+        ds.write_json(str(tmp_path / "z"), pandas_json_args_fn=lambda: {"indnt": 2})
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists() and not (tmp_path / "z").exists()

@@ -438,6 +438,30 @@ def test_summary_by_column_type(mode):
     assert dataflow.from_items(items).summary(columns=["age"]).to_pandas().columns.tolist() == ["statistic", "age"]
     with pytest.raises(KeyError, match="nope"):
         dataflow.from_items(items).summary(columns=["nope"])
+    # Ray's override_dtype_agg_mapping: the aggregations of the columns of a type, by its factory
+    from dataflow.aggregate import Count, Sum
+
+    custom = dataflow.from_items(items).summary(override_dtype_agg_mapping={
+        pa.int64(): lambda col: [Count(on=col), Sum(on=col)],
+        "temporal": lambda col: [Count(on=col)],  # a category key that no column here has
+    })
+    assert custom.get_column_stats("age") == {"count": 4, "sum": 60}  # no median, no defaults
+    assert custom.get_column_stats("pay")["mean"] == 40000.0  # other types keep Ray's defaults
+    with pytest.raises(TypeError, match="override_dtype_agg_mapping keys"):
+        dataflow.from_items(items).summary(override_dtype_agg_mapping={"int": lambda col: []})
+
+
+def test_grouped_with_column_adds_an_expression_column(mode):
+    from dataflow.expressions import col
+
+    items = [{"group": g, "value": v} for g in (1, 2, 3) for v in range(4)]
+    ds = dataflow.from_items(items).groupby("group").with_column("twice", col("value") * 2)
+    rows = ds.sort(["group", "value"]).take_all()
+    assert rows == [{**r, "twice": r["value"] * 2} for r in items]  # Ray's docstring example, grown
+    groups = [r["group"] for r in ds.take_all()]
+    assert [g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g] == sorted(set(groups), key=groups.index)
+    with pytest.raises(TypeError, match="expression"):
+        dataflow.from_items(items).groupby("group").with_column("x", lambda r: 1)
 
 
 def test_map_groups_sees_whole_groups(mode):

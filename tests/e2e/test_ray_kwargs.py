@@ -576,6 +576,19 @@ def test_read_task_arguments_on_every_reader(mode, tmp_path):
         dataflow.read_csv(str(tmp_path / "c"), ray_remote_args={"runtime_env": {"env_vars": {"A": "1"}}})
     with pytest.raises(ResourceError, match="nowhere"):  # a resource no machine offers (Ray's test cluster has GPUs)
         dataflow.read_parquet(str(tmp_path / "p"), resources={"nowhere": 1}).take_all()
+    # Ray 2.60's other named read arguments: at their defaults they change nothing ...
+    defaults = {"accelerator_type": None, "label_selector": None, "fallback_strategy": None, "max_calls": 0,
+                "runtime_env": None}
+    assert dataflow.read_text(str(tmp_path / "c"), **defaults).count() == 303  # and 3 files' header lines
+    # ... and set, they mean what they mean for a map: a resource, or a clear refusal
+    with pytest.raises(ResourceError, match="accelerator_type:A100"):
+        dataflow.read_parquet(str(tmp_path / "p"), accelerator_type="A100").take_all()
+    with pytest.raises(ValueError, match="node labels"):
+        dataflow.read_csv(str(tmp_path / "c"), label_selector={"zone": "a"})
+    with pytest.raises(ValueError, match="runtime_env"):
+        dataflow.read_parquet(str(tmp_path / "p"), runtime_env={"env_vars": {"A": "1"}})
+    # a column step's ray_remote_args dict, as Ray's select_columns(..., ray_remote_args=...)
+    assert dataflow.range(5).select_columns(["id"], ray_remote_args={"num_cpus": 1}).take_all()[-1] == {"id": 4}
 
 
 def test_ignore_missing_paths_skips_what_is_not_there(mode, tmp_path):

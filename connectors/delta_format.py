@@ -26,8 +26,11 @@ in any case).
 ``mode``: ``"append"`` (Ray's default; creates the table when missing), ``"overwrite"`` (a new
 version holding only this job's rows, with this job's schema; older versions stay readable),
 ``"error"`` (the table must not exist) or ``"ignore"`` (write nothing when it exists). Appended
-rows must have the table's columns; they are cast to its types (adding columns, Ray's
-``schema_mode="merge"``, is not supported).
+rows must have the table's columns; they are cast to its types. A column the table lacks is, with
+``schema_mode="merge"`` (Ray's default), added to the table (nullable: earlier rows read it as
+null) in a commit of its own just before the append's, as ``ALTER TABLE ... ADD COLUMN``; with
+``schema_mode="error"`` it is a ``ValueError`` and the table is left as it was. A column whose
+type cannot be cast to the table's is a ``ValueError`` either way.
 """
 
 from __future__ import annotations
@@ -345,11 +348,15 @@ class DeltaDatasink(ParquetDatasink):
         min_rows_per_file: int | None = None,
         max_rows_per_file: int | None = None,
         compression: str = "snappy",
+        schema_mode: str = "merge",
     ) -> None:
         import_extra("deltalake", "write_delta")
         mode = str(getattr(mode, "value", mode)).lower()
         if mode not in DELTA_MODES:
             raise ValueError(f"mode must be one of {DELTA_MODES} (or a SaveMode of them), got {mode!r}")
+        if schema_mode not in ("merge", "error"):
+            raise ValueError(f"schema_mode must be 'merge' or 'error', got {schema_mode!r}")
+        self._schema_mode = schema_mode
         super().__init__(
             path,
             partition_cols=partition_by,
@@ -411,7 +418,10 @@ class DeltaDatasink(ParquetDatasink):
                 if isinstance(block, pa.RecordBatch):
                     block = pa.Table.from_batches([block])
                 if self._table_schema is not None:
-                    block = conform(block, self._table_schema, f"the Delta table at {self._uri}", _APPEND_HINT)
+                    target = self._table_schema
+                    if self._schema_mode == "merge":  # columns the table lacks go along, to be added
+                        target = _with_new_columns(target, block.schema)
+                    block = conform(block, target, f"the Delta table at {self._uri}", _APPEND_HINT)
                 if not schema:
                     schema.append(block.schema)
                 yield block
@@ -460,6 +470,10 @@ class DeltaDatasink(ParquetDatasink):
             for f in result.delta_files
         ]
         schema = self._table_schema or next((r.schema for r in write_results if r.schema is not None), None)
+        if self._table_schema is not None and self._schema_mode == "merge":
+            for result in write_results:
+                if result.schema is not None:
+                    schema = _with_new_columns(schema, result.schema)
         if self._start_version is None:
             if schema is None:
                 return  # no rows and no table: nothing to create
@@ -478,6 +492,9 @@ class DeltaDatasink(ParquetDatasink):
             table = deltalake.DeltaTable(self._uri, version=self._start_version, storage_options=self._storage_options)
             if schema is None:
                 schema = pa.schema(table.schema().to_arrow())
+            added = [f for f in schema if self._table_schema is not None and f.name not in self._table_schema.names]
+            if added and self._mode == "append":  # schema_mode="merge": ALTER TABLE ... ADD COLUMN first
+                table.alter.add_columns(list(deltalake.Schema.from_arrow(pa.schema(added)).fields))
             table.create_write_transaction(
                 actions, mode="overwrite" if self._mode == "overwrite" else "append", schema=schema,
                 partition_by=self._partition_cols or None,
@@ -496,6 +513,12 @@ class DeltaDatasink(ParquetDatasink):
                     self._fs.delete_file(f"{self._root}/{relative}")
                 except OSError:
                     pass  # not in the log, so never read; best effort
+
+
+def _with_new_columns(table_schema: pa.Schema, rows: pa.Schema) -> pa.Schema:
+    """``table_schema`` and, after its columns, those of ``rows`` it lacks, nullable."""
+    extra = [f.with_nullable(True) for f in rows if f.name not in table_schema.names]
+    return pa.schema([*table_schema, *extra], metadata=table_schema.metadata) if extra else table_schema
 
 
 def _bool_text(value: str | None) -> str | None:

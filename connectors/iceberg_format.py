@@ -25,6 +25,7 @@ folder (Iceberg's orphan-file maintenance removes them).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 import uuid
@@ -38,7 +39,11 @@ from connectors.base import Block, BlockMetadata, Datasink, Datasource, ReadTask
 from connectors.file_datasource import DEFAULT_BLOCK_BYTES, balanced_runs, coalesce
 from connectors.tables import import_extra
 
-ICEBERG_WRITE_MODES = ("append", "overwrite")
+ICEBERG_WRITE_MODES = ("append", "overwrite", "upsert")
+UPSERT_ARGS = ("join_cols", "case_sensitive", "branch")
+"""Ray's ``upsert_kwargs``."""
+OVERWRITE_ARGS = ("case_sensitive", "branch")
+"""Ray's ``overwrite_kwargs`` (pyiceberg's ``overwrite`` arguments)."""
 
 
 def load_table(table_identifier: str, catalog_kwargs: dict[str, Any] | None, feature: str) -> Any:
@@ -196,9 +201,13 @@ def _read_file_tasks(
 class IcebergDatasink(Datasink):
     """An existing Iceberg table: tasks write data files, the driver commits them in one transaction.
 
-    ``mode``: ``"append"`` (default) or ``"overwrite"`` (rows matching ``overwrite_filter`` are
-    deleted in the same commit; all rows when it is None). ``snapshot_properties`` go into the
-    new snapshot's summary. Ray's ``SaveMode.UPSERT`` is not supported.
+    ``mode``: ``"append"`` (default), ``"overwrite"`` (rows matching ``overwrite_filter`` are
+    deleted in the same commit; all rows when it is None) or ``"upsert"`` (Ray's copy-on-write
+    upsert: rows whose ``upsert_kwargs["join_cols"]`` match a written row are deleted and every
+    written row is added, in one transaction; each task returns the distinct keys it wrote, and
+    a key written twice is a ``ValueError``). ``case_sensitive`` and ``branch`` come from
+    ``upsert_kwargs`` / ``overwrite_kwargs``. ``snapshot_properties`` go into the new
+    snapshot's summary.
     """
 
     def __init__(
@@ -209,6 +218,8 @@ class IcebergDatasink(Datasink):
         snapshot_properties: dict[str, str] | None = None,
         mode: Any = "append",
         overwrite_filter: Any = None,
+        upsert_kwargs: dict[str, Any] | None = None,
+        overwrite_kwargs: dict[str, Any] | None = None,
     ) -> None:
         import_extra("pyiceberg", "write_iceberg")
         mode = str(getattr(mode, "value", mode)).lower()
@@ -216,6 +227,21 @@ class IcebergDatasink(Datasink):
             raise ValueError(f"mode must be one of {ICEBERG_WRITE_MODES} for write_iceberg, got {mode!r}")
         if overwrite_filter is not None and mode != "overwrite":
             raise ValueError("overwrite_filter is for mode='overwrite'")
+        upsert = _checked_args(upsert_kwargs, UPSERT_ARGS, "upsert_kwargs")
+        overwrite = _checked_args(overwrite_kwargs, OVERWRITE_ARGS, "overwrite_kwargs")
+        if upsert and mode != "upsert":
+            raise ValueError("upsert_kwargs is for mode='upsert'")
+        if overwrite and mode != "overwrite":
+            raise ValueError("overwrite_kwargs is for mode='overwrite'")
+        join_cols = upsert.get("join_cols")
+        if mode == "upsert" and (not join_cols or isinstance(join_cols, str)
+                                 or not all(isinstance(c, str) for c in join_cols)):
+            raise ValueError("mode='upsert' needs upsert_kwargs={'join_cols': [column, ...]}: the columns that "
+                             "say which rows of the table a written row replaces")
+        self._join_cols: list[str] = list(join_cols or [])
+        options = upsert if mode == "upsert" else overwrite
+        self._case_sensitive = bool(options.get("case_sensitive", True))
+        self._branch: str | None = options.get("branch", "main")
         self._identifier = table_identifier
         self._catalog_kwargs = dict(catalog_kwargs or {})
         self._snapshot_properties = dict(snapshot_properties or {})
@@ -236,6 +262,10 @@ class IcebergDatasink(Datasink):
         self._table = load_table(self._identifier, self._catalog_kwargs, "write_iceberg")
         self._metadata = self._table.metadata
         self._io = self._table.io
+        missing = [c for c in self._join_cols if c not in self._metadata.schema().column_names]
+        if missing:
+            raise ValueError(f"upsert_kwargs join_cols {missing} are not columns of {self._identifier} "
+                             f"({self._metadata.schema().column_names})")
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -243,13 +273,17 @@ class IcebergDatasink(Datasink):
         return state
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> tuple[Any, ...]:
-        """Write ``blocks`` as data files of the table (not committed); returns their metadata."""
+        """Write ``blocks`` as data files of the table (not committed); returns their metadata
+        (an upsert's task also returns, first, the distinct keys it wrote and its row count)."""
         from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
 
         it = (pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in blocks)
         first = next((b for b in it if b.num_rows), None)
         if first is None:
             return ()
+        keys: list[pa.Table] = []
+        if self._join_cols:
+            it = _noting_keys(it, self._join_cols, keys)
         _check_pyarrow_schema_compatible(
             self._metadata.schema(), provided_schema=first.schema, format_version=self._metadata.format_version
         )
@@ -263,6 +297,9 @@ class IcebergDatasink(Datasink):
         reader = pa.RecordBatchReader.from_batches(first.schema, batches())
         files = tuple(_dataframe_to_data_files(self._metadata, reader, self._io, write_uuid=uuid.uuid4()))
         io_stats.record(files_written=len(files), rows_written=rows[0])
+        if self._join_cols:
+            written = pa.concat_tables([first.select(self._join_cols), *keys])
+            return (_UpsertKeys(_distinct(written), written.num_rows), *files)
         return files
 
     def on_write_complete(self, write_results: list[Any]) -> None:
@@ -272,12 +309,61 @@ class IcebergDatasink(Datasink):
         # the table as the job saw it at the start: if another writer committed since, the commit
         # fails (pyiceberg checks the snapshot it builds on) instead of deleting rows this job never saw
         table = self._table
-        files = [f for result in write_results for f in result]
+        files = [f for result in write_results for f in result if not isinstance(f, _UpsertKeys)]
+        delete_filter = (self._overwrite_filter or AlwaysTrue()) if self._mode == "overwrite" else None
+        if self._mode == "upsert":
+            delete_filter = self._upsert_filter([f for result in write_results for f in result
+                                                 if isinstance(f, _UpsertKeys)])
         with table.transaction() as txn:
-            if self._mode == "overwrite":
-                txn.delete(self._overwrite_filter or AlwaysTrue(), snapshot_properties=self._snapshot_properties)
+            if delete_filter is not None:
+                txn.delete(delete_filter, snapshot_properties=self._snapshot_properties,
+                           case_sensitive=self._case_sensitive, branch=self._branch)
             if files:
-                with txn.update_snapshot(snapshot_properties=self._snapshot_properties).fast_append() as append:
+                update = txn.update_snapshot(snapshot_properties=self._snapshot_properties, branch=self._branch)
+                with update.fast_append() as append:
                     for data_file in files:
                         append.append_data_file(data_file)
         self.committed_snapshot_id = table.refresh().metadata.current_snapshot_id
+
+    def _upsert_filter(self, parts: list[_UpsertKeys]) -> Any:
+        """The rows of the table a written row replaces (None: nothing written, nothing to delete)."""
+        from pyiceberg.table.upsert_util import create_match_filter
+
+        if not parts:
+            return None
+        keys = pa.concat_tables([p.keys for p in parts], promote_options="permissive")
+        distinct = _distinct(keys)
+        if distinct.num_rows != sum(p.rows for p in parts):
+            raise ValueError(f"mode='upsert': the rows written hold a key of {self._join_cols} more than once; "
+                             "each key must be written once, as the row that replaces the table's")
+        return create_match_filter(distinct, self._join_cols)
+
+
+@dataclasses.dataclass(frozen=True)
+class _UpsertKeys:
+    """What an upsert task wrote: its distinct keys, and its row count (fewer keys: a duplicate)."""
+
+    keys: pa.Table
+    rows: int
+
+
+def _distinct(keys: pa.Table) -> pa.Table:
+    return keys.group_by(keys.column_names).aggregate([]) if keys.num_rows else keys
+
+
+def _noting_keys(blocks: Iterator[pa.Table], join_cols: list[str], keys: list[pa.Table]) -> Iterator[pa.Table]:
+    """``blocks`` as they are, their key columns noted in ``keys`` as they pass."""
+    for block in blocks:
+        keys.append(block.select(join_cols))
+        yield block
+
+
+def _checked_args(args: dict[str, Any] | None, allowed: tuple[str, ...], what: str) -> dict[str, Any]:
+    if args is None:
+        return {}
+    if not isinstance(args, dict):
+        raise TypeError(f"{what} must be a dict, got {type(args).__name__}")
+    unknown = sorted(set(args) - set(allowed))
+    if unknown:
+        raise TypeError(f"{what}: {unknown[0]!r} is not supported (only {', '.join(allowed)})")
+    return dict(args)

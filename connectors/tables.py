@@ -52,4 +52,14 @@ def conform(table: pa.Table, schema: pa.Schema, what: str, hint: str = "") -> pa
     if missing or extra:
         msg = f"the rows do not match {what}: missing columns {missing}, columns it does not have {extra}{hint}"
         raise ValueError(msg)
-    return table.select(schema.names).cast(schema)
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        for field in schema:  # which column: the error of a cast does not say
+            have = table.schema.field(field.name).type
+            try:
+                table.column(field.name).cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as column_exc:
+                msg = f"column {field.name!r} ({have}) cannot be written as {field.type}, its type in {what}: {column_exc}"
+                raise ValueError(msg) from exc
+        raise

@@ -770,6 +770,7 @@ class Dataset:
         from connectors.file_datasink import rows_per_file
         from connectors.parquet_format import ParquetDatasink
 
+        ray_api.refuse_catalog("write_parquet", arrow_parquet_args.pop("catalog", None))
         self._write_files(ParquetDatasink(
             path, partition_cols=partition_cols, min_rows_per_file=rows_per_file(num_rows_per_file, min_rows_per_file),
             max_rows_per_file=max_rows_per_file, filesystem=filesystem, compression=compression,
@@ -885,22 +886,26 @@ class Dataset:
         max_rows_per_file: int | None = None,
         ray_remote_args: dict[str, Any] | None = None,
         concurrency: int | None = None,
+        catalog: Any = None,
+        schema_mode: str = "merge",
     ) -> None:
         """Write a Delta Lake table (needs the ``delta`` extra): Parquet files, one Delta commit at the end.
 
         ``mode``: ``"append"`` (creates the table when missing), ``"overwrite"``, ``"error"`` or
         ``"ignore"`` (strings or ``SaveMode``). ``partition_by`` (or ``partition_cols``, as
-        ``write_parquet`` calls it) partitions a new table. A failed job leaves the table as it
-        was. See ``connectors.delta_format.DeltaDatasink``.
+        ``write_parquet`` calls it) partitions a new table. ``schema_mode`` (Ray's): an append
+        with a column the table lacks adds it (``"merge"``) or fails (``"error"``). A failed job
+        leaves the table as it was. See ``connectors.delta_format.DeltaDatasink``.
         """
         from connectors.delta_format import DeltaDatasink
 
+        ray_api.refuse_catalog("write_delta", catalog)
         if partition_by is not None and partition_cols is not None and list(partition_by) != list(partition_cols):
             raise ValueError("pass partition_by or partition_cols, not both")
         self.write_datasink(DeltaDatasink(
             path, mode=mode, partition_by=partition_by if partition_by is not None else partition_cols,
             storage_options=storage_options, filesystem=filesystem, name=name, description=description,
-            min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file,
+            min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file, schema_mode=schema_mode,
         ), ray_remote_args=ray_remote_args, concurrency=concurrency)
 
     def write_iceberg(
@@ -910,19 +915,26 @@ class Dataset:
         snapshot_properties: dict[str, str] | None = None,
         mode: Any = "append",
         overwrite_filter: Any = None,
+        upsert_kwargs: dict[str, Any] | None = None,
+        overwrite_kwargs: dict[str, Any] | None = None,
         ray_remote_args: dict[str, Any] | None = None,
         concurrency: int | None = None,
+        catalog: Any = None,
     ) -> None:
         """Write to an existing Iceberg table (needs the ``iceberg`` extra): data files, one commit at the end.
 
-        ``mode``: ``"append"`` or ``"overwrite"`` (deletes the rows matching ``overwrite_filter``,
-        all by default, in the same commit). See ``connectors.iceberg_format.IcebergDatasink``.
+        ``mode``: ``"append"``, ``"overwrite"`` (deletes the rows matching ``overwrite_filter``,
+        all by default, in the same commit) or ``"upsert"`` (``SaveMode.UPSERT``: the table's rows
+        whose ``upsert_kwargs["join_cols"]`` match a written row are replaced by it, the others
+        added, in one commit). ``upsert_kwargs`` / ``overwrite_kwargs`` also take Ray's
+        ``case_sensitive`` and ``branch``. See ``connectors.iceberg_format.IcebergDatasink``.
         """
         from connectors.iceberg_format import IcebergDatasink
 
+        ray_api.refuse_catalog("write_iceberg", catalog)
         self.write_datasink(IcebergDatasink(
             table_identifier, catalog_kwargs=catalog_kwargs, snapshot_properties=snapshot_properties, mode=mode,
-            overwrite_filter=overwrite_filter,
+            overwrite_filter=overwrite_filter, upsert_kwargs=upsert_kwargs, overwrite_kwargs=overwrite_kwargs,
         ), ray_remote_args=ray_remote_args, concurrency=concurrency)
 
     def write_orc(

@@ -114,3 +114,13 @@ def module_getattr(module: str, ray_module: str, ray_names: tuple[str, ...]) -> 
         raise module_attribute_error(module, name, ray_module, ray_names)
 
     return __getattr__
+
+
+def refuse_catalog(method: str, catalog: Any) -> None:
+    """Ray's ``catalog=`` (a ``ray.data.Catalog`` such as ``DatabricksUnityCatalog``): None, its
+    default, is accepted; a catalog is refused saying why, as dataflow has none."""
+    if catalog is not None:
+        msg = (f"{method}(catalog=...): dataflow does not provide Ray Data's catalogs (Catalog, "
+               "DatabricksUnityCatalog); pass the table's path (and filesystem= or storage_options= "
+               "for its credentials) instead")
+        raise TypeError(msg)

@@ -26,9 +26,10 @@ from connectors.memory import ArrowDatasource, RangeDatasource
 from dataflow.context import DataContext, options
 from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.plan import Read
+from dataflow.ray_api import refuse_catalog
 
 READ_TASK_ARGS = ("parallelism", "concurrency", "num_cpus", "num_gpus", "memory", "resources", "ray_remote_args",
-                  "accelerator_type", "label_selector", "fallback_strategy", "max_calls", "runtime_env")
+                  "accelerator_type", "label_selector", "fallback_strategy", "max_calls", "runtime_env", "catalog")
 _REMOTE_NAMED = ("accelerator_type", "label_selector", "fallback_strategy", "max_calls", "runtime_env")
 """Ray's named read arguments that are remote options: checked as ``ray_remote_args`` are."""
 
@@ -51,6 +52,7 @@ def _read(datasource: Datasource, method: str, override_num_blocks: int | None, 
     if unknown:
         msg = f"{method}() got an unexpected keyword argument {unknown[0]!r}"
         raise TypeError(msg)
+    refuse_catalog(method, task_args.get("catalog"))
     override_num_blocks = _num_blocks(method, task_args.get("parallelism", -1), override_num_blocks, stacklevel=4)
     asked = {k: task_args.get(k) for k in ("num_cpus", "num_gpus", "memory", "resources")}
     named = {k: task_args[k] for k in _REMOTE_NAMED if task_args.get(k) is not None}
@@ -634,7 +636,7 @@ def _torch_chunk_table(samples: list[Any], first_index: int) -> pa.Table:
         raise TypeError(msg) from exc
 
 
-def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> MaterializedDataset:
+def from_torch(dataset: Any, *, local_read: bool = False, override_num_blocks: int | None = None) -> MaterializedDataset:
     """A torch ``Dataset``'s samples, one row each, in column ``item`` (as ``ray.data.from_torch``).
 
     The samples are read here, in this process (``dataset[i]`` for a map-style dataset, iteration
@@ -642,7 +644,8 @@ def from_torch(dataset: Any, *, override_num_blocks: int | None = None) -> Mater
     plain values; a tuple of same-shape tensors a list of arrays), PIL images ``uint8`` arrays
     and dicts struct values. A sample Arrow cannot hold, such as an ``(image, label)`` tuple,
     is kept as a pickled Python object, as Ray keeps it (``engine.python_objects``): its rows
-    give the tuple back, with the image as a numpy array.
+    give the tuple back, with the image as a numpy array. ``local_read`` (Ray's: read on this
+    node) is how dataflow always reads it.
     """
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         samples: Any = (dataset[i] for i in builtins.range(len(dataset)))

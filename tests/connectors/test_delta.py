@@ -163,6 +163,30 @@ def test_appends_must_match_the_table(tmp_path):
     assert deltalake.DeltaTable(path).version() == 1
 
 
+@pytest.mark.parametrize("execution", ["local", "streaming"])
+def test_append_with_a_new_column_merges_the_schema_as_ray(tmp_path, execution):
+    """Ray's ``schema_mode``: ``"merge"`` (the default) adds a column the table lacks, nullable,
+    before the append's commit; ``"error"`` refuses it and leaves the table as it was."""
+    path = str(tmp_path / "t")
+    with dataflow.options(execution_mode=execution):
+        dataflow.from_arrow(_table(3)).write_delta(path, partition_by=["k"])
+        wider = _table(3, start=3).append_column("score", pa.array([0.5, 1.5, 2.5]))
+        with pytest.raises(Exception, match=r"columns it does not have \['score'\]"):
+            dataflow.from_arrow(wider).write_delta(path, schema_mode="error")
+        assert deltalake.DeltaTable(path).version() == 0
+        dataflow.from_arrow(wider).write_delta(path)  # merge, the default
+        table = deltalake.DeltaTable(path)
+        assert pa.schema(table.schema().to_arrow()).field("score").type == pa.float64()
+        rows = {r["id"]: r["score"] for r in dataflow.read_delta(path).take_all()}
+        assert rows == {0: None, 1: None, 2: None, 3: 0.5, 4: 1.5, 5: 2.5}
+        assert table.version() == 2  # the column's commit, then the rows'
+        with pytest.raises(ValueError, match=r"column 'id' \(string\) cannot be written as int64"):
+            dataflow.from_items([{"id": "x", "s": "a", "k": 1, "score": 1.0}]).write_delta(path)
+        assert deltalake.DeltaTable(path).version() == 2
+    with pytest.raises(ValueError, match="schema_mode"):
+        dataflow.range(3).write_delta(str(tmp_path / "u"), schema_mode="overwrite")
+
+
 def test_missing_table_and_library(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="no Delta table"):
         dataflow.read_delta(str(tmp_path))

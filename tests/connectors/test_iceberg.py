@@ -125,6 +125,47 @@ def test_overwrite_filter_replaces_only_matching_rows(catalog_kwargs):
     assert ids == list(range(100)) + list(range(500, 510))
 
 
+def test_upsert_replaces_matching_rows_and_adds_the_rest(mode, catalog_kwargs):
+    """Ray's ``SaveMode.UPSERT`` with ``upsert_kwargs={"join_cols": [...]}``: one commit; rows
+    whose key matches a written row are replaced, new keys added, the others kept."""
+    from dataflow import SaveMode
+
+    snapshots = len(_load(catalog_kwargs).metadata.snapshots)
+    written = _table(60, start=170).set_column(1, "s", pa.array([f"new-{i}" for i in range(170, 230)]))
+    dataflow.from_arrow(written, override_num_blocks=3).write_iceberg(
+        "db.t", catalog_kwargs, mode=SaveMode.UPSERT, upsert_kwargs={"join_cols": ["id"]}
+    )
+    table = _load(catalog_kwargs)
+    rows = {r["id"]: r["s"] for r in table.scan().to_arrow().to_pylist()}
+    assert sorted(rows) == list(range(230))  # 0-169 kept, 170-199 replaced, 200-229 added
+    assert all(rows[i] == f"row-{i}" for i in range(170)) and all(rows[i] == f"new-{i}" for i in range(170, 230))
+    assert table.scan().to_arrow().num_rows == 230  # no key twice
+    assert len(table.metadata.snapshots) <= snapshots + 2  # one transaction (a delete and an append)
+    # two keys at once, and a key written twice is refused, the table unchanged
+    dataflow.from_arrow(_table(2, start=0)).write_iceberg(
+        "db.t", catalog_kwargs, mode="upsert", upsert_kwargs={"join_cols": ["id", "s"], "case_sensitive": True}
+    )
+    assert _load(catalog_kwargs).scan().to_arrow().num_rows == 230
+    current = _load(catalog_kwargs).metadata.current_snapshot_id
+    with pytest.raises(ValueError, match="more than once"):
+        dataflow.from_arrow(pa.concat_tables([_table(3), _table(3)])).write_iceberg(
+            "db.t", catalog_kwargs, mode="upsert", upsert_kwargs={"join_cols": ["id"]}
+        )
+    assert _load(catalog_kwargs).metadata.current_snapshot_id == current
+    with pytest.raises(ValueError, match="join_cols"):
+        dataflow.range(3).write_iceberg("db.t", catalog_kwargs, mode="upsert")
+    with pytest.raises(ValueError, match=r"\['nope'\] are not columns"):
+        dataflow.from_arrow(_table(1)).write_iceberg("db.t", catalog_kwargs, mode="upsert",
+                                                     upsert_kwargs={"join_cols": ["nope"]})
+    with pytest.raises(TypeError, match="'when_matched_update_all' is not supported"):
+        dataflow.from_arrow(_table(1)).write_iceberg("db.t", catalog_kwargs, mode="upsert",
+                                                     upsert_kwargs={"join_cols": ["id"], "when_matched_update_all": True})
+    dataflow.from_arrow(_table(1, start=5000)).write_iceberg(
+        "db.t", catalog_kwargs, mode="overwrite", overwrite_filter="id >= 200", overwrite_kwargs={"case_sensitive": False}
+    )
+    assert sorted(_load(catalog_kwargs).scan().to_arrow()["id"].to_pylist()) == [*range(200), 5000]
+
+
 def test_failed_write_leaves_the_table_unchanged(mode, catalog_kwargs):
     snapshot = _load(catalog_kwargs).metadata.current_snapshot_id
 
@@ -144,7 +185,7 @@ def test_failed_write_leaves_the_table_unchanged(mode, catalog_kwargs):
 
 def test_bad_arguments_and_missing_library(catalog_kwargs, monkeypatch):
     with pytest.raises(ValueError, match="mode must be one of"):
-        dataflow.range(3).write_iceberg("db.t", catalog_kwargs, mode="upsert")
+        dataflow.range(3).write_iceberg("db.t", catalog_kwargs, mode="merge")
     with pytest.raises(Exception, match="nope"):
         dataflow.read_iceberg("db.nope", catalog_kwargs=catalog_kwargs)
     with pytest.raises(ValueError, match="scan_kwargs may not set"):

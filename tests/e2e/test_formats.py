@@ -133,6 +133,7 @@ def test_from_torch(mode):
 
     batch = dataflow.from_torch(Squares()).take_batch(10)
     np.testing.assert_array_equal(batch["item"], np.array([[i * i] * 2 for i in range(10)], np.float32))
+    assert dataflow.from_torch(Squares(), local_read=True).count() == 10  # Ray's option: always so here
 
     class Pairs(TorchDataset):
         def __len__(self) -> int:

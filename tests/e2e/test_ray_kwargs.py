@@ -587,6 +587,13 @@ def test_read_task_arguments_on_every_reader(mode, tmp_path):
         dataflow.read_csv(str(tmp_path / "c"), label_selector={"zone": "a"})
     with pytest.raises(ValueError, match="runtime_env"):
         dataflow.read_parquet(str(tmp_path / "p"), runtime_env={"env_vars": {"A": "1"}})
+    # Ray's catalog=: its default None is taken, a catalog is refused saying dataflow has none
+    assert dataflow.read_parquet(str(tmp_path / "p"), catalog=None).count() == 300
+    dataflow.range(3).write_parquet(str(tmp_path / "w"), catalog=None)
+    with pytest.raises(TypeError, match="catalogs"):
+        dataflow.read_parquet(str(tmp_path / "p"), catalog=object())
+    with pytest.raises(TypeError, match="catalogs"):
+        dataflow.range(3).write_parquet(str(tmp_path / "w2"), catalog=object())
     # a column step's ray_remote_args dict, as Ray's select_columns(..., ray_remote_args=...)
     assert dataflow.range(5).select_columns(["id"], ray_remote_args={"num_cpus": 1}).take_all()[-1] == {"id": 4}
 

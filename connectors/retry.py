@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from connectors import io_stats
@@ -143,11 +143,26 @@ def classify(exc: BaseException) -> ErrorKind:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how patiently to retry transient errors (exponential backoff, full jitter)."""
+    """How often and how patiently to retry transient errors (exponential backoff, full jitter).
+
+    ``retried_messages``: an error whose message (or that of an error it was raised from)
+    contains one of these is retried too, whatever ``classify`` says (Ray's
+    ``DataContext.retried_io_errors`` and ``write_file_retry_on_errors``).
+    """
 
     max_attempts: int = 10
     base_delay_s: float = 0.1
     max_delay_s: float = 10.0
+    retried_messages: tuple[str, ...] = ()
+
+    def kind(self, exc: BaseException, classified: ErrorKind) -> ErrorKind:
+        """``classified``, or TRANSIENT for a permanent-looking error one of ``retried_messages`` names."""
+        if classified is ErrorKind.PERMANENT and self.retried_messages:
+            for err in _chain(exc):
+                text = str(err)
+                if any(message in text for message in self.retried_messages):
+                    return ErrorKind.TRANSIENT
+        return classified
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based): uniform in [0, cap]."""
@@ -158,9 +173,24 @@ class RetryPolicy:
 _default_policy = RetryPolicy()
 
 
+_retried_messages: Callable[[], tuple[str, ...]] = tuple
+"""Where ``default_retry_policy`` finds the messages users ask to retry (set by ``dataflow.context``:
+the current ``DataContext``'s lists)."""
+
+
+def set_retried_messages_source(source: Callable[[], tuple[str, ...]]) -> None:
+    """Have ``default_retry_policy`` take ``retried_messages`` from ``source()``."""
+    global _retried_messages
+    _retried_messages = source
+
+
 def default_retry_policy() -> RetryPolicy:
-    """The policy sources and sinks capture when they are constructed (on the driver)."""
-    return _default_policy
+    """The policy sources and sinks capture when they are constructed (on the driver), with the
+    messages to retry that are in force then."""
+    messages = tuple(_retried_messages())
+    if messages == _default_policy.retried_messages:
+        return _default_policy
+    return replace(_default_policy, retried_messages=messages)
 
 
 def set_default_retry_policy(policy: RetryPolicy) -> RetryPolicy:
@@ -324,7 +354,7 @@ class Retrier:
                     close()
 
     def _after_failure(self, exc: Exception, attempt: int, path: str, action: str) -> None:
-        kind = self.classify(exc)
+        kind = self.policy.kind(exc, self.classify(exc))
         if kind is ErrorKind.PERMANENT:
             raise permanent_error(exc, path, action) from exc
         if kind is ErrorKind.THROTTLED:

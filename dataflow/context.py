@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from connectors import retry
 from engine.options import ExecutionOptions
 
 EXECUTION_MODES = ("streaming", "local", "ray")
@@ -73,6 +74,18 @@ _RAY_SETTINGS_NOT_HERE = {
 }
 
 
+DEFAULT_RETRIED_IO_ERRORS = (
+    "AWS Error INTERNAL_FAILURE",
+    "AWS Error NETWORK_CONNECTION",
+    "AWS Error SLOW_DOWN",
+    "AWS Error UNKNOWN (HTTP status 503)",
+    "AWS Error SERVICE_UNAVAILABLE",
+)
+"""Ray 2.60's defaults (dataflow's own classifier retries these already; listed so that code
+reading or extending the list sees Ray's)."""
+DEFAULT_WRITE_FILE_RETRY_ON_ERRORS = DEFAULT_RETRIED_IO_ERRORS[:4]
+
+
 @dataclass
 class DataContext:
     """What the next execution will use."""
@@ -110,6 +123,12 @@ class DataContext:
     process, True without one; False raises the conversion error instead. Read when a step
     is added to a dataset."""
 
+    retried_io_errors: list[str] = field(default_factory=lambda: list(DEFAULT_RETRIED_IO_ERRORS))
+    """Ray's setting: an I/O error whose message contains one of these is retried (with backoff,
+    ``connectors.retry``) by the reads and writes of datasets made after it is set, on top of
+    the errors dataflow retries anyway (timeouts, resets, throttling, 5xx)."""
+    write_file_retry_on_errors: list[str] = field(default_factory=lambda: list(DEFAULT_WRITE_FILE_RETRY_ON_ERRORS))
+    """Ray's setting: the same for the writing of files."""
     _current: Any = None
 
     def __post_init__(self) -> None:
@@ -182,6 +201,16 @@ class DataContext:
 
 _FIELD_NAMES = frozenset(f.name for f in fields(DataContext))
 _PROPERTIES = frozenset(n for n, v in vars(DataContext).items() if isinstance(v, property))
+
+
+def _retried_messages() -> tuple[str, ...]:
+    """The messages the current context asks reads and writes to retry (``retried_io_errors``
+    and ``write_file_retry_on_errors``), each once."""
+    ctx = DataContext.get_current()
+    return tuple(dict.fromkeys([*ctx.retried_io_errors, *ctx.write_file_retry_on_errors]))
+
+
+retry.set_retried_messages_source(_retried_messages)
 
 
 @contextlib.contextmanager

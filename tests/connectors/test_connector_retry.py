@@ -191,3 +191,44 @@ def test_throttling_lowers_the_limit_through_the_retrier() -> None:
     assert retrier.call(throttled, path="k") == "ok"
     assert limiter.limit < 5
     assert limiter.in_flight == 0
+
+
+def test_retried_io_errors_from_the_data_context(tmp_path) -> None:
+    """Ray's ``DataContext.retried_io_errors``: a message added there makes an error that is
+    otherwise permanent a retried one, for the reads of datasets made after it is set."""
+    import fsspec.implementations.local
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import dataflow
+    from connectors.retry import default_retry_policy
+
+    pq.write_table(pa.table({"id": list(range(10))}), tmp_path / "a.parquet")
+
+    class Glitchy(fsspec.implementations.local.LocalFileSystem):
+        failures = 0
+
+        def _open(self, path, mode="rb", **kwargs):
+            if Glitchy.failures < 2:
+                Glitchy.failures += 1
+                raise RuntimeError("backend said: GLITCH-42, try again")
+            return super()._open(path, mode=mode, **kwargs)
+
+    ctx = dataflow.DataContext.get_current()
+    assert "AWS Error SLOW_DOWN" in ctx.retried_io_errors  # Ray's defaults are there
+    saved = list(ctx.retried_io_errors)
+    with dataflow.options(execution_mode="local"):
+        fs = Glitchy(skip_instance_cache=True)
+        with pytest.raises(Exception, match="GLITCH-42"):  # not retried: permanent by default
+            dataflow.read_parquet(str(tmp_path), filesystem=fs).take_all()
+        Glitchy.failures = 0
+        try:
+            ctx.retried_io_errors.append("GLITCH-42")
+            assert "GLITCH-42" in default_retry_policy().retried_messages
+            assert sorted(r["id"] for r in dataflow.read_parquet(str(tmp_path), filesystem=fs).take_all()) == list(range(10))
+            assert Glitchy.failures == 2  # failed twice, retried, then read
+        finally:
+            ctx.retried_io_errors[:] = saved
+    assert "GLITCH-42" not in default_retry_policy().retried_messages
+    with pytest.raises(AttributeError, match="no setting"):
+        ctx.retried_io_error = ["typo"]  # a misspelt setting is refused, not kept and ignored

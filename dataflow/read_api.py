@@ -404,10 +404,16 @@ def read_images(
     """Images decoded into ``uint8`` tensors of shape ``(height, width, channels)`` in column ``image``.
 
     ``size=(height, width)`` resizes every image (so they share one shape); ``mode`` is a Pillow
-    mode to convert to (``"RGB"``, ``"L"``...). Needs Pillow.
+    mode to convert to (``"RGB"``, ``"L"``...). Needs Pillow. Ray's ``arrow_open_file_args`` is
+    what it passes as the files' open-stream arguments: the same as ``arrow_open_stream_args``.
     """
     from connectors.image_format import ImageDatasource
 
+    if "arrow_open_file_args" in task_args:  # Ray hands it on as open_stream_args
+        if "arrow_open_stream_args" in task_args:
+            msg = "read_images() takes arrow_open_file_args or arrow_open_stream_args, not both"
+            raise TypeError(msg)
+        task_args["arrow_open_stream_args"] = task_args.pop("arrow_open_file_args")
     source = ImageDatasource(
         paths, size=size, mode=mode, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args)
     )

@@ -587,6 +587,8 @@ def test_read_task_arguments_on_every_reader(mode, tmp_path):
         dataflow.read_csv(str(tmp_path / "c"), label_selector={"zone": "a"})
     with pytest.raises(ValueError, match="runtime_env"):
         dataflow.read_parquet(str(tmp_path / "p"), runtime_env={"env_vars": {"A": "1"}})
+    dataflow.from_numpy(np.zeros((2, 4, 4, 3), np.uint8)).write_images(str(tmp_path / "img"), "data")
+    assert dataflow.read_images(str(tmp_path / "img"), arrow_open_file_args={}).count() == 2  # Ray's name there
     # Ray's catalog=: its default None is taken, a catalog is refused saying dataflow has none
     assert dataflow.read_parquet(str(tmp_path / "p"), catalog=None).count() == 300
     dataflow.range(3).write_parquet(str(tmp_path / "w"), catalog=None)

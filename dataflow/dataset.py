@@ -561,7 +561,7 @@ class Dataset:
         for row in self.iter_rows():
             rows.append(row)
             if limit is not None and len(rows) > limit:
-                msg = f"the dataset has more than the given limit of {limit} rows"
+                msg = f"The dataset has more than the given limit of {limit} records."  # Ray's words
                 raise ValueError(msg)
         return rows
 

@@ -155,6 +155,9 @@ def test_limit_and_to_pandas_limit_as_ray(mode):
     with pytest.raises(ValueError, match="more than the given limit of 3 rows: 6"):  # an error, not 3 rows
         dataflow.range(6).to_pandas(limit=3)
     assert len(dataflow.range(6).to_pandas(limit=6)) == 6
+    with pytest.raises(ValueError, match=r"^The dataset has more than the given limit of 5 records\.$"):  # Ray's words
+        dataflow.range(6).take_all(limit=5)
+    assert len(dataflow.range(6).take_all(limit=6)) == 6
 
 
 def test_filter_expression(mode):

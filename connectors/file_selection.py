@@ -1,7 +1,8 @@
-"""Which files a read lists, and in what order: Ray's ``partition_filter=`` and ``shuffle=``.
+"""Which files a read lists, and in what order: Ray's ``partition_filter=``, ``skip_paths=`` and ``shuffle=``.
 
 ``SelectedFiles`` is a ``FileSet`` whose ``iter_files()`` keeps only the files a
-``PathPartitionFilter`` accepts and, with ``shuffle``, yields them in a random order. A shuffled
+``PathPartitionFilter`` accepts and ``skip_paths`` does not name (as the user wrote the path, or
+its absolute form) and, with ``shuffle``, yields them in a random order. A shuffled
 listing is read whole first (as Ray lists every file before it shuffles them). The order of an
 execution comes from ``FileShuffleConfig``: ``shuffle="files"`` is a new order every time;
 ``FileShuffleConfig(seed=s)`` is the same order for the same execution index, a new one for

@@ -17,7 +17,9 @@ checks its rows against the table's schema and writes them as data files with py
 writer (``_dataframe_to_data_files``: partitioned by the table's spec, statistics and field ids
 included), returning their metadata; the driver commits them in one transaction (a fast append;
 with ``mode="overwrite"``, a delete of the rows matching ``overwrite_filter``, all rows by default,
-in the same transaction). No row passes through the driver. A job that fails commits nothing and
+in the same transaction; with ``mode="upsert"``, a delete of the rows whose ``join_cols`` match
+a written row, from the distinct keys each task returns). No row passes through the driver,
+only an upsert's keys. A job that fails commits nothing and
 the table is unchanged; data files its tasks had written stay unreferenced in the table's data
 folder (Iceberg's orphan-file maintenance removes them).
 """

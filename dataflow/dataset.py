@@ -47,6 +47,7 @@ from dataflow.summary import DatasetSummary
 from dataflow.udf import builtin_node, map_node, with_remote_args
 from engine import runner
 from engine.block_format import concat_blocks
+from engine.errors import ColumnNotFoundError
 from engine.runner import ExecutionHandle
 from engine.stats import ExecutionStats
 from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
@@ -1108,7 +1109,18 @@ class Dataset:
     def groupby(self, key: str | list[str] | None, num_partitions: int | None = None) -> GroupedData:
         """Rows grouped by ``key`` (a column or several; None: one group of all rows).
         ``num_partitions``: how many reduce tasks (and output blocks) the groups are hashed
-        into; by default as many as the data's size asks for."""
+        into; by default as many as the data's size asks for.
+
+        As Ray: a key column missing from a schema known without running is an error here, at
+        the call (``ValueError``, also a ``KeyError``); otherwise when the plan runs."""
+        if key is not None:
+            schema = self.schema(fetch_if_missing=False)
+            names = schema.names if schema is not None else []
+            for column in [key] if isinstance(key, str) else list(key):
+                if names and column not in names:
+                    msg = (f"You specified the column '{column}', but there's no such column in the dataset. "
+                           f"The dataset has columns: {names}")
+                    raise ColumnNotFoundError(msg)
         return GroupedData(self, key, num_partitions)
 
     def aggregate(self, *aggs: AggregateFnV2) -> dict[str, Any] | None:

@@ -430,7 +430,9 @@ class ProgressManager:
                 renderer.set_interval(ctx.progress_log_interval_s)  # made for an earlier execution
                 self._wake.set()  # the thread may be asleep for the old period: look again now
             window = renderer.rate_window_s if renderer is not None else RATE_WINDOW_S
-            tracked = _Tracked(handle, label, name, ctx.enable_operator_progress_bars, renderer is not None, Rates(window))
+            verbose = ctx.execution_options.verbose_progress  # Ray's per-execution say, over the context's
+            per_operator = ctx.enable_operator_progress_bars if verbose is None else bool(verbose)
+            tracked = _Tracked(handle, label, name, per_operator, renderer is not None, Rates(window))
             tracked.rates.add(time.monotonic(), first)
             self._tracked[first.execution_id] = tracked
             if renderer is not None:

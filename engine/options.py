@@ -113,12 +113,16 @@ class ExecutionOptions:
     """Run tasks in the driver until the first worker process is ready (fast small jobs)."""
     resource_limits: ExecutionResources = field(default_factory=ExecutionResources)
     """Ray's ``resource_limits``: what one execution may use at once (see ``ExecutionResources``)."""
-    locality_with_output: bool = False
-    """Ray's setting; on one machine every block is local to the consumer, so nothing to do."""
+    locality_with_output: bool | list[str] = False
+    """Ray's setting: on the Ray runner, tasks prefer the driver's node (True) or the listed node
+    ids in turn (soft: a full node lets a task run elsewhere); on one machine every block is
+    local to the consumer already."""
     actor_locality_enabled: bool = True
-    """Ray's setting; on one machine every actor is local to its input, so nothing to do."""
+    """Ray's setting: on the Ray runner, a task goes to an idle actor on the node holding most of
+    its input (False: any idle actor); on one machine every actor is local already."""
     verbose_progress: bool | None = None
-    """Ray's setting; dataflow shows no progress bars (``Dataset.stats()`` reports per operator)."""
+    """Ray's setting: True shows a progress line per operator under each execution's, False only
+    the execution's; None leaves it to ``DataContext.enable_operator_progress_bars``."""
 
     PER_EXECUTION = (
         "target_max_block_size",
@@ -168,6 +172,12 @@ class ExecutionOptions:
             raise ValueError(msg)
         if not isinstance(self.target_max_block_size, int) or self.target_max_block_size <= 0:
             msg = f"target_max_block_size must be a positive number of bytes, got {self.target_max_block_size!r}"
+            raise ValueError(msg)
+        locality = self.locality_with_output
+        if not isinstance(locality, bool) and not (
+            isinstance(locality, (list, tuple)) and locality and all(isinstance(n, str) for n in locality)
+        ):
+            msg = f"locality_with_output must be a bool or a non-empty list of Ray node ids, got {locality!r}"
             raise ValueError(msg)
         small = self.small_exchange_bytes
         if isinstance(small, bool) or not isinstance(small, int) or small < 0:

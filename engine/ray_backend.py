@@ -323,6 +323,8 @@ class RayExecutor:
         self._actor_custom: dict[str, float] = {}
         """What live pool actors hold (Ray keeps an actor's resources for its lifetime)."""
         self._transforms: dict[str, ray.ObjectRef] = {}
+        self._locality_turn = itertools.count()
+        """Which node of a ``locality_with_output`` list the next task prefers."""
         self._waiters = ThreadPoolExecutor(max_workers=256, thread_name_prefix="dataflow-ray-wait")
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="dataflow-ray-executor", daemon=True)
@@ -605,7 +607,7 @@ class RayExecutor:
         running = _Running(execution, op, pending)
         if op.actor_pool is not None:
             pool = self._pools[f"actor:{op.key}"]
-            slot = pool.idle(near=_busiest_node(spec.inputs))
+            slot = pool.idle(near=_busiest_node(spec.inputs) if execution.options.actor_locality_enabled else None)
             assert slot is not None
             pool.busy.add(slot)
             running.actor = slot
@@ -622,11 +624,27 @@ class RayExecutor:
                     num_returns="streaming",
                     max_retries=max(0, self.options.max_task_attempts - 1),
                     retry_exceptions=False,
+                    **self._output_locality(execution),
                 )
                 .remote(spec_bytes, op.digest, transform, sys.path, block_ids, *args)
             )
         self._running[spec.task_id] = running
         self._waiters.submit(self._wait, spec.task_id, generator)
+
+    def _output_locality(self, execution: Execution) -> dict[str, Any]:
+        """Ray's ``locality_with_output``: True prefers the driver's node for every task, a list
+        of node ids takes them in turn; soft, so a busy or full node does not stop a task."""
+        want = execution.options.locality_with_output
+        if not want:
+            return {}
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if want is True:
+            node = ray.get_runtime_context().get_node_id()
+        else:
+            nodes = list(want)
+            node = nodes[next(self._locality_turn) % len(nodes)]
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=True)}
 
     def _wait(self, task_id: int, generator: Any) -> None:
         """On a waiter thread: collect the task's returns, then hand them to the loop."""

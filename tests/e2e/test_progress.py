@@ -177,6 +177,17 @@ def test_only_the_execution_line_without_operator_lines(mode, log_progress, capl
     assert lines and not any("MapBatches(_sleepy):" in line for line in lines)
 
 
+@pytest.mark.parametrize("verbose", [False, True])
+def test_execution_options_verbose_progress_decides_the_operator_lines(mode, log_progress, caplog, verbose):
+    """Ray's ``execution_options.verbose_progress`` over the context's setting, either way."""
+    log_progress.enable_operator_progress_bars = not verbose
+    with dataflow.options(verbose_progress=verbose), caplog.at_level(logging.INFO, logger="dataflow.progress"):
+        assert dataflow.range(1500, override_num_blocks=15).map_batches(_sleepy, batch_size=100).count() == 1500
+        _wait_until_ended()
+    lines = [r.getMessage() for r in caplog.records if r.name == "dataflow.progress"]
+    assert lines and any("MapBatches(_sleepy):" in line for line in lines) == verbose
+
+
 def test_a_failure_and_a_stopped_iterator_are_summarized(mode, caplog):
     def boom(batch):
         raise ValueError("no")

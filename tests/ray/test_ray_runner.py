@@ -280,6 +280,32 @@ def test_a_crashed_actor_is_restarted_and_its_task_retried(on_ray, tmp_path):
     assert sum(op.tasks_retried for op in stats.operators) >= 1
 
 
+def _where(batch):
+    import ray
+
+    return {"id": batch["id"], "node": [ray.get_runtime_context().get_node_id()] * len(batch["id"])}
+
+
+def test_locality_with_output_places_tasks_on_the_nodes_asked(on_ray):
+    """Ray's ``execution_options.locality_with_output``: a list of node ids is where the tasks
+    go (softly: two tasks at a time fit the node here, so none has to run elsewhere); True,
+    the driver's node, falls back to the others on this cluster, whose head has no CPU."""
+    import ray
+
+    target = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node1" in n["Resources"])
+    limits = dataflow.ExecutionResources(cpu=2)
+    with dataflow.options(locality_with_output=[target], resource_limits=limits):
+        rows = dataflow.range(400, override_num_blocks=8).map_batches(_where).take_all()
+    assert sorted(r["id"] for r in rows) == list(range(400))
+    assert {r["node"] for r in rows} == {target}
+    spread = {r["node"] for r in dataflow.range(400, override_num_blocks=8).map_batches(_where).take_all()}
+    assert spread  # without it, wherever Ray puts them
+    with dataflow.options(locality_with_output=True):
+        assert dataflow.range(100, override_num_blocks=4).map_batches(_where).count() == 100
+    with pytest.raises(ValueError, match="locality_with_output"), dataflow.options(locality_with_output="node1"):
+        dataflow.range(3).take_all()
+
+
 def test_node_removed_mid_job(on_ray):
     cluster = on_ray
     extra = cluster.add_node(num_cpus=2, resources={"doomed": 4}, object_store_memory=80 << 20)

@@ -263,12 +263,17 @@ class CSVDatasink(FileDatasink):
             raise TypeError(msg)
         self._args_fn = arrow_csv_args_fn
 
+    def on_write_start(self) -> None:
+        """Check what ``arrow_csv_args_fn`` returns (once, here) before any task runs it."""
+        if self._args_fn is not None:
+            check_csv_write_args("arrow_csv_args_fn()", dict(self._args_fn()))
+        super().on_write_start()
+
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
         write_options = self._write_options
-        if self._args_fn is not None:  # Ray's arrow_csv_args_fn: called in the write task
-            args = dict(self._args_fn())
-            write_options = args.pop("write_options", write_options)
-            check_csv_write_args("arrow_csv_args_fn()", args)
+        if self._args_fn is not None:  # Ray's arrow_csv_args_fn: called in the write task, over write_options
+            write_options = check_csv_write_args("arrow_csv_args_fn()", dict(self._args_fn())).get(
+                "write_options", write_options)
         out = pa.BufferOutputStream()
         pacsv.write_csv(combine(tables), out, write_options)
         return out.getvalue()
@@ -279,10 +284,11 @@ CSV_WRITE_ARGS = ("write_options",)
 its ``memory_pool`` is a process's own object and cannot travel to a write task)."""
 
 
-def check_csv_write_args(where: str, args: dict[str, Any]) -> None:
-    """``TypeError`` naming the first of ``args`` that ``pyarrow.csv.write_csv`` does not take."""
+def check_csv_write_args(where: str, args: dict[str, Any]) -> dict[str, Any]:
+    """``args``, or a ``TypeError`` naming the first that ``pyarrow.csv.write_csv`` does not take."""
     unknown = sorted(name for name in args if name not in CSV_WRITE_ARGS)
     if unknown:
         msg = (f"{where} got an unexpected keyword argument {unknown[0]!r} (pyarrow.csv.write_csv takes "
                "write_options, a pyarrow.csv.WriteOptions)")
         raise TypeError(msg)
+    return args

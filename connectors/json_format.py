@@ -325,6 +325,12 @@ class JSONDatasink(FileDatasink):
         check_pandas_json_args("write_json()", self._pandas_args)
         self._pandas_args_fn = pandas_json_args_fn
 
+    def on_write_start(self) -> None:
+        """Check what ``pandas_json_args_fn`` returns (once, here) before any task runs it."""
+        if self._pandas_args_fn is not None:
+            check_pandas_json_args("pandas_json_args_fn()", dict(self._pandas_args_fn()))
+        super().on_write_start()
+
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
         if self._pandas_args or self._pandas_args_fn is not None:
             return self._encode_with_pandas(tables)
@@ -337,10 +343,11 @@ class JSONDatasink(FileDatasink):
 
     def _encode_with_pandas(self, tables: list[pa.Table]) -> pa.Buffer:
         """Ray's writer: ``DataFrame.to_json(orient="records", lines=True, **pandas_json_args)``,
-        with what ``pandas_json_args_fn()`` returns (called in the write task) under the named ones."""
-        args = dict(self._pandas_args_fn()) if self._pandas_args_fn is not None else {}
-        check_pandas_json_args("pandas_json_args_fn()", args)
-        args.update(self._pandas_args)
+        what ``pandas_json_args_fn()`` returns (called in the write task) over the named ones, as
+        Ray resolves them."""
+        args = dict(self._pandas_args)
+        if self._pandas_args_fn is not None:
+            args.update(check_pandas_json_args("pandas_json_args_fn()", dict(self._pandas_args_fn())))
         orient = args.pop("orient", "records")
         lines = args.pop("lines", True)
         frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
@@ -359,12 +366,11 @@ def _pandas_json_params() -> frozenset[str]:
     return frozenset(inspect.signature(pd.DataFrame.to_json).parameters) - {"self", "path_or_buf"}
 
 
-def check_pandas_json_args(where: str, args: dict[str, Any]) -> None:
-    """``TypeError`` naming the first of ``args`` that ``pandas.DataFrame.to_json`` does not take."""
-    if not args:
-        return
-    unknown = sorted(name for name in args if name not in _pandas_json_params())
+def check_pandas_json_args(where: str, args: dict[str, Any]) -> dict[str, Any]:
+    """``args``, or a ``TypeError`` naming the first that ``pandas.DataFrame.to_json`` does not take."""
+    unknown = sorted(name for name in args if name not in _pandas_json_params()) if args else []
     if unknown:
         msg = (f"{where} got an unexpected keyword argument {unknown[0]!r} (the JSON writer passes "
                "its extra arguments to pandas.DataFrame.to_json, as Ray's)")
         raise TypeError(msg)
+    return args

@@ -19,6 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from engine.ragged_tensors import is_ragged
+
 
 def type_name(type_: pa.DataType) -> str:
     """How Ray 2.60 prints a column type: its own names for tensor columns
@@ -26,11 +28,8 @@ def type_name(type_: pa.DataType) -> str:
     ``ArrowVariableShapedTensorType(ndim=1, dtype=double)``), Arrow's for the rest."""
     if isinstance(type_, pa.FixedShapeTensorType):
         return f"ArrowTensorTypeV2(shape={tuple(type_.shape)}, dtype={type_.value_type})"
-    if isinstance(type_, pa.ExtensionType) and type_.extension_name == "arrow.variable_shape_tensor":
-        ndim = getattr(type_, "ndim", None)
-        value_type = getattr(type_, "value_type", None)
-        if ndim is not None and value_type is not None:
-            return f"ArrowVariableShapedTensorType(ndim={ndim}, dtype={value_type})"
+    if is_ragged(type_):
+        return f"ArrowVariableShapedTensorType(ndim={type_.ndim}, dtype={type_.value_type})"
     return str(type_)
 
 

@@ -180,6 +180,10 @@ def test_csv_and_json_writer_arguments_as_rays(tmp_path: Path) -> None:
     ds.write_json(str(tmp_path / "j"), double_precision=2)
     (json_file,) = _data_files(tmp_path / "j", ".json")
     assert json_file.read_text() == '{"a":1,"b":0.12}\n{"a":2,"b":2.5}\n'
+    # what the function returns wins over the named arguments, as Ray resolves them
+    ds.write_json(str(tmp_path / "p"), double_precision=3, pandas_json_args_fn=lambda: {"double_precision": 1})
+    (precise_file,) = _data_files(tmp_path / "p", ".json")
+    assert precise_file.read_text() == '{"a":1,"b":0.1}\n{"a":2,"b":2.5}\n'
     ds.write_json(str(tmp_path / "s"), pandas_json_args_fn=lambda: {"orient": "split", "lines": False, "index": False})
     (split_file,) = _data_files(tmp_path / "s", ".json")
     assert split_file.read_text() == '{"columns":["a","b"],"data":[[1,0.123456],[2,2.5]]}'

@@ -159,6 +159,13 @@ def _csv_items(
 ) -> Iterator[pa.Schema | pa.RecordBatch]:
     """The file's schema, then its record batches (one per ``read_options.block_size`` bytes)."""
     reader = pacsv.open_csv(stream, read_options, parse_options, options)
+    try:
+        reader.schema.names  # noqa: B018 - pyarrow decodes the header's names here
+    except UnicodeDecodeError as exc:
+        msg = (f"the header row is not {read_options.encoding} text (byte {exc.object[exc.start]:#x} at offset "
+               f"{exc.start} of a column name); a compressed file whose name has no codec extension reads "
+               "with arrow_open_stream_args={'compression': ...}")
+        raise pa.ArrowInvalid(msg) from None
     yield reader.schema
     yield from reader
 

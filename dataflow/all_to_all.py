@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dataflow.plan import Exchange, LogicalNode
-from dataflow.shuffle import ConcatReducer, HashPartitioner, RandomPartitioner, ShuffleReducer
+from dataflow.shuffle import ConcatReducer, HashPartitioner, RandomPartitioner, RoundRobinPartitioner, ShuffleReducer
 from dataflow.sort import RangePartitioner, SortKey, SortReducer, TopKPartitioner, TopKReducer
 from engine.exchange import FINE_PARTITIONS
 
@@ -89,8 +89,8 @@ def repartition(
                         (HashPartitioner(columns, max(FINE_PARTITIONS, num_blocks)),), reducer,
                         num_tasks=num_blocks, keep_empty_blocks=True, preserves_rows=True)
     if shuffle:
-        return Exchange((plan,), f"Repartition[{num_blocks}, shuffle]",
-                        (RandomPartitioner(None, max(FINE_PARTITIONS, num_blocks)),), ShuffleReducer(exact_blocks=True),
-                        num_tasks=num_blocks, keep_empty_blocks=True, preserves_rows=True)
+        return Exchange((plan,), f"Repartition[{num_blocks}, shuffle]", (RoundRobinPartitioner(num_blocks),),
+                        ConcatReducer(), num_tasks=num_blocks, keep_empty_blocks=True, ordered_input=True,
+                        preserves_rows=True)
     return Exchange((plan,), f"Repartition[{num_blocks}]", reducer=ConcatReducer(), grouping="rows",
                     num_tasks=num_blocks, keep_empty_blocks=True, ordered_input=True, preserves_rows=True)

@@ -359,9 +359,14 @@ class Dataset:
         keys: str | list[str] | None = None,
         sort: bool = False,
     ) -> Dataset:
-        """``num_blocks`` blocks of about equal rows (in order; ``shuffle=True``: random rows;
-        ``keys``: rows with equal keys together), or blocks of ``target_num_rows_per_block``.
-        A ``write_*`` after it writes one file per block.
+        """``num_blocks`` blocks of about equal rows (in order; ``shuffle=True``: each block
+        takes rows from every input block; ``keys``: rows with equal keys together), or blocks
+        of ``target_num_rows_per_block``. A ``write_*`` after it writes one file per block.
+
+        ``shuffle=True`` deals the rows out in turn, as Ray does not randomize them either: row
+        ``k`` of the input goes to block ``k % num_blocks``, so the blocks' sizes differ by one
+        at most and every run gives the same blocks (Ray cuts each input block into equal
+        slices, so its small inputs fill the first blocks only).
 
         With ``target_num_rows_per_block`` every block but the last has exactly that many rows,
         with ``strict`` or without (Ray's ``strict=False`` allows a short block per input

@@ -78,6 +78,21 @@ class RandomPartitioner:
         return splitmix64(keys, inplace=True)
 
 
+class RoundRobinPartitioner:
+    """``repartition(n, shuffle=True)``: row ``k`` of the input, in order, goes to partition
+    ``k % n`` (the exchange gets its input in order, so ``row_offset`` is global)."""
+
+    def __init__(self, num_partitions: int) -> None:
+        self.num_partitions = num_partitions
+
+    def for_execution(self) -> RoundRobinPartitioner:
+        return self
+
+    def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
+        rows = np.arange(row_offset, row_offset + table.num_rows, dtype=np.int64)
+        return table, (rows % self.num_partitions).astype(np.intp)
+
+
 def key_hashes(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
     """A 64-bit hash of each row's ``keys``, the same in every process for equal values
     (int32 and int64, string and large_string alike; dictionaries are decoded first)."""

@@ -55,6 +55,7 @@ from connectors import io_stats
 from connectors.base import Block, TaskContext
 from connectors.errors import PathNotFoundError
 from connectors.file_datasink import WriteResult
+from connectors.file_selection import FileShuffleConfig, check_shuffle, shuffled
 from connectors.filesystem import METADATA_THREADS, FileEntry, FileSet, resolve_filesystem
 from connectors.parquet_format import ParquetDatasink, ParquetDatasource
 from connectors.partitioning import parse_hive
@@ -88,11 +89,21 @@ class DeltaFileSet(FileSet):
     version: int = 0
     storage_options: tuple[tuple[str, str], ...] = ()
     actions: pa.Table | None = None
+    shuffle: str | FileShuffleConfig | None = None
+    """Ray's ``shuffle=``: the files in a random order (``connectors.file_selection``)."""
+    _executions: list[int] = dataclasses.field(default_factory=lambda: [-1], compare=False, hash=False, repr=False)
+
+    def next_execution(self) -> None:
+        """An execution starts listing: a shuffle takes its next order."""
+        self._executions[0] += 1
 
     def iter_files(self) -> Iterator[DeltaFileEntry]:
-        """The version's files, in the log's order."""
+        """The version's files, in the log's order (or as ``shuffle`` orders them)."""
         actions = self.actions if self.actions is not None else self.load_actions()
-        yield from _entries(actions, self.roots[0])
+        if self.shuffle is None:
+            yield from _entries(actions, self.roots[0])
+        else:
+            yield from shuffled(list(_entries(actions, self.roots[0])), self.shuffle, self._executions[0])  # type: ignore[misc]
 
     def check(self, retrier: Any = None) -> None:
         """Nothing to check: the log names the files."""
@@ -182,8 +193,10 @@ class DeltaDatasource(ParquetDatasource):
         filesystem: Any = None,
         storage_options: dict[str, str] | None = None,
         include_paths: bool = False,
+        shuffle: str | FileShuffleConfig | None = None,
         **kwargs: Any,
     ) -> None:
+        check_shuffle(shuffle)
         uri = str(path)
         table = _open_table(uri, version, storage_options)
         _check_readable(table, uri)
@@ -201,6 +214,7 @@ class DeltaDatasource(ParquetDatasource):
             version=table.version(),
             storage_options=tuple(sorted((storage_options or {}).items())),
             actions=_add_actions(table),
+            shuffle=shuffle,
         )
         super().__init__(
             files,

@@ -236,8 +236,9 @@ class FileDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int) -> Iterator[ReadTask]:
         """Read tasks, yielded while the listing is still running."""
-        if isinstance(self._files, SelectedFiles):
-            self._files.next_execution()
+        next_execution = getattr(self._files, "next_execution", None)
+        if next_execution is not None:  # (a shuffled listing takes its next order)
+            next_execution()
         files = self._files.iter_files()
         first = next(files, None)
         if first is None:

@@ -89,10 +89,14 @@ class SelectedFiles(FileSet):
         if self.shuffle is None:
             yield from files
             return
-        entries = list(files)
-        seed = self.shuffle.get_seed(self._executions[0]) if isinstance(self.shuffle, FileShuffleConfig) else None
-        np.random.default_rng(seed).shuffle(entries)  # type: ignore[arg-type]
-        yield from entries
+        yield from shuffled(list(files), self.shuffle, self._executions[0])
+
+
+def shuffled(entries: list[FileEntry], shuffle: str | FileShuffleConfig, execution: int) -> list[FileEntry]:
+    """``entries`` in the order ``shuffle`` gives execution number ``execution``."""
+    seed = shuffle.get_seed(execution) if isinstance(shuffle, FileShuffleConfig) else None
+    np.random.default_rng(seed).shuffle(entries)  # type: ignore[arg-type]
+    return entries
 
 
 def _skip_set(skip_paths: Any) -> frozenset[str]:

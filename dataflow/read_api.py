@@ -222,20 +222,23 @@ _SCANNER_ARGS = ("batch_size", "batch_readahead", "fragment_readahead", "use_thr
                  "memory_pool", "fragment_scan_options", "dataset_kwargs", "_block_udf")
 
 
-def _refuse_scanner_args(kwargs: dict[str, Any]) -> None:
-    """Ray hands the rest of ``read_parquet``'s keywords to pyarrow's ``ParquetDataset`` and
-    ``Scanner``; dataflow uses neither, so those are refused saying so (``meta_provider=None``,
-    Ray's deprecated default, is accepted)."""
+def _refuse_scanner_args(kwargs: dict[str, Any], api: str = "read_parquet") -> None:
+    """Ray hands the rest of ``read_parquet``'s (and ``read_delta``'s) keywords to pyarrow's
+    ``ParquetDataset`` and ``Scanner``; dataflow uses neither, so those are refused saying so
+    (``meta_provider=None``, Ray's deprecated default, is accepted)."""
     if kwargs.get("meta_provider", 0) is None:
         del kwargs["meta_provider"]
     for name in _SCANNER_ARGS:
         if name in kwargs:
             raise TypeError(
-                f"read_parquet({name}=...): Ray passes it on to pyarrow's ParquetDataset/Scanner, which dataflow "
+                f"{api}({name}=...): Ray passes it on to pyarrow's ParquetDataset/Scanner, which dataflow "
                 "does not use: it reads each file's row groups with ParquetFile and cuts blocks at "
-                "DataContext.target_max_block_size (columns=, filter=, schema=, partitioning= and "
-                "tensor_column_schema= are taken)"
+                f"DataContext.target_max_block_size ({_TAKEN[api]} are taken)"
             )
+
+
+_TAKEN = {"read_parquet": "columns=, filter=, schema=, partitioning= and tensor_column_schema=",
+          "read_delta": "columns= and filter="}
 
 
 def _check_names(api: str, kwargs: dict[str, Any], source_class: type) -> None:
@@ -485,19 +488,26 @@ def read_delta(
     storage_options: dict[str, str] | None = None,
     include_paths: bool = False,
     override_num_blocks: int | None = None,
-    **task_args: Any,
+    shuffle: Any = None,
+    **kwargs: Any,
 ) -> Dataset:
     """A Delta Lake table (needs the ``delta`` extra) at ``version`` (default: the latest).
 
     The files of that version are taken from the table's log and read as Parquet, with partition
     columns from the log; ``columns`` and ``filter`` (a ``pyarrow.compute`` expression) are pushed
     down, and files whose partition values or statistics rule the filter out are never opened.
-    See ``connectors.delta_format``.
+    ``shuffle="files"`` or ``FileShuffleConfig(seed=...)`` reads the files in a random order.
+    Ray's ``**arrow_parquet_args`` go to pyarrow's Scanner, which dataflow does not use: they
+    are refused saying so. See ``connectors.delta_format``.
     """
+    task_args = {k: kwargs.pop(k) for k in READ_TASK_ARGS if k in kwargs}
+    _refuse_scanner_args(kwargs, "read_delta")
+    if kwargs:
+        raise TypeError(f"read_delta() got an unexpected keyword argument {sorted(kwargs)[0]!r}")
     from connectors.delta_format import DeltaDatasource
 
     source = DeltaDatasource(path, version, columns=columns, filter=filter, filesystem=filesystem,
-                             storage_options=storage_options, include_paths=include_paths)
+                             storage_options=storage_options, include_paths=include_paths, shuffle=shuffle)
     return _read(source, "read_delta", override_num_blocks, task_args)
 
 

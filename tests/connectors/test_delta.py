@@ -89,6 +89,38 @@ def test_reads_tables_written_by_deltalake(tmp_path):
         assert len(files) == 4 and all(f.startswith(path) and f.endswith(".parquet") for f in files)
 
 
+def test_shuffle_orders_the_logs_files_and_scanner_arguments_are_refused(mode, tmp_path):
+    """Ray's ``read_delta(shuffle=...)``: ``"files"`` a new file order each execution, a
+    ``FileShuffleConfig`` seed the same orders for every dataset made with it (also under a
+    filter); the ``**arrow_parquet_args`` Ray gives pyarrow's Scanner are refused by name."""
+    path = str(tmp_path / "t")
+    for i in range(8):
+        deltalake.write_deltalake(path, _table(5, 5 * i), mode="append")
+
+    def starts(ds) -> list[int]:  # the first id of each file, in the order read
+        return [r["id"] for r in ds.take_all()][::5]
+
+    plain = starts(dataflow.read_delta(path))
+    assert sorted(plain) == list(range(0, 40, 5))
+    files = dataflow.read_delta(path, shuffle="files")
+    orders = [starts(files) for _ in range(4)]
+    assert all(sorted(o) == sorted(plain) for o in orders) and len({tuple(o) for o in orders}) > 1
+    seeded = dataflow.FileShuffleConfig(seed=3)
+    a, b = dataflow.read_delta(path, shuffle=seeded), dataflow.read_delta(path, shuffle=seeded)
+    first, second = starts(a), starts(a)
+    assert first != second and (first, second) == (starts(b), starts(b))  # reseeded each execution
+    assert sorted(first) == sorted(plain) and first != plain
+    fixed = dataflow.FileShuffleConfig(seed=3, reseed_after_execution=False)
+    kept = dataflow.read_delta(path, shuffle=fixed, filter=pc.field("id") >= 20)
+    assert starts(kept) == starts(kept) and sorted(starts(kept)) == [20, 25, 30, 35]
+    with pytest.raises(TypeError, match=r"read_delta\(batch_size=...\).*Scanner"):
+        dataflow.read_delta(path, batch_size=10)
+    with pytest.raises(TypeError, match=r"read_delta.*'nope'"):
+        dataflow.read_delta(path, nope=1)
+    with pytest.raises(ValueError, match="shuffle"):
+        dataflow.read_delta(path, shuffle="rows")
+
+
 def test_filter_prunes_files_on_the_driver(tmp_path):
     path = str(tmp_path / "t")
     with dataflow.options(execution_mode="local"):

@@ -298,8 +298,10 @@ def compile_plan(
     options: ExecutionOptions,
     output: str = OUTPUT_BLOCKS,
     sink: Any = None,
+    configs: dict[str, Any] | None = None,
 ) -> list[PhysicalOperator]:
-    """Engine operators for ``node``, in topological order (the last is the output)."""
+    """Engine operators for ``node``, in topological order (the last is the output).
+    ``configs``: the context's key-value settings, which every task of the execution sees."""
     options.check()
     c = _Compiler(options)
     last = c.build(node)
@@ -333,4 +335,8 @@ def compile_plan(
             last.name = f"{last.name}->Write[{sink.get_name()}]"
             last.stats.name = last.name
             last.min_rows_per_task = getattr(sink, "min_rows_per_write", None)
+    if configs:
+        for op in c.ops:
+            if getattr(op, "transform", None) is not None:
+                op.transform.configs = dict(configs)  # type: ignore[attr-defined]
     return c.ops

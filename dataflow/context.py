@@ -17,6 +17,7 @@ other name raises ``AttributeError`` instead of being silently kept and ignored.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
@@ -24,6 +25,7 @@ from typing import Any
 
 from connectors import retry
 from engine.options import ExecutionOptions
+from engine.task import task_configs
 
 EXECUTION_MODES = ("streaming", "local", "ray")
 PROGRESS_MODES = ("auto", "rich", "log", "off")
@@ -129,6 +131,7 @@ class DataContext:
     the errors dataflow retries anyway (timeouts, resets, throttling, 5xx)."""
     write_file_retry_on_errors: list[str] = field(default_factory=lambda: list(DEFAULT_WRITE_FILE_RETRY_ON_ERRORS))
     """Ray's setting: the same for the writing of files."""
+    _kv_configs: dict[str, Any] = field(default_factory=dict)
     _current: Any = None
 
     def __post_init__(self) -> None:
@@ -190,6 +193,30 @@ class DataContext:
             self.progress_mode = "off"
         elif self.progress_mode == "off":
             self.progress_mode = "auto"
+
+    def get_config(self, key: str, default: Any = None) -> Any:
+        """Ray's key-value settings (``set_config``). Inside a task (a UDF, a reader, a writer,
+        in any process) the process's context answers with the values the driver's context
+        held when the execution started; elsewhere, with its own."""
+        configs = task_configs() if self is DataContext._current else None
+        return (configs if configs is not None else self._kv_configs).get(key, default)
+
+    def set_config(self, key: str, value: Any) -> None:
+        """Set a key-value setting: the tasks of executions that start after it see it
+        (``get_config``); ``value`` travels to worker processes pickled."""
+        self._kv_configs[key] = value
+
+    def remove_config(self, key: str) -> None:
+        """Remove a key-value setting (nothing happens when it is not set)."""
+        self._kv_configs.pop(key, None)
+
+    def kv_configs(self) -> dict[str, Any]:
+        """A copy of the key-value settings, as an execution hands them to its tasks."""
+        return dict(self._kv_configs)
+
+    def copy(self) -> DataContext:
+        """A deep copy (Ray's ``DataContext.copy``): changing it leaves this context alone."""
+        return copy.deepcopy(self)
 
     @staticmethod
     def get_current() -> DataContext:

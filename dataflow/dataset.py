@@ -80,7 +80,7 @@ class Dataset:
         options = backend.execution_options(options)
         logical = plan or self._plan
         _check_pinned_reads(logical, backend)
-        ops = compile_plan(logical if optimized else optimize(logical), options, output, sink)
+        ops = compile_plan(logical if optimized else optimize(logical), options, output, sink, ctx.kv_configs())
         handle = backend.execute(ops, options)
         self._run_index += 1
         self._last_handle = handle

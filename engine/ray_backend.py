@@ -52,7 +52,7 @@ from engine.operators.map import MapOperator, Pending
 from engine.options import ExecutionOptions
 from engine.resources import ResourceLedger
 from engine.scheduler import Candidate, pick
-from engine.task import TaskResult, TaskSpec, describe_error, run_task
+from engine.task import TaskResult, TaskSpec, configs_of, describe_error, run_task
 from engine.transform import UDFFailure
 
 log = logging.getLogger("dataflow.ray")
@@ -181,7 +181,8 @@ class _PoolActor:
         self.error: BaseException | None = None
         try:
             self.transform = _load(digest, transform)
-            self.transform.prepare()
+            with configs_of(self.transform):  # (a UDF's constructor may read them)
+                self.transform.prepare()
         except Exception as err:  # reported with the first task, as the UDF's own error
             self.error = err
 

@@ -8,6 +8,8 @@ inline slot, which is what keeps the two execution modes semantically identical.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import sys
 import time
@@ -174,8 +176,32 @@ def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
             yield from _read(item)
 
 
+_CONFIGS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("dataflow_task_configs", default=None)
+
+
+def task_configs() -> dict[str, Any] | None:
+    """The key-value settings of the execution whose task runs in this thread
+    (``TaskTransform.configs``, an empty dict when it has none), or None outside a task."""
+    return _CONFIGS.get()
+
+
+@contextlib.contextmanager
+def configs_of(transform: TaskTransform) -> Iterator[None]:
+    """``transform.configs`` are ``task_configs()`` in this thread within the block."""
+    token = _CONFIGS.set(transform.configs or {})
+    try:
+        yield
+    finally:
+        _CONFIGS.reset(token)
+
+
 def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:
     """Run ``spec`` to completion; failures come back as ``TaskResult.error``, never raised."""
+    with configs_of(transform):
+        return _run_task(spec, transform, store)
+
+
+def _run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:
     start, cpu_start = time.perf_counter(), time.process_time()
     io_start = _io_counters()
     result = TaskResult(spec.task_id)

@@ -205,6 +205,9 @@ class TaskTransform:
     name: str = "Transform"
     max_retries: int | None = None
     """Retries of a task whose worker died (-1: no limit); None: the execution's ``max_task_attempts``."""
+    configs: dict[str, Any] | None = None
+    """The key-value settings of the driver's context (``DataContext.set_config``) as the
+    execution started; its tasks see them (``engine.task.task_configs``)."""
 
     def prepare(self) -> None:
         """Construct what is costly once per worker (an actor's callable class)."""

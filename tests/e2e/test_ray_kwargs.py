@@ -203,6 +203,48 @@ def test_execution_options_are_mutable_as_in_ray(mode):
         ctx.execution_options.label_selector = {"a": "b"}
 
 
+class _ReadsConfigAtStart:
+    def __init__(self) -> None:
+        self.at_start = dataflow.DataContext.get_current().get_config("test.threshold", "unset")
+
+    def __call__(self, batch):
+        n = len(batch["id"])
+        return {"id": batch["id"], "at_start": [self.at_start] * n,
+                "now": [dataflow.DataContext.get_current().get_config("test.threshold", "unset")] * n}
+
+
+def test_data_context_key_value_configs_reach_every_task(mode, tmp_path):
+    """Ray's ``set_config``/``get_config``/``remove_config``/``copy``: UDFs, actors' constructors
+    and writers in any process see the driver's values as each execution started."""
+    ctx = dataflow.DataContext.get_current()
+    ds = dataflow.range(8, override_num_blocks=4)
+
+    def seen(batch):
+        return {"v": [dataflow.DataContext.get_current().get_config("test.threshold", "unset")] * len(batch["id"])}
+
+    try:
+        ctx.set_config("test.threshold", {"limit": 7})
+        assert ctx.get_config("test.threshold") == {"limit": 7} and ctx.get_config("other", 3) == 3
+        assert {r["v"]["limit"] for r in ds.map_batches(seen).take_all()} == {7}
+        pooled = ds.map_batches(_ReadsConfigAtStart, concurrency=1).take_all()
+        assert {(r["at_start"]["limit"], r["now"]["limit"]) for r in pooled} == {(7, 7)}
+        ds.map_batches(seen).write_parquet(str(tmp_path / "out"))
+        written = dataflow.read_parquet(str(tmp_path / "out")).take_all()
+        assert len(written) == 8 and {r["v"]["limit"] for r in written} == {7}
+        ctx.set_config("test.threshold", 8)  # the next execution sees the new value
+        assert {r["v"] for r in ds.map_batches(seen).take_all()} == {8}
+        copied = ctx.copy()
+        copied.set_config("test.threshold", 9)
+        copied.execution_options.preserve_order = not ctx.execution_options.preserve_order
+        assert ctx.get_config("test.threshold") == 8 and copied.get_config("test.threshold") == 9
+        assert copied.execution_options.preserve_order != ctx.execution_options.preserve_order
+        ctx.remove_config("test.threshold")
+        ctx.remove_config("test.threshold")  # (not set: nothing happens)
+        assert {r["v"] for r in ds.map_batches(seen).take_all()} == {"unset"}
+    finally:
+        ctx.remove_config("test.threshold")
+
+
 def test_data_context_settings_are_honoured_or_refused(mode):
     ctx = dataflow.DataContext.get_current()
     ctx.target_max_block_size = 8_000  # 1000 int64 rows

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,6 +205,9 @@ class LanceDatasink(Datasink):
     max_rows_per_file: int = DEFAULT_MAX_ROWS_PER_FILE
     data_storage_version: str | None = None
     storage_options: dict[str, str] | None = None
+    table_id: list[str] | None = None
+    namespace_impl: str | None = None
+    namespace_properties: dict[str, str] | None = None
     _read_version: int | None = field(default=None, init=False)
     _exists: bool = field(default=False, init=False)
     committed_version: int | None = field(default=None, init=False)
@@ -219,6 +223,29 @@ class LanceDatasink(Datasink):
         if self.min_rows_per_file > self.max_rows_per_file:
             raise ValueError(f"min_rows_per_file ({self.min_rows_per_file}) > max_rows_per_file ({self.max_rows_per_file})")
         import_extra("lance", "write_lance")
+        if self.namespace_impl is not None or self.table_id is not None:
+            self._declare_in_namespace()
+
+    def _declare_in_namespace(self) -> None:
+        """Ray's namespace write: the table ``table_id`` is declared in the Lance namespace
+        (``lance_namespace.connect(namespace_impl, namespace_properties)``), which gives its
+        location (``path`` is then ignored, with a warning as in Ray) and maybe storage options."""
+        if self.namespace_impl is None or not self.table_id:
+            raise ValueError("write_lance: table_id and namespace_impl go together (the table's id in "
+                             "the namespace namespace_impl connects to); pass both, or neither and a path")
+        if self.mode != "create":
+            raise ValueError("Namespace writes currently only support mode='create'. Use mode='create' for now.")
+        namespaces = import_extra("lance_namespace", "write_lance(namespace_impl=...)")
+        namespace = namespaces.connect(self.namespace_impl, dict(self.namespace_properties or {}))
+        warnings.warn("The 'uri' argument is ignored when namespace parameters are provided. The resolved "
+                      "namespace location will be used instead.", UserWarning, stacklevel=4)
+        try:
+            response = namespace.declare_table(namespaces.DeclareTableRequest(id=list(self.table_id), location=None))
+        except (AttributeError, NotImplementedError):  # an implementation older than declare_table
+            response = namespace.create_empty_table(namespaces.CreateEmptyTableRequest(id=list(self.table_id)))
+        self.path = str(response.location)
+        if response.storage_options:
+            self.storage_options = {**(self.storage_options or {}), **response.storage_options}
 
     def get_name(self) -> str:
         """``WriteLance``."""

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 EXTRAS = {
     "lance": ("pylance", "lance"),
+    "lance_namespace": ("lance-namespace", "lance"),
     "deltalake": ("deltalake", "delta"),
     "pyiceberg": ("pyiceberg", "iceberg"),
 }

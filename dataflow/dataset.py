@@ -862,19 +862,26 @@ class Dataset:
         max_rows_per_file: int = 64 * 1024 * 1024,
         data_storage_version: str | None = None,
         storage_options: dict[str, str] | None = None,
+        table_id: list[str] | None = None,
+        namespace_impl: str | None = None,
+        namespace_properties: dict[str, str] | None = None,
         ray_remote_args: dict[str, Any] | None = None,
         concurrency: int | None = None,
     ) -> None:
         """Write a Lance dataset (needs the ``lance`` extra): tasks write fragments, one commit at the end.
 
         ``mode``: ``"create"``, ``"append"`` or ``"overwrite"``. A failed job commits nothing, so
-        the dataset keeps its versions and rows. See ``connectors.lance_format.LanceDatasink``.
+        the dataset keeps its versions and rows. With ``table_id`` and ``namespace_impl`` (and
+        ``namespace_properties``), as in Ray, the table is declared in that Lance namespace, which
+        gives its location (``path`` is ignored) and storage options; only ``mode="create"``
+        then. See ``connectors.lance_format.LanceDatasink``.
         """
         from connectors.lance_format import LanceDatasink
 
         self.write_datasink(LanceDatasink(
             path, schema=schema, mode=mode, min_rows_per_file=min_rows_per_file, max_rows_per_file=max_rows_per_file,
-            data_storage_version=data_storage_version, storage_options=storage_options,
+            data_storage_version=data_storage_version, storage_options=storage_options, table_id=table_id,
+            namespace_impl=namespace_impl, namespace_properties=namespace_properties,
         ), ray_remote_args=ray_remote_args, concurrency=concurrency)
 
     def write_delta(

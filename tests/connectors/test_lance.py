@@ -111,6 +111,29 @@ def test_modes_checked_before_anything_runs(lance_path, tmp_path):
         dataflow.read_lance(lance_path, columns=["nope"])
 
 
+def test_write_into_a_lance_namespace_as_ray(mode, tmp_path):
+    """Ray's ``write_lance(table_id=, namespace_impl=, namespace_properties=)``: the table is
+    declared in the namespace, which places it (``path`` is ignored, with Ray's warning);
+    only ``mode="create"``; the two arguments go together; a second create of the table fails."""
+    root = str(tmp_path / "ns")
+    ns = {"namespace_impl": "dir", "namespace_properties": {"root": root}}
+    ds = dataflow.from_arrow(_table(300)).repartition(3)
+    with pytest.warns(UserWarning, match="'uri' argument is ignored"):
+        ds.write_lance(str(tmp_path / "ignored.lance"), table_id=["events"], **ns)
+    assert not (tmp_path / "ignored.lance").exists()
+    dataset = lance.dataset(str(tmp_path / "ns" / "events.lance"))
+    assert dataset.count_rows() == 300 and _sorted_ids(dataset.to_table().to_pylist()) == list(range(300))
+    with pytest.raises(ValueError, match="only support mode='create'"):
+        ds.write_lance(str(tmp_path / "x"), table_id=["other"], mode="append", **ns)
+    with pytest.raises(ValueError, match="table_id and namespace_impl go together"):
+        ds.write_lance(str(tmp_path / "x"), namespace_impl="dir")
+    with pytest.raises(ValueError, match="table_id and namespace_impl go together"):
+        ds.write_lance(str(tmp_path / "x"), table_id=["other"])
+    with pytest.warns(UserWarning), pytest.raises(Exception, match="events"):
+        ds.write_lance(str(tmp_path / "x"), table_id=["events"], **ns)
+    assert lance.dataset(str(tmp_path / "ns" / "events.lance")).count_rows() == 300
+
+
 def test_append_takes_the_dataset_types(lance_path):
     with dataflow.options(execution_mode="local"):
         # int32 ids are cast to the dataset's int64

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from connectors import retry
+from engine import serialization
 from engine.options import ExecutionOptions
 from engine.task import task_configs
 
@@ -211,8 +212,18 @@ class DataContext:
         self._kv_configs.pop(key, None)
 
     def kv_configs(self) -> dict[str, Any]:
-        """A copy of the key-value settings, as an execution hands them to its tasks."""
-        return dict(self._kv_configs)
+        """A copy of the key-value settings, as an execution hands them to its tasks (pickled,
+        for worker processes: a value that cannot be is a ``TypeError`` naming its key, in
+        every execution mode alike)."""
+        configs = dict(self._kv_configs)
+        for key, value in configs.items():
+            try:
+                serialization.dumps(value)
+            except Exception as err:
+                msg = (f"DataContext config {key!r} (set_config) cannot be pickled, and every task of the "
+                       f"dataset gets the context's configs: {type(err).__name__}: {err}")
+                raise TypeError(msg) from err
+        return configs
 
     def copy(self) -> DataContext:
         """A deep copy (Ray's ``DataContext.copy``): changing it leaves this context alone."""

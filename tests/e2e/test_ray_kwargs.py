@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -241,8 +242,12 @@ def test_data_context_key_value_configs_reach_every_task(mode, tmp_path):
         ctx.remove_config("test.threshold")
         ctx.remove_config("test.threshold")  # (not set: nothing happens)
         assert {r["v"] for r in ds.map_batches(seen).take_all()} == {"unset"}
+        ctx.set_config("test.lock", threading.Lock())  # tasks get the configs pickled
+        with pytest.raises(TypeError, match=r"config 'test.lock' .*cannot be pickled"):
+            ds.map_batches(seen).take_all()
     finally:
         ctx.remove_config("test.threshold")
+        ctx.remove_config("test.lock")
 
 
 def test_data_context_settings_are_honoured_or_refused(mode):

@@ -299,9 +299,11 @@ def compile_plan(
     output: str = OUTPUT_BLOCKS,
     sink: Any = None,
     configs: dict[str, Any] | None = None,
+    error_retries: Any = None,
 ) -> list[PhysicalOperator]:
     """Engine operators for ``node``, in topological order (the last is the output).
-    ``configs``: the context's key-value settings, which every task of the execution sees."""
+    ``configs``: the context's key-value settings, which every task of the execution sees;
+    ``error_retries``: an ``engine.task.ErrorRetries`` every task follows."""
     options.check()
     c = _Compiler(options)
     last = c.build(node)
@@ -335,8 +337,8 @@ def compile_plan(
             last.name = f"{last.name}->Write[{sink.get_name()}]"
             last.stats.name = last.name
             last.min_rows_per_task = getattr(sink, "min_rows_per_write", None)
-    if configs:
-        for op in c.ops:
-            if getattr(op, "transform", None) is not None:
-                op.transform.configs = dict(configs)  # type: ignore[attr-defined]
+    for op in c.ops if configs or error_retries is not None else ():
+        if getattr(op, "transform", None) is not None:
+            op.transform.configs = dict(configs) if configs else None  # type: ignore[attr-defined]
+            op.transform.error_retries = error_retries  # type: ignore[attr-defined]
     return c.ops

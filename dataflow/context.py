@@ -26,7 +26,7 @@ from typing import Any
 from connectors import retry
 from engine import serialization
 from engine.options import ExecutionOptions
-from engine.task import task_configs
+from engine.task import ErrorRetries, task_configs
 
 EXECUTION_MODES = ("streaming", "local", "ray")
 PROGRESS_MODES = ("auto", "rich", "log", "off")
@@ -132,6 +132,14 @@ class DataContext:
     the errors dataflow retries anyway (timeouts, resets, throttling, 5xx)."""
     write_file_retry_on_errors: list[str] = field(default_factory=lambda: list(DEFAULT_WRITE_FILE_RETRY_ON_ERRORS))
     """Ray's setting: the same for the writing of files."""
+    retried_map_errors: bool | list[str] = False
+    """Ray's setting: a task whose UDF (map, read, exchange; not a write) raised runs again from
+    its first input, in the same worker after Ray's random backoff, when this is True (any
+    error) or a list of patterns one of which the error's ``"Type: message"`` holds (as a
+    substring, or a regular expression). At most ``max_map_retries`` more times; the error that
+    is finally raised says how many attempts were made."""
+    max_map_retries: int = 0
+    """Ray's setting: how many more runs ``retried_map_errors`` allows a task (0: none)."""
     _kv_configs: dict[str, Any] = field(default_factory=dict)
     _current: Any = None
 
@@ -224,6 +232,19 @@ class DataContext:
                        f"dataset gets the context's configs: {type(err).__name__}: {err}")
                 raise TypeError(msg) from err
         return configs
+
+    def map_error_retries(self) -> ErrorRetries | None:
+        """``retried_map_errors`` and ``max_map_retries`` as the engine takes them (None: no
+        retries), checked."""
+        errors, count = self.retried_map_errors, self.max_map_retries
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"max_map_retries must be an int >= 0, got {count!r}")
+        if not isinstance(errors, bool) and (
+                not isinstance(errors, (list, tuple)) or not all(isinstance(p, str) for p in errors)):
+            raise ValueError(f"retried_map_errors must be True, False or a list of patterns (str), got {errors!r}")
+        if count == 0 or errors is False or (not isinstance(errors, bool) and not errors):
+            return None
+        return ErrorRetries(None if errors is True else tuple(errors), count)
 
     def copy(self) -> DataContext:
         """A deep copy (Ray's ``DataContext.copy``): changing it leaves this context alone."""

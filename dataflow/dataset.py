@@ -80,7 +80,8 @@ class Dataset:
         options = backend.execution_options(options)
         logical = plan or self._plan
         _check_pinned_reads(logical, backend)
-        ops = compile_plan(logical if optimized else optimize(logical), options, output, sink, ctx.kv_configs())
+        ops = compile_plan(logical if optimized else optimize(logical), options, output, sink, ctx.kv_configs(),
+                           ctx.map_error_retries())
         handle = backend.execute(ops, options)
         self._run_index += 1
         self._last_handle = handle

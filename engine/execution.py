@@ -467,6 +467,8 @@ def _user_error(op: MapOperator, result: TaskResult) -> BaseException:
     files = err.input_files
     reading = f", input file{'s' if len(files) > 1 else ''} {', '.join(files[:3])}{'...' if len(files) > 3 else ''}" if files else ""
     context = err.context or f"(operator {op.name}{reading})"
+    if err.attempts > 1:
+        context += f" after {err.attempts} attempts (DataContext.retried_map_errors)"
     return make_user_error(err.udf_name, cause, err.exc_type, err.rendered_traceback(), context)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import random
+import re
 import sys
 import time
 import traceback
@@ -72,6 +74,8 @@ class TaskError:
     """The last lines of the traceback: the exception's type and message."""
     input_files: tuple[str, ...] = ()
     """The files the task was reading when it failed, when it read files."""
+    attempts: int = 1
+    """How many times the task ran in its worker before this error (``ErrorRetries``)."""
 
     def rendered_traceback(self) -> str:
         """The traceback as this process prints it: a source line the worker could not read
@@ -195,10 +199,55 @@ def configs_of(transform: TaskTransform) -> Iterator[None]:
         _CONFIGS.reset(token)
 
 
+@dataclass(frozen=True)
+class ErrorRetries:
+    """Ray's ``retried_map_errors`` and ``max_map_retries``: a task whose user code raised an
+    error that matches is run again from its first input, up to ``max_retries`` more times, in
+    the same worker, after Ray's backoff (a random part of ``2 ** attempt`` seconds, at most
+    ``MAX_BACKOFF_S``). ``patterns`` None: any error; else one of them is found in the error's
+    ``"Type: message"`` as a substring, or as a regular expression. A write task is never run
+    again (what it wrote before failing could be written twice)."""
+
+    patterns: tuple[str, ...] | None
+    max_retries: int
+
+    MAX_BACKOFF_S = 32.0
+
+    def matches(self, error: TaskError) -> bool:
+        if not error.user_code:
+            return False
+        if self.patterns is None:
+            return True
+        text = f"{error.exc_type}: {error.message}"
+        return any(pattern in text or _searches(pattern, text) for pattern in self.patterns)
+
+    def backoff_s(self, attempt: int) -> float:
+        """The wait before run number ``attempt + 1`` (``attempt`` >= 1), as Ray's."""
+        return min(2.0 ** attempt, self.MAX_BACKOFF_S) * random.random()
+
+
+def _searches(pattern: str, text: str) -> bool:
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        return False
+
+
 def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:
-    """Run ``spec`` to completion; failures come back as ``TaskResult.error``, never raised."""
+    """Run ``spec`` to completion; failures come back as ``TaskResult.error``, never raised.
+    A user error that ``transform.error_retries`` matches runs the task again (not a write)."""
     with configs_of(transform):
-        return _run_task(spec, transform, store)
+        result = _run_task(spec, transform, store)
+        retries = transform.error_retries
+        attempts = 1
+        while (result.error is not None and retries is not None and spec.output != OUTPUT_WRITE
+               and attempts <= retries.max_retries and retries.matches(result.error)):
+            time.sleep(retries.backoff_s(attempts))
+            attempts += 1
+            result = _run_task(spec, transform, store)
+        if result.error is not None:
+            result.error.attempts = attempts
+        return result
 
 
 def _run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:

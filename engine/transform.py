@@ -208,6 +208,8 @@ class TaskTransform:
     configs: dict[str, Any] | None = None
     """The key-value settings of the driver's context (``DataContext.set_config``) as the
     execution started; its tasks see them (``engine.task.task_configs``)."""
+    error_retries: Any = None
+    """An ``engine.task.ErrorRetries``: which user errors run a task again, how many times."""
 
     def prepare(self) -> None:
         """Construct what is costly once per worker (an actor's callable class)."""

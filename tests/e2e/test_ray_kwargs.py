@@ -250,6 +250,53 @@ def test_data_context_key_value_configs_reach_every_task(mode, tmp_path):
         ctx.remove_config("test.lock")
 
 
+def test_retried_map_errors_run_a_failing_task_again(mode, tmp_path):
+    """Ray's ``retried_map_errors`` and ``max_map_retries``: a task whose UDF raised a matching
+    error runs again (in any process), without losing or repeating rows; other errors, and
+    the last of too many, reach the caller saying how many attempts were made."""
+    ctx = dataflow.DataContext.get_current()
+    marks = tmp_path / "marks"
+    ds = dataflow.range(20, override_num_blocks=2)
+
+    def fails_once_per_block(batch):
+        mark = marks / str(int(batch["id"][0]))
+        if not mark.exists():
+            mark.touch()
+            raise ConnectionError(f"429 rate limited on block {int(batch['id'][0])}")
+        return batch
+
+    def always(batch):
+        raise ValueError("rate limited for good")
+
+    try:
+        marks.mkdir()
+        with pytest.raises(ConnectionError, match="rate limited"):  # Ray's default: no retries
+            ds.map_batches(fails_once_per_block).take_all()
+        for mark in marks.iterdir():
+            mark.unlink()
+        ctx.retried_map_errors, ctx.max_map_retries = [r"\b429\b"], 1  # a regular expression
+        assert sorted(r["id"] for r in ds.map_batches(fails_once_per_block).take_all()) == list(range(20))
+        assert len(list(marks.iterdir())) == 2
+        for mark in marks.iterdir():
+            mark.unlink()
+        ctx.retried_map_errors = ["Timeout"]  # matches neither the type nor the message
+        with pytest.raises(ConnectionError) as info:
+            ds.map_batches(fails_once_per_block).take_all()
+        assert "attempts" not in str(info.value)
+        ctx.retried_map_errors = True
+        with pytest.raises(ValueError, match="rate limited for good") as info:
+            ds.map_batches(always).take_all()
+        assert "after 2 attempts (DataContext.retried_map_errors)" in str(info.value)
+        ctx.max_map_retries = -1
+        with pytest.raises(ValueError, match="max_map_retries must be an int >= 0"):
+            ds.take_all()
+        ctx.max_map_retries, ctx.retried_map_errors = 1, "Timeout"
+        with pytest.raises(ValueError, match="retried_map_errors must be True, False or a list"):
+            ds.take_all()
+    finally:
+        ctx.retried_map_errors, ctx.max_map_retries = False, 0
+
+
 def test_data_context_settings_are_honoured_or_refused(mode):
     ctx = dataflow.DataContext.get_current()
     ctx.target_max_block_size = 8_000  # 1000 int64 rows

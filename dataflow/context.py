@@ -74,6 +74,12 @@ _RAY_SETTINGS_NOT_HERE = {
     "verbose_stats_logs": "Dataset.stats() always gives every operator's details",
     "enable_auto_log_stats": "each execution logs its summary line; Dataset.stats() gives the rest",
     "enable_rich_progress_bars": "set progress_mode ('rich', 'log', 'off' or 'auto')",
+    "raise_original_map_exception": "a UDF's error already reaches the caller as an instance of its own "
+    "type (except ValueError catches it), with the original exception as its __cause__",
+    "execution_no_progress_timeout_s": "set execution_options.task_timeout_s to fail a task that runs "
+    "too long (a hung UDF); every other wait in the engine is bounded",
+    "use_polars": "dataflow picks its kernels itself (polars where it is faster, as for wide integer sort keys)",
+    "use_polars_sort": "dataflow picks its kernels itself (polars where it is faster, as for wide integer sort keys)",
 }
 
 
@@ -109,6 +115,9 @@ class DataContext:
     otherwise), "rich", "log" or "off". ``enable_progress_bars = False`` sets "off"."""
     enable_operator_progress_bars: bool = True
     """Ray's setting: a line per operator under each execution's bar (False: the bar only)."""
+    print_on_execution_start: bool = True
+    """Ray's setting: each execution logs a line naming its operators when it starts (logger
+    ``dataflow.execution``); False leaves it out (the line at its end stays)."""
     progress_log_interval_s: float = 10.0
     """In "log" mode, how often the lines of a running execution are logged."""
     shared_filesystem_paths: tuple[str, ...] = field(default_factory=env_shared_paths)

@@ -414,7 +414,8 @@ class ProgressManager:
         ctx = ctx or DataContext.get_current()
         first = handle.progress()
         label = f"{name or 'dataset'} #{first.execution_id}"
-        execution_log.info("%s started: %s", label, " -> ".join(op.name for op in first.operators))
+        if ctx.print_on_execution_start:
+            execution_log.info("%s started: %s", label, " -> ".join(op.name for op in first.operators))
         kind = resolve_mode(
             ctx.progress_mode,
             terminal=_stderr_is_terminal(),

@@ -177,6 +177,26 @@ def test_only_the_execution_line_without_operator_lines(mode, log_progress, capl
     assert lines and not any("MapBatches(_sleepy):" in line for line in lines)
 
 
+def test_print_on_execution_start_false_leaves_out_the_start_line(mode, caplog):
+    """Ray's ``print_on_execution_start``: False leaves out the line naming the operators when
+    an execution starts; the line at its end stays."""
+    ctx = dataflow.DataContext.get_current()
+    try:
+        for value in (True, False):
+            ctx.print_on_execution_start = value
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="dataflow.execution"):
+                assert dataflow.range(100).map_batches(lambda b: b).count() == 100
+                _wait_until_ended()
+            lines = [r.getMessage() for r in caplog.records if r.name == "dataflow.execution"]
+            assert any("started: ReadRange" in line for line in lines) == value
+            assert any("finished in" in line for line in lines)
+    finally:
+        ctx.print_on_execution_start = True
+    with pytest.raises(AttributeError, match=r"raise_original_map_exception.*own type"):
+        ctx.raise_original_map_exception = True
+
+
 @pytest.mark.parametrize("verbose", [False, True])
 def test_execution_options_verbose_progress_decides_the_operator_lines(mode, log_progress, caplog, verbose):
     """Ray's ``execution_options.verbose_progress`` over the context's setting, either way."""

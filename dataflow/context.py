@@ -78,6 +78,8 @@ _RAY_SETTINGS_NOT_HERE = {
     "type (except ValueError catches it), with the original exception as its __cause__",
     "execution_no_progress_timeout_s": "set execution_options.task_timeout_s to fail a task that runs "
     "too long (a hung UDF); every other wait in the engine is bounded",
+    "wait_for_min_actors_s": "an actor pool no node can hold fails at once (ResourceError), and one whose "
+    "constructor raises fails with that error; set execution_options.worker_start_timeout_s for slow starts",
     "use_polars": "dataflow picks its kernels itself (polars where it is faster, as for wide integer sort keys)",
     "use_polars_sort": "dataflow picks its kernels itself (polars where it is faster, as for wide integer sort keys)",
 }

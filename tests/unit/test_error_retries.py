@@ -1,0 +1,41 @@
+"""Which task errors ``retried_map_errors`` runs again, and Ray's backoff (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataflow import DataContext
+from engine.task import ErrorRetries, TaskError
+
+
+def _error(exc_type: str, message: str, user_code: bool = True) -> TaskError:
+    return TaskError("f", exc_type, message, "", None, user_code)
+
+
+def test_patterns_match_the_type_or_the_message_as_substring_or_regex():
+    retries = ErrorRetries(("RateLimitError", r"\b5\d\d\b", "[unclosed"), 2)
+    assert retries.matches(_error("RateLimitError", "slow down"))
+    assert retries.matches(_error("HTTPError", "server said 503"))
+    assert not retries.matches(_error("HTTPError", "server said 5030"))
+    assert retries.matches(_error("ValueError", "bad [unclosed bracket"))  # as a substring
+    assert not retries.matches(_error("ValueError", "nothing here"))  # (an invalid regex matches nothing else)
+    assert not retries.matches(_error("RateLimitError", "slow down", user_code=False))  # the engine's own
+    assert ErrorRetries(None, 1).matches(_error("KeyError", "'x'"))
+
+
+def test_backoff_is_rays_bounded_and_random():
+    retries = ErrorRetries(None, 10)
+    waits = [retries.backoff_s(attempt) for attempt in (1, 2, 3, 9) for _ in range(50)]
+    assert all(w >= 0 for w in waits) and max(waits) <= ErrorRetries.MAX_BACKOFF_S
+    assert max(retries.backoff_s(1) for _ in range(50)) <= 2.0
+    assert len({round(w, 6) for w in waits}) > 100
+
+
+@pytest.mark.parametrize(("errors", "count", "expected"), [
+    (False, 3, None), (True, 0, None), ([], 3, None),
+    (True, 2, ErrorRetries(None, 2)), (["429"], 1, ErrorRetries(("429",), 1)),
+])
+def test_the_context_settings_as_the_engine_takes_them(errors, count, expected):
+    ctx = DataContext()
+    ctx.retried_map_errors, ctx.max_map_retries = errors, count
+    assert ctx.map_error_retries() == expected

@@ -137,7 +137,8 @@ class ReadAll:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(min(self.threads, len(self.tasks)), thread_name_prefix="read") as pool:
-            futures = [pool.submit(lambda t=task: list(_read(t))) for task in self.tasks]
+            # each read in a copy of this thread's context: the task's configs (task_configs) hold there too
+            futures = [pool.submit(contextvars.copy_context().run, lambda t=task: list(_read(t))) for task in self.tasks]
             try:
                 for future in futures:
                     yield from future.result()

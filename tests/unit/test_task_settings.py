@@ -1,4 +1,5 @@
-"""Which task errors ``retried_map_errors`` runs again, and Ray's backoff (no processes)."""
+"""What a task takes from the DataContext: which errors ``retried_map_errors`` runs again, Ray's
+backoff, and the configs its reads see on threads (no processes)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,24 @@ def test_the_context_settings_as_the_engine_takes_them(errors, count, expected):
     ctx = DataContext()
     ctx.retried_map_errors, ctx.max_map_retries = errors, count
     assert ctx.map_error_retries() == expected
+
+
+def test_reads_on_threads_see_the_tasks_configs():
+    """A task that reads several files at once (``ReadAll`` on threads) gives its read tasks
+    the execution's ``DataContext`` configs too, as a read on the task's own thread gets."""
+    import pyarrow as pa
+
+    from engine.task import ReadAll, configs_of, task_configs
+
+    class Transform:
+        configs = {"k": 7}
+
+    class Read:
+        def __call__(self):
+            yield pa.table({"k": [(task_configs() or {}).get("k")]})
+
+    with configs_of(Transform()):  # type: ignore[arg-type]
+        for threads in (1, 2):
+            tables = list(ReadAll([Read(), Read(), Read()], threads=threads)())
+            assert [t["k"][0].as_py() for t in tables] == [7, 7, 7]
+    assert task_configs() is None

@@ -300,10 +300,12 @@ def compile_plan(
     sink: Any = None,
     configs: dict[str, Any] | None = None,
     error_retries: Any = None,
+    init_retries: int = 0,
 ) -> list[PhysicalOperator]:
     """Engine operators for ``node``, in topological order (the last is the output).
     ``configs``: the context's key-value settings, which every task of the execution sees;
-    ``error_retries``: an ``engine.task.ErrorRetries`` every task follows."""
+    ``error_retries``: an ``engine.task.ErrorRetries`` every task follows; ``init_retries``:
+    how many more times a callable class's constructor that raised is called (-1: no limit)."""
     options.check()
     c = _Compiler(options)
     last = c.build(node)
@@ -337,8 +339,10 @@ def compile_plan(
             last.name = f"{last.name}->Write[{sink.get_name()}]"
             last.stats.name = last.name
             last.min_rows_per_task = getattr(sink, "min_rows_per_write", None)
-    for op in c.ops if configs or error_retries is not None else ():
-        if getattr(op, "transform", None) is not None:
-            op.transform.configs = dict(configs) if configs else None  # type: ignore[attr-defined]
-            op.transform.error_retries = error_retries  # type: ignore[attr-defined]
+    for op in c.ops if configs or error_retries is not None or init_retries else ():
+        transform = getattr(op, "transform", None)
+        if transform is not None:
+            transform.configs = dict(configs) if configs else None
+            transform.error_retries = error_retries
+            transform.init_retries = init_retries
     return c.ops

@@ -10,8 +10,10 @@ Environment variables: ``DATAFLOW_EXECUTION_MODE`` ("streaming" | "local"), ``DA
 ``DATAFLOW_METRICS_HOST`` (``dataflow.metrics``).
 
 Ray Data's settings that mean something here are honoured (``target_max_block_size``,
-``execution_options.preserve_order``, ``execution_options.resource_limits``...); setting any
-other name raises ``AttributeError`` instead of being silently kept and ignored.
+``execution_options.preserve_order``, ``execution_options.resource_limits``...). Those that
+only tune Ray's own machinery are kept and do nothing, with a warning that says why; the rest
+raise ``AttributeError`` saying why and what to use (``dataflow.ray_settings``), as does any
+other name, instead of being silently kept and ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from connectors import retry
+from dataflow import ray_settings
 from engine import serialization
 from engine.options import ExecutionOptions
 from engine.task import ErrorRetries, task_configs
@@ -57,32 +60,6 @@ def env_metrics_address() -> tuple[str, int] | None:
     if not port:
         return None
     return os.environ.get("DATAFLOW_METRICS_HOST") or "127.0.0.1", int(port)
-
-
-_RAY_SETTINGS_NOT_HERE = {
-    # Ray Data settings scripts set, and why each has no meaning here (refused, never ignored)
-    "shuffle_strategy": "Ray's choice of shuffle algorithm: dataflow's exchanges have one, map tasks "
-    "partitioning and merges pushed as partitions arrive",
-    "use_push_based_shuffle": "Ray's older name for its shuffle choice: dataflow's exchanges have one, "
-    "map tasks partitioning and merges pushed as partitions arrive",
-    "target_min_block_size": "small blocks are bundled into tasks of min_task_input_bytes "
-    "(execution_options), not merged into bigger blocks",
-    "read_op_min_num_blocks": "pass override_num_blocks to the read instead",
-    "enable_pandas_block": "blocks are always Arrow tables here",
-    "enable_tensor_extension_casting": "tensor columns are Arrow's own types here (fixed_shape_tensor, "
-    "fixed_size_list for one dimension): there is no Ray tensor extension to cast to",
-    "verbose_stats_logs": "Dataset.stats() always gives every operator's details",
-    "enable_auto_log_stats": "each execution logs its summary line; Dataset.stats() gives the rest",
-    "enable_rich_progress_bars": "set progress_mode ('rich', 'log', 'off' or 'auto')",
-    "raise_original_map_exception": "a UDF's error already reaches the caller as an instance of its own "
-    "type (except ValueError catches it), with the original exception as its __cause__",
-    "execution_no_progress_timeout_s": "set execution_options.task_timeout_s to fail a task that runs "
-    "too long (a hung UDF); every other wait in the engine is bounded",
-    "wait_for_min_actors_s": "an actor pool no node can hold fails at once (ResourceError), and one whose "
-    "constructor raises fails with that error; set execution_options.worker_start_timeout_s for slow starts",
-    "use_polars": "dataflow picks its kernels itself (polars where it is faster, as for wide integer sort keys)",
-    "use_polars_sort": "dataflow picks its kernels itself (polars where it is faster, as for wide integer sort keys)",
-}
 
 
 DEFAULT_RETRIED_IO_ERRORS = (
@@ -151,7 +128,16 @@ class DataContext:
     is finally raised says how many attempts were made."""
     max_map_retries: int = 0
     """Ray's setting: how many more runs ``retried_map_errors`` allows a task (0: none)."""
+    actor_init_retry_on_errors: bool = False
+    """Ray's setting: True calls a callable class's constructor (an actor's, or a task's) that
+    raised again, in the same worker, up to ``actor_init_max_retries`` more times before its
+    error fails the task. Read when an execution starts."""
+    actor_init_max_retries: int = 3
+    """Ray's setting: how many more constructor calls ``actor_init_retry_on_errors`` allows
+    (-1: until one succeeds)."""
     _kv_configs: dict[str, Any] = field(default_factory=dict)
+    _ray_only: dict[str, Any] = field(default_factory=dict)
+    """Ray settings that do nothing here (``dataflow.ray_settings.WITHOUT_EFFECT``), as set."""
     _current: Any = None
 
     def __post_init__(self) -> None:
@@ -160,15 +146,25 @@ class DataContext:
             raise ValueError(msg)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in ray_settings.WITHOUT_EFFECT:
+            self._ray_only[name] = value
+            ray_settings.note_without_effect(name, value)
+            return
         if name not in _FIELD_NAMES and not isinstance(getattr(type(self), name, None), property):
             settings = sorted(n for n in (*_FIELD_NAMES, *_PROPERTIES) if not n.startswith("_"))
-            why = _RAY_SETTINGS_NOT_HERE.get(name, "a Ray Data setting dataflow does not have, or a typo")
+            why = ray_settings.REFUSED.get(name, "a Ray Data setting dataflow does not have, or a typo")
             msg = f"DataContext has no setting {name!r} ({why}); its settings are {settings}, and execution_options' fields"
             raise AttributeError(msg, name=name, obj=self)
         if name == "progress_mode" and value not in PROGRESS_MODES:
             msg = f"progress_mode (DATAFLOW_PROGRESS) must be one of {PROGRESS_MODES}, got {value!r}"
             raise ValueError(msg)
         object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        # only names not found otherwise: Ray's settings that do nothing here read back as set
+        if name in ray_settings.WITHOUT_EFFECT:
+            return self.__dict__.get("_ray_only", {}).get(name, ray_settings.WITHOUT_EFFECT[name][0])
+        raise AttributeError(f"'DataContext' object has no attribute {name!r}", name=name, obj=self)
 
     @property
     def target_max_block_size(self) -> int:
@@ -213,6 +209,27 @@ class DataContext:
             self.progress_mode = "off"
         elif self.progress_mode == "off":
             self.progress_mode = "auto"
+
+    @property
+    def enable_rich_progress_bars(self) -> bool:
+        """Ray's setting: True draws progress with rich (``progress_mode = "rich"``); False
+        turns a "rich" back to "auto"."""
+        return self.progress_mode == "rich"
+
+    @enable_rich_progress_bars.setter
+    def enable_rich_progress_bars(self, value: bool) -> None:
+        if value:
+            self.progress_mode = "rich"
+        elif self.progress_mode == "rich":
+            self.progress_mode = "auto"
+
+    def actor_init_retries(self) -> int:
+        """How many more times a constructor that raised is called (``actor_init_retry_on_errors``
+        and ``actor_init_max_retries``; -1: no limit), checked."""
+        count = self.actor_init_max_retries
+        if isinstance(count, bool) or not isinstance(count, int) or count < -1:
+            raise ValueError(f"actor_init_max_retries must be an int >= -1 (-1: no limit), got {count!r}")
+        return count if self.actor_init_retry_on_errors else 0
 
     def get_config(self, key: str, default: Any = None) -> Any:
         """Ray's key-value settings (``set_config``). Inside a task (a UDF, a reader, a writer,

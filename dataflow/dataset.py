@@ -81,7 +81,7 @@ class Dataset:
         logical = plan or self._plan
         _check_pinned_reads(logical, backend)
         ops = compile_plan(logical if optimized else optimize(logical), options, output, sink, ctx.kv_configs(),
-                           ctx.map_error_retries())
+                           ctx.map_error_retries(), ctx.actor_init_retries())
         handle = backend.execute(ops, options)
         self._run_index += 1
         self._last_handle = handle

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from engine.errors import UDFOutputError
 ROW_CHUNK = 16384
 """Rows turned into Python dicts at a time inside a row-stage chain (bounds their memory)."""
 
+
+log = logging.getLogger(__name__)
 
 USER_ERRORS: tuple[type[BaseException], ...] = (Exception, KeyboardInterrupt, SystemExit)
 """What a UDF may raise and have reported as its own error (``KeyboardInterrupt`` and
@@ -103,24 +106,39 @@ class Stage:
         state["_callable"] = None
         return state
 
-    def prepare(self) -> Callable[..., Any]:
+    def prepare(self, init_retries: int = 0) -> Callable[..., Any]:
         """The callable to invoke: constructs a callable class once (per worker) and keeps it.
+        A constructor that raises an ``Exception`` is called again, in the same process, up
+        to ``init_retries`` more times (-1: until it succeeds), as Ray's
+        ``DataContext.actor_init_retry_on_errors`` does.
 
         With ``retry_exceptions`` or ``env_vars`` it is wrapped to retry calls and to set the
         environment around each one (a generator's outputs are then produced inside the call).
         """
         if self._callable is None:
             if isinstance(self.fn, type):
-                try:
-                    with _environment(self.env_vars):
-                        instance = self.fn(*self.fn_constructor_args, **self.fn_constructor_kwargs)
-                except USER_ERRORS as err:
-                    raise UDFFailure(f"{self.name} (constructor of {udf_name(self.fn)})", err) from err
+                instance = self._construct(init_retries)
             else:
                 instance = self.fn
             retried = _retried_types(self.retry_exceptions)
             self._callable = _wrap_call(instance, self.env_vars, retried, self.max_retries) if retried or self.env_vars else instance
         return self._callable  # type: ignore[no-any-return]
+
+    def _construct(self, init_retries: int) -> Any:
+        attempt = 0
+        while True:
+            try:
+                with _environment(self.env_vars):
+                    return self.fn(*self.fn_constructor_args, **self.fn_constructor_kwargs)
+            except Exception as err:
+                if init_retries < 0 or attempt < init_retries:
+                    attempt += 1
+                    log.info("%s: the constructor of %s raised %r; calling it again (retry %d of %s)", self.name,
+                             udf_name(self.fn), err, attempt, "unlimited" if init_retries < 0 else init_retries)
+                    continue
+                raise UDFFailure(f"{self.name} (constructor of {udf_name(self.fn)})", err) from err
+            except USER_ERRORS as err:  # KeyboardInterrupt, SystemExit: never retried
+                raise UDFFailure(f"{self.name} (constructor of {udf_name(self.fn)})", err) from err
 
 
 def _retried_types(retry_exceptions: bool | tuple[type[BaseException], ...]) -> tuple[type[BaseException], ...]:
@@ -210,6 +228,10 @@ class TaskTransform:
     execution started; its tasks see them (``engine.task.task_configs``)."""
     error_retries: Any = None
     """An ``engine.task.ErrorRetries``: which user errors run a task again, how many times."""
+    init_retries: int = 0
+    """How many more times a callable class's constructor that raised is called, in the same
+    worker, before its error fails the task (-1: no limit); Ray's ``actor_init_retry_on_errors``
+    and ``actor_init_max_retries``."""
 
     def prepare(self) -> None:
         """Construct what is costly once per worker (an actor's callable class)."""
@@ -240,13 +262,15 @@ class BlockTransform(TaskTransform):
     def prepare(self) -> None:
         """Construct callable classes now (an actor's constructor runs before its first batch)."""
         for stage in self.stages:
-            stage.prepare()
+            stage.prepare(self.init_retries)
 
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
+        self.prepare()
         return _shape_output(self._run(iter(blocks), len(self.stages)), self.target_block_bytes)
 
     def count_rows(self, blocks: Iterable[pa.Table]) -> int:
         """Rows the transform would output; trailing row stages are counted, not turned into tables."""
+        self.prepare()
         tail = len(self.stages)
         while tail > 0 and self.stages[tail - 1].kind == "rows":
             tail -= 1

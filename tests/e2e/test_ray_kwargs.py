@@ -308,10 +308,81 @@ def test_data_context_settings_are_honoured_or_refused(mode):
     assert ctx.progress_mode == "off" and ctx.enable_progress_bars is False
     ctx.enable_progress_bars = True
     assert ctx.progress_mode == "auto" and ctx.enable_progress_bars is True
-    with pytest.raises(AttributeError, match=r"has no setting 'use_push_based_shuffle' .*exchanges have one"):
-        ctx.use_push_based_shuffle = True  # a Ray setting: refused saying why it has no meaning here
+    ctx.enable_rich_progress_bars = True
+    assert ctx.progress_mode == "rich" and ctx.enable_rich_progress_bars is True
+    ctx.enable_rich_progress_bars = False
+    assert ctx.progress_mode == "auto"
+    with pytest.raises(AttributeError, match=r"has no setting 'lance_config' .*retried_io_errors"):
+        ctx.lance_config = object()  # a Ray setting whose intent this engine cannot carry out: refused, saying why
+    with pytest.raises(AttributeError, match=r"has no setting 'execution_no_progress_timeout_s' .*task_timeout_s"):
+        ctx.execution_no_progress_timeout_s = 60
     with pytest.raises(AttributeError, match=r"'shufle_strategy' \(a Ray Data setting dataflow does not have, or a typo"):
         ctx.shufle_strategy = "x"
+
+
+def test_ray_settings_that_tune_only_ray_are_kept_and_said_to_do_nothing(caplog):
+    """A Ray script's tuning of Ray's own machinery runs unchanged: the value is kept (read back
+    as set; Ray's default before), a warning says once why it does nothing, results are the same."""
+    ctx = dataflow.DataContext.get_current().copy()
+    assert ctx.use_push_based_shuffle is False and ctx.default_hash_shuffle_parallelism == 200
+    with caplog.at_level(logging.WARNING, logger="dataflow"):
+        ctx.use_push_based_shuffle = True
+        ctx.use_push_based_shuffle = True
+        ctx.scheduling_strategy = "DEFAULT"
+    assert ctx.use_push_based_shuffle is True and ctx.scheduling_strategy == "DEFAULT"
+    said = [r.getMessage() for r in caplog.records if "use_push_based_shuffle" in r.getMessage()]
+    assert len(said) <= 1  # once per process (an earlier test may have set it first)
+    assert all("has no effect in dataflow: Ray's shuffle machinery" in m for m in said)
+    assert ctx.copy().scheduling_strategy == "DEFAULT"  # kept by copies
+    assert dataflow.DataContext.get_current().scheduling_strategy == "SPREAD"  # not by the context copied from
+    with pytest.raises(AttributeError, match="has no attribute 'not_a_setting'"):
+        ctx.not_a_setting
+
+
+class FlakyModel:
+    """A constructor that fails its first ``failures`` calls in each process (per ``token``)."""
+
+    calls: dict[str, int] = {}
+
+    def __init__(self, token, failures):
+        calls = FlakyModel.calls[token] = FlakyModel.calls.get(token, 0) + 1
+        if calls <= failures:
+            raise ConnectionError(f"model server busy (call {calls})")
+        self.calls = calls
+
+    def __call__(self, batch):
+        batch["calls"] = np.full(len(batch["id"]), self.calls)
+        return batch
+
+
+def test_actor_init_retry_on_errors_calls_the_constructor_again(mode):
+    """Ray's ``actor_init_retry_on_errors`` and ``actor_init_max_retries``: a constructor that
+    raised is called again in the same worker, up to the limit; then its error fails the job."""
+    ctx = dataflow.DataContext.get_current()
+
+    def run(failures):
+        token = f"{time.monotonic_ns()}-{failures}"
+        ds = dataflow.range(20, override_num_blocks=2).map_batches(
+            FlakyModel, fn_constructor_args=(token, failures), concurrency=1)
+        return ds.take_all()
+
+    with pytest.raises(ConnectionError, match=r"call 1\)") as info:  # off by default, as in Ray
+        run(2)
+    assert "FlakyModel" in str(info.value)
+    try:
+        ctx.actor_init_retry_on_errors = True
+        rows = run(2)  # 3 calls are allowed by default: the third succeeds
+        assert sorted(r["id"] for r in rows) == list(range(20)) and {r["calls"] for r in rows} == {3}
+        ctx.actor_init_max_retries = 1
+        with pytest.raises(ConnectionError, match=r"call 2\)"):
+            run(2)
+        ctx.actor_init_max_retries = -1  # no limit
+        assert {r["calls"] for r in run(6)} == {7}
+        ctx.actor_init_max_retries = -2
+        with pytest.raises(ValueError, match="actor_init_max_retries must be an int >= -1"):
+            run(0)
+    finally:
+        ctx.actor_init_retry_on_errors, ctx.actor_init_max_retries = False, 3
 
 
 def test_resource_limits_cap_cpus_and_store(mode):

@@ -184,13 +184,18 @@ def count_at_most(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
     """The stable sort order of ``table`` on ``key`` (nulls last, as ``pc.sort_indices`` with
-    ``at_end``). A single wide integer key goes to polars (stable, one thread: a task is one
-    CPU's work); every other key to Arrow."""
+    ``at_end``). A single wide integer key is sorted packed with its row numbers
+    (``packed_order``) when both fit in 63 bits, else by polars (stable, one thread: a task is
+    one CPU's work); every other key by Arrow."""
     if len(key.columns) == 1 and table.num_rows > COUNTING_SORT_RANGE:
         column = table.column(key.columns[0])
         if pa.types.is_integer(column.type):
             low, high = pc.min_max(column).values()
             if low.is_valid and high.as_py() - low.as_py() > COUNTING_SORT_RANGE:
+                if column.null_count == 0:
+                    order = packed_order(column.to_numpy(), low.as_py(), high.as_py(), key.descending[0])
+                    if order is not None:
+                        return order
                 import polars as pl
 
                 frame = pl.from_arrow(pa.table({"k": column}), rechunk=False)
@@ -199,6 +204,35 @@ def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
                                                     multithreaded=False, maintain_order=True))
                 return order.to_series().to_numpy()
     return pc.sort_indices(table, sort_keys=key.arrow())
+
+
+def packed_order(values: np.ndarray, low: int, high: int, descending: bool) -> np.ndarray | None:
+    """The stable order of integer ``values`` (in ``[low, high]``, no nulls), or None when a
+    key's offset from ``low`` (from ``high`` when descending) and a row number do not fit in
+    63 bits together.
+
+    Each row becomes one int64, its key's offset in the high bits and its row number in the
+    low ones, so a plain ``np.sort`` (vectorized, several times faster than any argsort here:
+    200k keys of 40 bits, 4.5 against 13-16 ms) orders by key, then by row number (a stable
+    order), and the low bits are the order."""
+    n = len(values)
+    row_bits = max(1, (n - 1).bit_length())
+    if (high - low).bit_length() + row_bits > 63:
+        return None
+    # one array, changed in place (a new one per step costs its page faults); the arithmetic
+    # wraps, and every offset's true value is below 2**62, so the wrapped result is that value
+    wide = np.uint64 if values.dtype == np.uint64 else np.int64
+    packed = values.astype(wide, copy=True)
+    if descending:
+        np.subtract(wide(high), packed, out=packed)
+    else:
+        packed -= wide(low)
+    packed = packed.view(np.int64)
+    packed <<= row_bits
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    packed &= (1 << row_bits) - 1
+    return packed
 
 
 class SortReducer:

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from dataflow.shuffle import key_order, splitmix64
-from dataflow.sort import COUNTING_SORT_RANGE, RangePartitioner, SortKey, count_at_most, sort_indices
+from dataflow.sort import COUNTING_SORT_RANGE, RangePartitioner, SortKey, count_at_most, packed_order, sort_indices
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 1000, 200_000])
@@ -49,6 +49,38 @@ def test_sort_indices_is_arrows_stable_order(dtype, span, descending):
     got = np.asarray(order)
     want = pc.sort_indices(table, sort_keys=key.arrow()).to_numpy()
     assert np.array_equal(got, want)  # ties (many with a narrow span) keep their input order
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "int16", "uint64", "uint32"])
+@pytest.mark.parametrize("span", [COUNTING_SORT_RANGE * 4, 1 << 30, 1 << 44])
+@pytest.mark.parametrize("descending", [False, True])
+def test_a_wide_integer_key_without_nulls_sorts_packed_with_row_numbers(dtype, span, descending):
+    """The keys' offsets and the row numbers in one int64, sorted: Arrow's stable order, for
+    negative values, values past int64 (uint64) and ties alike, across chunks."""
+    rng = np.random.default_rng([span, descending, len(dtype)])
+    info = np.iinfo(dtype)
+    n = 5 * COUNTING_SORT_RANGE
+    low = max(int(info.min), 0 if dtype.startswith("u") else -span // 2)
+    if dtype == "uint64":
+        low = (1 << 63) + 12345  # every value past int64's range
+    high = min(int(info.max), low + span)
+    values = rng.integers(low, high, n, dtype=dtype, endpoint=True)
+    values[::9] = values[4]  # ties
+    values[1], values[2] = low, high  # both ends of the span
+    table = pa.table({"k": pa.chunked_array([values[:1000], values[1000:]])})
+    key = SortKey.of("k", descending)
+    want = pc.sort_indices(table, sort_keys=key.arrow()).to_numpy()
+    assert np.array_equal(packed_order(values, low, high, descending), want)
+    order = sort_indices(table, key)
+    assert isinstance(order, np.ndarray) and np.array_equal(order, want)
+
+
+def test_keys_too_wide_to_pack_with_their_row_numbers_are_not_packed():
+    values = np.array([-(1 << 62), 1 << 62, 0, 5], dtype=np.int64)
+    assert packed_order(values, -(1 << 62), 1 << 62, False) is None  # 63 bits of span and 2 of rows
+    big = np.arange(COUNTING_SORT_RANGE * 2, dtype=np.int64) * (1 << 48)  # 61 bits of span, 13 of rows
+    table = pa.table({"k": big[::-1].copy()})
+    assert np.array_equal(np.asarray(sort_indices(table, SortKey.of("k"))), np.arange(len(big))[::-1])
 
 
 def _values(dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:

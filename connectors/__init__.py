@@ -31,6 +31,7 @@ from connectors.base import BlockMetadata, Datasink, Datasource, ReadTask, TaskC
 # Formats are imported on first use: ``import dataflow`` must stay fast (pyarrow.dataset,
 # pandas and fsspec cost ~0.5 s), and a job that reads Parquet never loads the image reader.
 _LAZY: dict[str, str] = {
+    "AvroDatasource": "connectors.avro_format",
     "BinaryDatasource": "connectors.binary_format",
     "CSVDatasink": "connectors.csv_format",
     "CSVDatasource": "connectors.csv_format",
@@ -69,6 +70,7 @@ _SOURCE_NAMES = {
     "orc": "ORCDatasource",
     "webdataset": "WebDatasetDatasource",
     "tfrecords": "TFRecordDatasource",
+    "avro": "AvroDatasource",
 }
 _SINK_NAMES = {
     "parquet": "ParquetDatasink",
@@ -99,6 +101,7 @@ __all__ = [
     "SINKS",
     "SOURCES",
     "AccessDeniedError",
+    "AvroDatasource",
     "BinaryDatasource",
     "BlockMetadata",
     "CSVDatasink",

@@ -371,6 +371,29 @@ def read_text(
     return _read(source, "read_text", override_num_blocks, task_args)
 
 
+def read_avro(
+    paths: str | list[str],
+    *,
+    filesystem: Any = None,
+    partitioning: Any = None,
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
+    **task_args: Any,
+) -> Dataset:
+    """Records of Avro object container files (``.avro``), one row each, a column per field,
+    with Arrow types from the files' Avro schema (``connectors.avro_format`` has the table).
+    Needs ``fastavro`` (``pip install 'dataflow[avro]'``)."""
+    from connectors.avro_format import AvroDatasource
+
+    source = AvroDatasource(
+        paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args),
+    )
+    return _read(source, "read_avro", override_num_blocks, task_args)
+
+
 def read_binary_files(
     paths: str | list[str],
     *,

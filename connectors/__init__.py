@@ -31,6 +31,7 @@ from connectors.base import BlockMetadata, Datasink, Datasource, ReadTask, TaskC
 # Formats are imported on first use: ``import dataflow`` must stay fast (pyarrow.dataset,
 # pandas and fsspec cost ~0.5 s), and a job that reads Parquet never loads the image reader.
 _LAZY: dict[str, str] = {
+    "AudioDatasource": "connectors.audio_format",
     "AvroDatasource": "connectors.avro_format",
     "BinaryDatasource": "connectors.binary_format",
     "CSVDatasink": "connectors.csv_format",
@@ -71,6 +72,7 @@ _SOURCE_NAMES = {
     "webdataset": "WebDatasetDatasource",
     "tfrecords": "TFRecordDatasource",
     "avro": "AvroDatasource",
+    "audio": "AudioDatasource",
 }
 _SINK_NAMES = {
     "parquet": "ParquetDatasink",
@@ -101,6 +103,7 @@ __all__ = [
     "SINKS",
     "SOURCES",
     "AccessDeniedError",
+    "AudioDatasource",
     "AvroDatasource",
     "BinaryDatasource",
     "BlockMetadata",

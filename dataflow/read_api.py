@@ -371,6 +371,29 @@ def read_text(
     return _read(source, "read_text", override_num_blocks, task_args)
 
 
+def read_audio(
+    paths: str | list[str],
+    *,
+    filesystem: Any = None,
+    partitioning: Any = None,
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
+    **task_args: Any,
+) -> Dataset:
+    """Audio files, one row each: ``amplitude``, a ``float32`` tensor of shape ``(channels,
+    samples)``, and ``sample_rate`` (``int64``), as Ray Data's. Needs ``soundfile``
+    (``pip install 'dataflow[audio]'``); ``connectors.audio_format`` has the details."""
+    from connectors.audio_format import AudioDatasource
+
+    source = AudioDatasource(
+        paths, **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args),
+    )
+    return _read(source, "read_audio", override_num_blocks, task_args)
+
+
 def read_avro(
     paths: str | list[str],
     *,

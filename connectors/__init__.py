@@ -49,6 +49,7 @@ _LAZY: dict[str, str] = {
     "SQLDatasink": "connectors.sql",
     "SQLDatasource": "connectors.sql",
     "TextDatasource": "connectors.text_format",
+    "VideoDatasource": "connectors.video_format",
     "TFRecordDatasink": "connectors.tfrecords_format",
     "TFRecordDatasource": "connectors.tfrecords_format",
     "WebDatasetDatasink": "connectors.webdataset_format",
@@ -73,6 +74,7 @@ _SOURCE_NAMES = {
     "tfrecords": "TFRecordDatasource",
     "avro": "AvroDatasource",
     "audio": "AudioDatasource",
+    "videos": "VideoDatasource",
 }
 _SINK_NAMES = {
     "parquet": "ParquetDatasink",
@@ -132,6 +134,7 @@ __all__ = [
     "TFRecordDatasource",
     "TaskContext",
     "TextDatasource",
+    "VideoDatasource",
     "WebDatasetDatasink",
     "WebDatasetDatasource",
 ]

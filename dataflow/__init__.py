@@ -68,6 +68,7 @@ from dataflow.read_api import (
     read_sql,
     read_text,
     read_tfrecords,
+    read_videos,
     read_webdataset,
 )
 from dataflow.schema import Schema
@@ -227,6 +228,7 @@ __all__ = [
     "read_sql",
     "read_text",
     "read_tfrecords",
+    "read_videos",
     "read_webdataset",
     "shutdown",
 ]

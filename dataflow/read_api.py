@@ -755,6 +755,35 @@ def from_huggingface(
                  {"concurrency": concurrency})
 
 
+def read_videos(
+    paths: str | list[str],
+    *,
+    include_timestamps: bool = False,
+    fps: int | None = None,
+    resize: tuple[int, int] | None = None,
+    filesystem: Any = None,
+    partitioning: Any = None,
+    include_paths: bool = False,
+    file_extensions: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
+    partition_filter: Any = None,
+    shuffle: Any = None,
+    **task_args: Any,
+) -> Dataset:
+    """Frames of video files, one row each: ``frame`` (a ``uint8`` RGB tensor ``(height, width,
+    3)``), ``frame_index``, and with ``include_timestamps=True`` ``frame_timestamp`` (``[start,
+    end]`` seconds), as Ray Data's; ``fps`` keeps every ``round(source_fps / fps)``-th frame,
+    ``resize=(height, width)`` scales them. Needs PyAV (``pip install 'dataflow[video]'``);
+    ``connectors.video_format`` has the details."""
+    from connectors.video_format import VideoDatasource
+
+    source = VideoDatasource(
+        paths, include_timestamps=include_timestamps, fps=fps, resize=resize,
+        **_file_kwargs(filesystem, partitioning, include_paths, file_extensions, partition_filter, shuffle, task_args),
+    )
+    return _read(source, "read_videos", override_num_blocks, task_args)
+
+
 def read_webdataset(
     paths: str | list[str],
     *,

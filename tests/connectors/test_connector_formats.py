@@ -29,7 +29,7 @@ from connectors.text_format import TextDatasource
 
 def test_registry_names_every_format() -> None:
     assert set(SOURCES) == {"parquet", "csv", "json", "text", "binary", "images", "numpy", "orc", "webdataset", "tfrecords",
-                            "avro", "audio"}
+                            "avro", "audio", "videos"}
     assert set(SINKS) == {"parquet", "csv", "json", "numpy", "images", "orc", "webdataset", "tfrecords"}
 
 

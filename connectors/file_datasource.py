@@ -225,8 +225,8 @@ class FileDatasource(Datasource):
 
     def _partition_schema(self, first: FileEntry | None) -> pa.Schema | None:
         if first is None:
-            return partition_schema(self._partitioning, None, None)
-        return partition_schema(self._partitioning, first.path, first.root)
+            return partition_schema(self._partitioning, None)
+        return partition_schema(self._partitioning, first.path)
 
     @property
     def lists_anew_each_execution(self) -> bool:
@@ -283,7 +283,7 @@ class FileDatasource(Datasource):
 
     def _partition_values(self, part_schema: pa.Schema, entry: FileEntry, display: str) -> dict[str, pa.Scalar]:
         """The partition columns' values for this file: from its hive folders (table formats: from their log)."""
-        return typed_values(part_schema, entry.path, entry.root, display)
+        return typed_values(part_schema, entry.path, display)
 
     def _read_file_checked(
         self, fs: Any, piece: FilePiece, display: str, retrier: Retrier

@@ -1,7 +1,10 @@
-"""Hive partitioning: ``key=value`` folders below the root become columns.
+"""Hive partitioning: ``key=value`` folders in a file's path become columns.
 
-The columns are strings, as in Ray Data (``year=2022`` gives ``"2022"``): the partition keys
-come from the first file's folders. Pass ``partitioning=pa.schema([...])`` for other types; a
+Every folder of the path counts, as in Ray Data: ``read_csv(".../year=2022/month=09/a.csv")``
+and ``read_csv(".../year=2022")`` both give ``year`` and ``month`` columns (a folder named with
+more than one ``=`` is not a partition, as in Ray). The columns are strings, as in Ray Data
+(``year=2022`` gives ``"2022"``): the partition keys come from the first file's folders; a file
+without one of them (another path of the list) gets nulls there. Pass ``partitioning=pa.schema([...])`` for other types; a
 value that does not convert to its field's type raises ``SchemaMismatchError`` naming the file
 and the column. Values are percent-decoded; ``__HIVE_DEFAULT_PARTITION__`` is null. Writers use
 ``folder_name``. ``PathPartitionFilter`` (Ray's) picks files by their partition values before
@@ -34,46 +37,46 @@ def check_partitioning(partitioning: Any) -> None:
     )
 
 
-def parse_hive(path: str, root: str) -> dict[str, str | None]:
-    """``{key: value}`` for the ``key=value`` folders between ``root`` and the file name."""
-    path, root = path.replace("\\", "/"), root.replace("\\", "/").rstrip("/")
-    relative = path[len(root) + 1 :] if path.startswith(root + "/") else ""
+def parse_hive(path: str, base: str = "") -> dict[str, str | None]:
+    """``{key: value}`` for the ``key=value`` folders of ``path`` (below ``base`` when given:
+    ``{}`` for a path outside it)."""
+    path, base = path.replace("\\", "/"), base.replace("\\", "/").rstrip("/")
+    if base:
+        if not path.startswith(base + "/"):
+            return {}
+        path = path[len(base) + 1 :]
     values: dict[str, str | None] = {}
-    for part in relative.split("/")[:-1]:
-        key, eq, value = part.partition("=")
-        if eq and key:
+    for part in path.split("/")[:-1]:
+        if part.count("=") != 1:
+            continue
+        key, _, value = part.partition("=")
+        if key:
             decoded = unquote(value)
             values[unquote(key)] = None if decoded == NULL_VALUE else decoded
     return values
 
 
-def partition_schema(
-    partitioning: Partitioning, sample_path: str | None, root: str | None
-) -> pa.Schema | None:
+def partition_schema(partitioning: Partitioning, sample_path: str | None) -> pa.Schema | None:
     """The partition fields: the given schema, or ``sample_path``'s keys as strings; None when not partitioned."""
     if partitioning is None:
         return None
     if isinstance(partitioning, pa.Schema):
         return partitioning
-    if sample_path is None or root is None:
+    if sample_path is None:
         return None
-    values = parse_hive(sample_path, root)
+    values = parse_hive(sample_path)
     if not values:
         return None
     return pa.schema([pa.field(k, pa.string()) for k in values])
 
 
-def typed_values(schema: pa.Schema, path: str, root: str, display: str) -> dict[str, pa.Scalar]:
-    """This file's partition values converted to ``schema``'s types."""
-    raw = parse_hive(path, root)
+def typed_values(schema: pa.Schema, path: str, display: str) -> dict[str, pa.Scalar]:
+    """This file's partition values converted to ``schema``'s types (null for a key its path
+    does not have, as Ray's blocks without that column)."""
+    raw = parse_hive(path)
     out: dict[str, pa.Scalar] = {}
     for field in schema:
         value = raw.get(field.name)
-        if field.name not in raw:
-            msg = (
-                f"the file has no {field.name}=... folder, but other files are partitioned by {field.name!r}"
-            )
-            raise SchemaMismatchError(msg, path=display, column=field.name)
         try:
             if value is None or pa.types.is_string(field.type):
                 out[field.name] = pa.scalar(value, type=field.type)
@@ -120,7 +123,7 @@ class PathPartitionFilter:
     partition folder) and returns True to read the file. Files are picked while listing, before
     anything is read (also for ``count()`` and ``input_files()``). Make one with
     ``PathPartitionFilter.of(lambda d: d["year"] == "2022")``; ``base_dir`` limits the parsing to
-    the folders below it (None: the folders below the path given to ``read_*``).
+    the folders below it (None: every folder of a file's path, as in Ray).
     """
 
     def __init__(self, filter_fn: Callable[[dict[str, str]], bool], base_dir: str | None = None) -> None:
@@ -147,9 +150,9 @@ class PathPartitionFilter:
         return PathPartitionFilter(filter_fn, base_dir)
 
     def apply(self, path: str, root: str | None = None) -> bool:
-        """Whether to read the file at ``path`` (under the listed ``root``)."""
-        base = self._base_dir if self._base_dir is not None else (root or "")
-        parsed = parse_hive(path, base)  # {} for a file outside ``base``
+        """Whether to read the file at ``path`` (``root``, the folder it was listed under, is
+        not needed: every folder of the path counts)."""
+        parsed = parse_hive(path, self._base_dir or "")  # {} for a file outside ``base_dir``
         return bool(self._filter_fn({key: NULL_VALUE if value is None else value for key, value in parsed.items()}))
 
     def __call__(self, paths: list[str]) -> list[str]:

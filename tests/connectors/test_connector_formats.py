@@ -225,3 +225,33 @@ def test_planning_by_bytes_and_parallelism() -> None:
         ("big", 2, 4),
         ("big", 3, 4),
     ]
+
+
+def test_hive_folders_above_the_path_given_are_partitions_too(tmp_path: Path) -> None:
+    """As Ray Data: every ``key=value`` folder of a file's path is a partition column, also
+    when the path passed is the file itself or a folder inside the partitions."""
+    import pyarrow.parquet as pq
+
+    import dataflow
+
+    leaf = tmp_path / "sales" / "year=2022" / "month=09"
+    leaf.mkdir(parents=True)
+    (leaf / "sales.csv").write_text("order,quantity\n10107,30\n")
+    (leaf / "sales.json").write_text('{"order": 10107, "quantity": 30}\n')
+    pq.write_table(pa.table({"order": [10107], "quantity": [30]}), leaf / "sales.parquet")
+    want = {"order": 10107, "quantity": 30, "year": "2022", "month": "09"}
+    for read, name in ((dataflow.read_csv, "sales.csv"), (dataflow.read_json, "sales.json"),
+                       (dataflow.read_parquet, "sales.parquet")):
+        assert read(str(leaf / name)).take_all() == [want], name
+        assert read(str(tmp_path / "sales" / "year=2022"), file_extensions=[name.split(".")[1]]).take_all() == [want]
+        assert read(str(leaf / name), partitioning=None).take_all() == [{"order": 10107, "quantity": 30}]
+    # a list of paths where one file has no partition folders: nulls there, as Ray's blocks without the column
+    plain = tmp_path / "plain.csv"
+    plain.write_text("order,quantity\n1,2\n")
+    rows = sorted(dataflow.read_csv([str(leaf / "sales.csv"), str(plain)]).take_all(), key=lambda r: r["order"])
+    assert rows == [{"order": 1, "quantity": 2, "year": None, "month": None}, want]
+    # a folder named with two "=" is not a partition (Ray's rule)
+    odd = tmp_path / "a=b=c" / "x.csv"
+    odd.parent.mkdir()
+    odd.write_text("v\n1\n")
+    assert dataflow.read_csv(str(odd)).take_all() == [{"v": 1}]

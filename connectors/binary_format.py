@@ -1,4 +1,7 @@
-"""Binary files: one row per file, its contents in a column named ``bytes``."""
+"""Binary files: one row per file, its contents in a column named ``bytes``.
+
+The column is Arrow ``binary``, as Ray Data's; a file of 2 GiB or more, past what ``binary``'s
+32-bit offsets reach, comes as ``large_binary`` in a block of its own."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from connectors.file_datasource import FileDatasource, FilePiece
 from connectors.filesystem import read_file_bytes
 from connectors.retry import Retrier
 
+BINARY_LIMIT = 2**31 - 1
+"""The most bytes a ``binary`` array's 32-bit offsets reach."""
+
 
 class BinaryDatasource(FileDatasource):
     """Whole files as bytes (not decompressed); ``include_paths=True`` adds a ``path`` column."""
@@ -20,4 +26,5 @@ class BinaryDatasource(FileDatasource):
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
         data = read_file_bytes(fs, piece.entry.path, retrier, display, decompress=False,
                                args=self._stream_args)
-        yield pa.table({"bytes": pa.array([data], pa.large_binary())})
+        kind = pa.binary() if len(data) < BINARY_LIMIT else pa.large_binary()
+        yield pa.table({"bytes": pa.array([data], kind)})

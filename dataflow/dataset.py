@@ -1199,8 +1199,8 @@ class Dataset:
         """Per-operator time, rows, bytes, tasks and why each operator waited (last execution).
 
         ``format="dict"``: the same as plain data for programs (``json.dumps`` takes it):
-        ``dataset``, ``wall_s``, ``operators`` (one dict each), ``long_running``; ``{}`` before
-        the first execution."""
+        ``dataset``, ``wall_s``, ``operators`` (one dict each), ``long_running``. Before the
+        first execution: ``""`` (as Ray's) and ``{}``."""
         if format not in ("text", "dict"):
             msg = f"format must be 'text' or 'dict', got {format!r}"
             raise ValueError(msg)
@@ -1210,7 +1210,7 @@ class Dataset:
         if format == "dict":
             return {} if self._last_stats is None else {"dataset": self._dataset_name, **self._last_stats.to_dict()}
         if self._last_stats is None:
-            return "This dataset has not been executed yet."
+            return ""  # as Ray's: nothing has run yet
         heading = f"Dataset {self._dataset_name}:\n" if self._dataset_name else ""
         return heading + str(self._last_stats)
 

@@ -59,7 +59,7 @@ class DataIterator:
         """Per-operator statistics of the last epoch this iterator ran (see ``Dataset.stats``)."""
         stats = getattr(self._last_handle, "stats", None)
         if stats is None:
-            return "This iterator has not been executed yet."
+            return ""  # as Ray's: no epoch has run yet
         return str(stats())
 
     def schema(self) -> Schema | None:

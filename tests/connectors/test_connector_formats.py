@@ -140,6 +140,20 @@ def test_binary_files_with_paths(tmp_path: Path) -> None:
         (str(tmp_path / "a.bin"), b"\x00\x01"),
         (str(tmp_path / "b.gz"), b"raw, not decompressed"),
     ]
+    assert out.schema.field("bytes").type == pa.binary()  # Ray's type
+
+
+def test_a_binary_file_past_32_bit_offsets_comes_as_large_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from connectors import binary_format
+
+    monkeypatch.setattr(binary_format, "BINARY_LIMIT", 10)  # stands for 2 GiB
+    (tmp_path / "big.bin").write_bytes(b"x" * 11)
+    (tmp_path / "small.bin").write_bytes(b"y" * 3)
+    tables = {path: table for path in ("big.bin", "small.bin")
+              for table in [read_all(BinaryDatasource(str(tmp_path / path)))]}
+    assert tables["big.bin"].schema.field("bytes").type == pa.large_binary()
+    assert tables["small.bin"].schema.field("bytes").type == pa.binary()
+    assert tables["big.bin"]["bytes"].to_pylist() == [b"x" * 11]
 
 
 def _png(array: np.ndarray, mode: str) -> bytes:

@@ -85,9 +85,10 @@ def test_text_and_binary(mode, tmp_path):
     (tmp_path / "t" / "b.txt").write_text("four\r\nfive\r\n")
     rows = dataflow.read_text(str(tmp_path / "t")).take_all()
     assert sorted(r["text"] for r in rows) == ["five", "four", "one", "three", "two"]
-    rows = dataflow.read_binary_files(str(tmp_path / "t"), include_paths=True).take_all()
-    by_path = {os.path.basename(r["path"]): r["bytes"] for r in rows}
+    ds = dataflow.read_binary_files(str(tmp_path / "t"), include_paths=True)
+    by_path = {os.path.basename(r["path"]): r["bytes"] for r in ds.take_all()}
     assert by_path == {"a.txt": b"one\ntwo\n\nthree\n", "b.txt": b"four\r\nfive\r\n"}
+    assert ds.to_arrow().schema.field("bytes").type == pa.binary()  # Ray's type (not large_binary)
 
 
 def test_images(mode, tmp_path):

@@ -30,6 +30,25 @@ def pass_through(table: pa.Table) -> pa.Table:
     return table
 
 
+class RangeTensor:
+    """Column ``id`` as column ``data`` of ``shape``-d int64 tensors filled with it (Ray's
+    ``range_tensor``); on no rows, a table of that schema (the plan's schema without a run)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from engine.block_format import tensor_array
+
+        ids = table.column("id").to_numpy()
+        if len(ids) == 0:
+            kind = pa.fixed_shape_tensor(pa.int64(), list(self.shape))
+            storage = pa.array([], pa.list_(pa.int64(), int(np.prod(self.shape))))
+            return pa.table({"data": pa.ExtensionArray.from_storage(kind, storage)})
+        data = np.broadcast_to(ids.reshape(-1, *(1 for _ in self.shape)), (len(ids), *self.shape))
+        return pa.table({"data": tensor_array(np.ascontiguousarray(data, dtype=np.int64))})
+
+
 class SelectColumns:
     def __init__(self, cols: list[str]) -> None:
         self.cols = cols

@@ -1438,7 +1438,7 @@ def _is_builtin_aggregation(node: Exchange) -> bool:
             and bool(node.partitioners) and isinstance(node.partitioners[0], PartialAggPartitioner))
 
 
-_SCHEMA_ONLY_STEPS = (bi.SelectColumns, bi.DropColumns, bi.RenameColumns, bi.FilterExpression)
+_SCHEMA_ONLY_STEPS = (bi.SelectColumns, bi.DropColumns, bi.RenameColumns, bi.FilterExpression, bi.RangeTensor)
 
 
 def _same_schema_input(node: LogicalNode) -> LogicalNode | None:

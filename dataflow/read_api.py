@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from connectors.base import Datasource
 from connectors.memory import ArrowDatasource, RangeDatasource
+from dataflow import builtins as bi
 from dataflow.context import DataContext, options
 from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.plan import Read
@@ -102,22 +103,8 @@ def range_tensor(
         raise ValueError(msg)
     blocks = _num_blocks("range_tensor", parallelism, override_num_blocks)
     return range(n, concurrency=concurrency, override_num_blocks=blocks)._column_step(
-        "range_tensor", f"RangeTensor{shape}", RangeTensor(shape), {}
+        "range_tensor", f"RangeTensor{shape}", bi.RangeTensor(shape), {}
     )
-
-
-class RangeTensor:
-    """Column ``id`` as column ``data`` of ``shape``-d tensors filled with it."""
-
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.shape = shape
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        from engine.block_format import tensor_array
-
-        ids = table.column("id").to_numpy()
-        data = np.broadcast_to(ids.reshape(-1, *(1 for _ in self.shape)), (len(ids), *self.shape))
-        return pa.table({"data": tensor_array(np.ascontiguousarray(data, dtype=np.int64))})
 
 
 def from_blocks(blocks: Sequence[Any]) -> MaterializedDataset:

@@ -149,3 +149,19 @@ def test_tensor_columns_print_with_rays_type_names(mode):
         "╰──────────────────────────────────────────╯\n"
         "(Showing 2 of 2 rows)"
     )
+
+
+def test_range_tensor_prints_its_tensor_column_without_running(mode):
+    """Ray 2.60's print for ``range_tensor`` (a source there; a column step over ``range`` here)."""
+    ds = dataflow.range_tensor(1000, shape=(2, 2))
+    assert repr(ds) == (
+        "shape: (1000, 1)\n"
+        "╭──────────────────────────────────────────╮\n"
+        "│ data                                     │\n"
+        "│ ---                                      │\n"
+        "│ ArrowTensorTypeV2(shape=(2, 2), dtype=i… │\n"
+        "╰──────────────────────────────────────────╯\n"
+        "(Dataset isn't materialized)"
+    )
+    assert ds.schema(fetch_if_missing=False).types[0] == pa.fixed_shape_tensor(pa.int64(), [2, 2])
+    assert ds.take(2)[1]["data"].tolist() == [[1, 1], [1, 1]]

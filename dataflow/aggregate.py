@@ -3,8 +3,9 @@
 Built-ins (``Count``, ``Sum``, ``Min``, ``Max``, ``Mean``, ``Std``, ``AbsMax``) are
 decomposable: each map task reduces its rows to partial states per group with Arrow's hash
 aggregation, so only one row per group and block crosses the exchange, and reducers combine the
-states and finish them. The rest (``Quantile``, ``Unique``, ``AsList``, ``CountDistinct``, a
-user's ``AggregateFnV2`` or ``AggregateFn``) see whole groups: rows are partitioned by key and
+states and finish them. The rest (``Quantile``, ``Unique``, ``AsList``, ``CountDistinct``,
+``ValueCounter``, ``ApproximateQuantile`` and ``ApproximateTopK`` (exact here: no sketch
+library needed), a user's ``AggregateFnV2`` or ``AggregateFn``) see whole groups: rows are partitioned by key and
 each group is aggregated where it lands. Output columns are named as Ray names them
 (``count()``, ``sum(v)``, ``mean(v)``...), or ``alias_name``. Nulls are skipped unless
 ``ignore_nulls=False``, which makes a group with a null aggregate to null, as in Ray.
@@ -275,6 +276,74 @@ class CountDistinct(_BuiltIn):
 
     def _value(self, values: pa.ChunkedArray) -> Any:
         return len(pc.unique(values))
+
+
+class ValueCounter(_BuiltIn):
+    """Ray's ``ValueCounter``: how many times each value appears, as ``{"values": [...],
+    "counts": [...]}`` in the order values first appear (nulls left out)."""
+
+    kind = "value_counter"
+
+    def __init__(self, on: str, alias_name: str | None = None) -> None:
+        super().__init__(on, True, alias_name)
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        counted = pc.value_counts(values)
+        return {"values": counted.field("values").to_pylist(), "counts": counted.field("counts").to_pylist()}
+
+
+class ApproximateQuantile(_BuiltIn):
+    """Ray's ``ApproximateQuantile``: the value at each rank of ``quantiles`` (a KLL sketch's
+    answer in Ray: the smallest value whose rank, counting it, reaches the quantile). Computed
+    exactly here from the group's values, which is within any sketch's error; the group's
+    values are held to do it (``quantile_precision`` is taken and has nothing to tune)."""
+
+    kind = "approx_quantile"
+
+    def __init__(self, on: str, quantiles: list[float], quantile_precision: int = 800, alias_name: str | None = None) -> None:
+        if not quantiles or not all(isinstance(q, (int, float)) and 0 <= q <= 1 for q in quantiles):
+            raise ValueError(f"quantiles must be a non-empty list of numbers in [0, 1], got {quantiles!r}")
+        super().__init__(on, True, alias_name)
+        self.quantiles, self.quantile_precision = list(quantiles), quantile_precision
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        if not len(values):
+            return None
+        ordered = np.sort(nan_as_null(values).drop_null().to_numpy().astype(np.float64))
+        if not len(ordered):
+            return None
+        n = len(ordered)
+        return [float(ordered[min(n - 1, max(0, math.ceil(q * n) - 1))]) for q in self.quantiles]
+
+
+class ApproximateTopK(_BuiltIn):
+    """Ray's ``ApproximateTopK``: the ``k`` most frequent values as ``[{on: value, "count":
+    n}, ...]``, most frequent first (ties in the order values first appear). Counted exactly
+    here, within any sketch's error (``log_capacity`` is taken and has nothing to tune).
+    ``encode_lists=True`` counts a list column's items instead of whole lists."""
+
+    kind = "approx_topk"
+
+    def __init__(self, on: str, k: int, log_capacity: int = 15, alias_name: str | None = None,
+                 encode_lists: bool = False) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        super().__init__(on, True, alias_name)
+        self.k, self.log_capacity, self.encode_lists = k, log_capacity, encode_lists
+
+    def _value(self, values: pa.ChunkedArray) -> Any:
+        if self.encode_lists and (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)):
+            values = pc.list_flatten(values).drop_null()
+        counted = pc.value_counts(values)
+        items, counts = counted.field("values").to_pylist(), counted.field("counts").to_numpy()
+        top = np.argsort(-counts, kind="stable")[: self.k]
+        assert self.on is not None
+        return [{self.on: items[i], "count": int(counts[i])} for i in top]
+
+
+VectorizedAggregateFnV2 = AggregateFnV2
+"""Ray's base class for aggregations whose ``aggregate_block`` works on a whole block at once:
+the same interface as ``AggregateFnV2`` (every aggregation here gets whole blocks)."""
 
 
 # partial aggregation of the built-ins ------------------------------------------------------

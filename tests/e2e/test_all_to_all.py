@@ -17,6 +17,8 @@ from dataflow.aggregate import (
     AbsMax,
     AggregateFn,
     AggregateFnV2,
+    ApproximateQuantile,
+    ApproximateTopK,
     AsList,
     Count,
     CountDistinct,
@@ -27,6 +29,7 @@ from dataflow.aggregate import (
     Std,
     Sum,
     Unique,
+    ValueCounter,
 )
 
 
@@ -425,6 +428,42 @@ def test_global_aggregates(mode, exchange):
     assert dataflow.range(10).sum() == 45 and dataflow.range(4).sum(["id"]) == 6 and dataflow.range(0).sum(["id"]) is None
     assert dataflow.range(0).sum("id") is None
     assert dataflow.range(0).aggregate(Count()) == {"count()": 0}
+
+
+def test_value_counts_top_k_and_quantiles_as_rays(mode, exchange):
+    """Ray's ValueCounter, ApproximateTopK and ApproximateQuantile (its docstring examples,
+    then grouped, over several blocks, with nulls): the sketches' answers are exact here."""
+    letters = dataflow.from_items([{"category": c} for c in "ABACAB"])
+    assert letters.aggregate(ValueCounter(on="category")) == {
+        "value_counter(category)": {"values": ["A", "B", "C"], "counts": [3, 2, 1]}}
+    words = dataflow.from_items([{"word": w} for w in ["apple", "banana", "apple", "cherry", "apple"]])
+    assert words.aggregate(ApproximateTopK(on="word", k=2)) == {
+        "approx_topk(word)": [{"word": "apple", "count": 3}, {"word": "banana", "count": 1}]}
+    values = dataflow.from_items([{"value": v} for v in (20.0, 40.0, 60.0, 80.0, 100.0)])
+    assert values.aggregate(ApproximateQuantile(on="value", quantiles=[0.1, 0.5, 0.9])) == {
+        "approx_quantile(value)": [20.0, 60.0, 100.0]}
+    items = [{"g": i % 3, "v": None if i % 10 == 0 else i % 7, "tags": [i % 2, i % 5]} for i in range(300)]
+    ds = dataflow.from_items(items, override_num_blocks=6)
+    out = {r["g"]: r for r in ds.groupby("g").aggregate(
+        ValueCounter("v"), ApproximateTopK("v", k=2, alias_name="top"), ApproximateTopK("tags", k=1, encode_lists=True),
+        ApproximateQuantile("v", [0.0, 0.5, 1.0], alias_name="q")).take_all()}
+    for g in range(3):
+        vs = [r["v"] for r in items if r["g"] == g and r["v"] is not None]
+        counter = out[g]["value_counter(v)"]
+        assert sorted(zip(counter["values"], counter["counts"], strict=True)) == sorted(
+            (v, vs.count(v)) for v in set(vs))  # nulls are left out
+        most = sorted({v: vs.count(v) for v in vs}.values(), reverse=True)[:2]
+        assert [t["count"] for t in out[g]["top"]] == most
+        assert all(vs.count(t["v"]) == t["count"] for t in out[g]["top"])
+        ordered = sorted(vs)
+        assert out[g]["q"] == [float(ordered[0]), float(ordered[math.ceil(0.5 * len(ordered)) - 1]), float(ordered[-1])]
+        tags = [t for r in items if r["g"] == g for t in r["tags"]]
+        (top_tag,) = out[g]["approx_topk(tags)"]  # the items of the lists are counted (ties: either)
+        assert top_tag["count"] == tags.count(top_tag["tags"]) == max(tags.count(t) for t in set(tags))
+    with pytest.raises(ValueError, match="quantiles must be"):
+        ApproximateQuantile("v", [1.5])
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        ApproximateTopK("v", k=0)
 
 
 def test_summary_by_column_type(mode):

@@ -34,6 +34,8 @@ from engine.errors import ColumnNotFoundError
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
+
+    from dataflow.expr_namespaces import ArrayNamespace, DatetimeNamespace, ListNamespace, MapNamespace, StructNamespace
 else:
     from dataflow.lazy_compute import pc
 
@@ -351,6 +353,41 @@ class Expr:
         return StringNamespace(self)
 
     @property
+    def list(self) -> ListNamespace:
+        """List functions: ``col("items").list.len()``, ``.list[0]``, ``.list.sort()``."""
+        from dataflow.expr_namespaces import ListNamespace
+
+        return ListNamespace(self)
+
+    @property
+    def struct(self) -> StructNamespace:
+        """Struct fields: ``col("point").struct["x"]``."""
+        from dataflow.expr_namespaces import StructNamespace
+
+        return StructNamespace(self)
+
+    @property
+    def dt(self) -> DatetimeNamespace:
+        """Date and time parts: ``col("at").dt.year()``, ``.dt.floor("day")``."""
+        from dataflow.expr_namespaces import DatetimeNamespace
+
+        return DatetimeNamespace(self)
+
+    @property
+    def map(self) -> MapNamespace:
+        """Map keys and values: ``col("tags").map.keys()``."""
+        from dataflow.expr_namespaces import MapNamespace
+
+        return MapNamespace(self)
+
+    @property
+    def arr(self) -> ArrayNamespace:
+        """Array conversions: ``col("features").arr.to_list()``."""
+        from dataflow.expr_namespaces import ArrayNamespace
+
+        return ArrayNamespace(self)
+
+    @property
     def name(self) -> str | None:
         """The output name: the column's for ``col``, the alias's for ``alias``, else None."""
         return None
@@ -545,6 +582,36 @@ class FunctionExpr(Expr):
         return f"{self.function}({', '.join(repr(a) for a in self.args)}{options})"
 
 
+class NotPushable(TypeError):
+    """An expression with a kernel of dataflow's own has no ``pyarrow.compute.Expression``
+    form: it runs on the data (a filter of it is not pushed into a read)."""
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class KernelExpr(Expr):
+    """A kernel of dataflow's own over one expression's values (the ``.list``, ``.struct``,
+    ``.dt``, ``.map`` and ``.arr`` functions, ``dataflow.expr_namespaces.KERNELS``)."""
+
+    kernel: str
+    arg: Expr
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def _children(self) -> tuple[Expr, ...]:
+        return (self.arg,)
+
+    def _arrow(self, ctx: _Context) -> Any:
+        if ctx.table is None:
+            raise NotPushable(f"{self!r} runs on the data: it has no pyarrow.compute.Expression form")
+        from dataflow.expr_namespaces import KERNELS
+
+        return KERNELS[self.kernel](self.arg._arrow(ctx), **dict(self.options))
+
+    def __repr__(self) -> str:
+        namespace, _, method = self.kernel.partition(".")
+        options = ", ".join(f"{k}={v!r}" for k, v in self.options)
+        return f"{self.arg!r}.{namespace}.{method}({options})"
+
+
 def _value_list(values: Iterable[Any], method: str) -> LiteralExpr:
     if isinstance(values, (str, bytes, Expr, pc.Expression)) or not isinstance(values, Iterable):
         msg = f"{method}() takes a list of values, got {values!r}"
@@ -655,10 +722,15 @@ class FilterExpr:
 
     def __init__(self, expr: Expr) -> None:
         self.expr = expr
-        self.arrow_expr = expr.to_pyarrow()
+        try:
+            self.arrow_expr: pc.Expression | None = expr.to_pyarrow()
+        except NotPushable:  # a kernel of dataflow's own: evaluated on each block
+            self.arrow_expr = None
 
     def __call__(self, table: pa.Table) -> pa.Table:
         _check_columns(table, self.expr, f"filter({self.expr})")
+        if self.arrow_expr is None:
+            return table.filter(self.expr.evaluate(table))
         return table.filter(self.arrow_expr)
 
 
@@ -714,7 +786,7 @@ def named_exprs(exprs: Mapping[str, Expr] | Iterable[Expr], method: str = "with_
     return named
 
 
-def filter_step(expr: Any) -> tuple[str, Any, pc.Expression]:
+def filter_step(expr: Any) -> tuple[str, Any, pc.Expression | None]:
     """(step name, batch function, pushable pyarrow expression) for ``filter(expr=...)``.
 
     ``expr`` is a string (parsed by ``expression_parser``), a dataflow ``Expr`` or a
@@ -743,6 +815,7 @@ __all__ = [
     "ColumnExpr",
     "Expr",
     "FunctionExpr",
+    "KernelExpr",
     "LiteralExpr",
     "Operation",
     "StringNamespace",

@@ -114,3 +114,19 @@ def test_range_tensor_and_from_blocks(mode):
     assert isinstance(blocks, dataflow.MaterializedDataset)  # eager, as Ray's
     assert blocks.num_blocks() == 3 and blocks.take_all() == [{"a": i} for i in range(1, 5)]  # in order
     assert [b.num_rows for b in blocks.iter_batches(batch_size=None, batch_format="pyarrow")] == [1, 2, 1]
+
+
+def test_list_struct_and_datetime_functions_in_a_pipeline(mode):
+    """Ray's ``.list``, ``.struct`` and ``.dt`` functions in ``with_column`` and ``filter`` (a
+    filter on one runs on the data: it has no pyarrow form to push into a read)."""
+    import datetime
+
+    items = [{"tags": list(range(i % 4)), "point": {"x": i, "y": -i},
+              "at": datetime.datetime(2026, 1, 1) + datetime.timedelta(days=i)} for i in range(40)]
+    ds = dataflow.from_items(items, override_num_blocks=4)
+    out = (ds.filter(expr=col("tags").list.len() >= 2)
+           .with_columns({"last": col("tags").list[-1], "x": col("point").struct["x"], "month": col("at").dt.month()})
+           .take_all())
+    assert sorted(r["x"] for r in out) == [i for i in range(40) if i % 4 >= 2]
+    assert all(r["last"] == r["x"] % 4 - 1 and r["month"] == (datetime.datetime(2026, 1, 1)
+               + datetime.timedelta(days=r["x"])).month for r in out)

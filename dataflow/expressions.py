@@ -99,7 +99,16 @@ def _as_expr(value: Any) -> Expr:
     return LiteralExpr(value)
 
 
-def _arrow_type(target: pa.DataType | str) -> pa.DataType:
+def _arrow_type(target: Any) -> pa.DataType:
+    from dataflow.datatype import DataType
+
+    if isinstance(target, DataType):  # Ray's form: col("x").cast(DataType.float64())
+        if target.is_python_type():
+            msg = ("Python-type-backed DataType (e.g., DataType(int), DataType(str)) requires values to infer the "
+                   "Arrow type, which is not available in the cast() context. Please use an Arrow-backed DataType "
+                   "instead, such as DataType.int64(), DataType.float64(), or DataType.string().")
+            raise TypeError(msg)
+        return target.to_arrow_dtype()
     if isinstance(target, pa.DataType):
         return target
     if isinstance(target, str):
@@ -107,7 +116,8 @@ def _arrow_type(target: pa.DataType | str) -> pa.DataType:
             return pa.type_for_alias(target)
         except ValueError:
             pass
-    msg = f"cast() takes a pyarrow DataType or a type name such as 'int64' or 'string', got {target!r}"
+    msg = (f"cast() takes a DataType (DataType.int64()...), a pyarrow DataType or a type name such as 'int64' "
+           f"or 'string', got {target!r}")
     raise TypeError(msg)
 
 
@@ -277,8 +287,9 @@ class Expr:
         """The same values under the name ``name`` (for ``with_columns([...])``)."""
         return AliasExpr(self, name)
 
-    def cast(self, target_type: pa.DataType | str, safe: bool = True) -> Expr:
-        """The values converted to ``target_type`` (a pyarrow type or a name such as "float32")."""
+    def cast(self, target_type: Any, safe: bool = True) -> Expr:
+        """The values converted to ``target_type``: Ray's ``DataType`` (``DataType.float64()``), a
+        pyarrow type, or a name such as "float32"."""
         return CastExpr(self, _arrow_type(target_type), safe)
 
     def fill_null(self, value: Any) -> Expr:

@@ -42,6 +42,7 @@ import torch.distributed
 import torch.utils.data
 
 from connectors.base import Datasource
+from dataflow.collate_fn import collate_input
 from dataflow.iterator import DataIterator, check_batch_size, prefetch
 from engine.block_format import to_batch
 
@@ -217,8 +218,9 @@ def iter_torch_batches(
     """Batches of ``batch_size`` rows as ``{column: tensor}`` on ``device``, as Ray Data's.
 
     * ``dtypes``: one ``torch.dtype`` for all columns or ``{column: dtype}``; others keep theirs.
-    * ``collate_fn(batch)`` receives the numpy dict and returns what the loop gets; tensors in
-      its result (alone, or in a dict/list/tuple) are moved to ``device``. It cannot be combined
+    * ``collate_fn(batch)`` receives the numpy dict (a ``pyarrow.Table`` or a ``DataFrame`` for an
+      ``ArrowBatchCollateFn`` or ``PandasBatchCollateFn`` of ``dataflow.collate_fn``) and returns
+      what the loop gets; tensors in its result (alone, or in a dict/list/tuple) are moved to ``device``. It cannot be combined
       with ``dtypes`` (cast inside it), as in Ray Data.
     * ``drop_last``, ``local_shuffle_buffer_size``, ``local_shuffle_seed``: as ``iter_batches``.
     * ``device``: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N", a torch.device.
@@ -274,9 +276,9 @@ def _batches(
     tables = iterator.iter_tables(batch_size, drop_last, shuffle_buffer, shuffle_seed, on_execute=on_execute)
 
     def collate(table: pa.Table) -> Any:
+        if collate_fn is not None:  # a table, a numpy dict or a DataFrame, as its class says
+            return collate_fn(collate_input(collate_fn, table))
         batch = to_batch(table, "numpy")
-        if collate_fn is not None:
-            return collate_fn(batch)
         # a copy to pinned or device memory is coming anyway: no need to protect the block
         keep_private = private["blocks"] or mover.pin or target.type != "cpu"
         return to_tensors(batch, dtypes, private=keep_private)

@@ -8,10 +8,12 @@ import time
 import uuid
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
 import dataflow
+from dataflow.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn, PandasBatchCollateFn
 from engine import session as engine_session
 from engine.block_format import tensor_array
 
@@ -168,6 +170,29 @@ def test_iter_torch_batches_collate_fn_gets_numpy(mode):
     assert isinstance(out[0][1], list) and out[0][1][0].shape == (40,)
     with pytest.raises(ValueError, match="dtypes"):
         dataflow.range(3).iter_torch_batches(collate_fn=collate, dtypes=torch.float32)
+
+
+class ArrowCollate(ArrowBatchCollateFn):
+    def __call__(self, batch):
+        assert isinstance(batch, pa.Table)
+        return torch.tensor(batch.column("id").to_numpy())  # a copy: Arrow memory is read-only
+
+
+class PandasCollate(PandasBatchCollateFn):
+    def __call__(self, batch):
+        assert isinstance(batch, pd.DataFrame)
+        return torch.as_tensor(batch["id"].to_numpy(dtype="int64") + 1)
+
+
+def test_collate_fn_classes_get_the_batch_format_they_name(mode):
+    """Ray's ``ray.data.collate_fn`` classes: an Arrow one gets tables, a pandas one frames."""
+    ds = dataflow.range(100, override_num_blocks=3)
+    arrow = torch.cat(list(ds.iter_torch_batches(batch_size=32, collate_fn=ArrowCollate())))
+    assert sorted(arrow.tolist()) == list(range(100))
+    frames = torch.cat(list(ds.iter_torch_batches(batch_size=32, collate_fn=PandasCollate())))
+    assert sorted(frames.tolist()) == list(range(1, 101))
+    with pytest.raises(TypeError, match="abstract"):
+        NumpyBatchCollateFn()
 
 
 def test_iter_torch_batches_local_shuffle(mode):

@@ -393,3 +393,33 @@ def test_a_filter_on_a_kernel_runs_on_the_data_and_pickles():
     again = pickle.loads(pickle.dumps(step))
     assert again(_nested_table())["items"].to_pylist() == [[3, 1, None, 2], [5, 4]]
     assert repr(col("items").list[0]) == "col('items').list.get(index=0)"
+
+
+def test_cast_takes_rays_datatype():
+    """Ray's ``Expr.cast`` docstring example, with ``DataType`` from ``dataflow.datatype``."""
+    import numpy as np
+
+    from dataflow.datatype import DataType
+
+    table = pa.table({"id": pa.array(range(4), pa.int64())})
+    assert (col("id") % 2).cast(DataType.int64()).evaluate(table).type == pa.int64()
+    assert col("id").cast(DataType.float64()).evaluate(table).to_pylist() == [0.0, 1.0, 2.0, 3.0]
+    assert col("id").cast(DataType.string()).evaluate(table).to_pylist() == ["0", "1", "2", "3"]
+    assert col("id").cast(DataType.from_numpy("int8")).evaluate(table).type == pa.int8()
+    with pytest.raises(TypeError, match="Python-type-backed DataType"):
+        col("id").cast(DataType(int))
+    with pytest.raises(TypeError, match="DataType supports only"):
+        DataType("int64")
+    assert repr(DataType.int32()) == "DataType(arrow:int32)" and repr(DataType.from_numpy("float64")) == "DataType(numpy:float64)"
+    assert repr(DataType(str)) == "DataType(python:str)"
+    assert DataType.int64() == DataType.from_arrow(pa.int64()) != DataType.from_numpy(np.dtype("int64"))
+    assert len({DataType.int64(), DataType.from_arrow(pa.int64())}) == 1
+    nested = DataType.struct([("a", DataType.list(DataType.int64())), ("m", DataType.map(DataType.string(), DataType.bool()))])
+    assert nested.to_arrow_dtype() == pa.struct([("a", pa.list_(pa.int64())), ("m", pa.map_(pa.string(), pa.bool_()))])
+    assert nested.is_struct_type() and nested.is_nested_type() and not nested.is_list_type()
+    assert DataType.tensor((2, 3), DataType.float32()).is_tensor_type()
+    assert DataType.temporal("timestamp", "ms", "UTC").to_arrow_dtype() == pa.timestamp("ms", tz="UTC")
+    assert DataType.uint64().is_uint64_type() and DataType.float32().is_numerical_type() and DataType.binary().is_binary_type()
+    assert DataType.from_numpy("float32").to_numpy_dtype() == np.float32 and DataType.string().to_numpy_dtype() == np.dtype(object)
+    assert DataType.from_dtype("int16") == DataType.from_numpy("int16") and DataType.from_dtype(None) is None
+    assert DataType.infer_dtype(1.5) == DataType.float64() and DataType(int).to_python_type() is int

@@ -97,3 +97,14 @@ def test_module_names_dataflow_has_and_does_not():
         expressions.udf
     with pytest.raises(AttributeError, match=r"^module 'dataflow.expressions' has no attribute 'coll'$"):
         expressions.coll
+
+
+def test_rays_datasource_partitioning_module_path_imports():
+    """``from ray.data.datasource.partitioning import PathPartitionFilter`` ports by its import;
+    the names of that module dataflow lacks say so."""
+    from dataflow.datasource import partitioning
+    from dataflow.datasource.partitioning import PathPartitionFilter
+
+    assert PathPartitionFilter is dataflow.datasource.PathPartitionFilter
+    with pytest.raises(AttributeError, match=r"partitioning\.Partitioning is a Ray Data API that dataflow does not provide"):
+        partitioning.Partitioning

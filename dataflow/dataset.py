@@ -66,6 +66,11 @@ class Dataset:
     def __init__(self, plan: LogicalNode) -> None:
         self._plan = plan
         self._last_stats: ExecutionStats | None = None
+        self._cached_schema: pa.Schema | None = None
+        """The schema of the first block a run of this dataset gave (a later ``schema()`` and
+        ``repr`` use it instead of running the plan again, as Ray caches it)."""
+        self._cached_num_rows: int | None = None
+        """The rows a whole run of this dataset gave (``repr`` shows them, as Ray's)."""
 
     # running ------------------------------------------------------------------------------
     def _execute(
@@ -615,9 +620,13 @@ class Dataset:
                 return known
         if isinstance(plan, InputBlocks) and not plan.refs:
             return None
+        cached = getattr(self, "_cached_schema", None)
+        if cached is not None:
+            return cached
         if not fetch_if_missing and not isinstance(plan, InputBlocks):
             return _schema_from_plan(self)
         for table in self.limit(1).iterator().iter_blocks():
+            self._cached_schema = table.schema
             return table.schema
         same = _same_schema_input(self._plan)
         return self._derive(same)._arrow_schema(fetch_if_missing) if same is not None else None

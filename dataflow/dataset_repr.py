@@ -47,6 +47,8 @@ def dataset_repr(ds: Dataset) -> str:
         return summary_repr(ds)
     materialized = hasattr(ds, "_blocks")
     num_rows = count_from_metadata(optimize(ds._plan))
+    if num_rows is None:  # a whole run of it has counted them
+        num_rows = getattr(ds, "_cached_num_rows", None)
     head: list[dict[str, Any]] = []
     tail: list[dict[str, Any]] = []
     if materialized and num_rows:

@@ -166,13 +166,19 @@ class DataIterator:
             on_execute(handle)
         refs = handle.iter_refs()
         closed_early = False
+        rows = 0
         try:
             for ref in refs:
                 table = handle.get(ref)
+                rows += table.num_rows
+                if self._dataset is not None and getattr(self._dataset, "_cached_schema", 0) is None:
+                    self._dataset._cached_schema = table.schema  # known now: schema() need not run it again
                 try:
                     yield table
                 finally:
                     handle.release(ref)
+            if self._dataset is not None:  # a whole run: its row count is known (repr shows it, as Ray's)
+                self._dataset._cached_num_rows = rows
         except GeneratorExit:  # perhaps by the garbage collector, on any thread: the summary is the thread's
             closed_early = True
             raise

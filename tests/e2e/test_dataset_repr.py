@@ -165,3 +165,36 @@ def test_range_tensor_prints_its_tensor_column_without_running(mode):
     )
     assert ds.schema(fetch_if_missing=False).types[0] == pa.fixed_shape_tensor(pa.int64(), [2, 2])
     assert ds.take(2)[1]["data"].tolist() == [[1, 1], [1, 1]]
+
+
+def _with_text(row):
+    return {"id": row["id"], "s": str(row["id"])}
+
+
+def test_a_run_tells_the_schema_and_row_count_as_in_ray(mode, tmp_path):
+    """After a run, Ray 2.60 prints a function's output as a table with the rows it counted,
+    and ``schema()`` does not run the plan again (the strings below were printed by Ray)."""
+    ds = dataflow.range(10).filter(lambda r: r["id"] < 3).map(_with_text)
+    assert repr(ds).startswith("Map(_with_text)\n")
+    ds.take_all()
+    assert repr(ds) == (
+        "shape: (3, 2)\n"
+        "╭───────┬────────╮\n"
+        "│ id    ┆ s      │\n"
+        "│ ---   ┆ ---    │\n"
+        "│ int64 ┆ string │\n"
+        "╰───────┴────────╯\n"
+        "(Dataset isn't materialized)"
+    )
+    calls = tmp_path / "calls"
+
+    def counted(batch):
+        with open(calls, "a") as f:
+            f.write("x")
+        return {"id": batch["id"], "half": batch["id"] / 2}
+
+    other = dataflow.range(10).map_batches(counted)
+    assert other.schema().names == ["id", "half"]
+    runs = len(calls.read_text())
+    assert other.schema().names == ["id", "half"] and len(calls.read_text()) == runs  # not run again
+    assert repr(other).startswith("shape: (?, 2)\n")  # a batch function may change the rows

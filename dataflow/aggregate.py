@@ -293,8 +293,10 @@ class ValueCounter(_BuiltIn):
 
 
 class ApproximateQuantile(_BuiltIn):
-    """Ray's ``ApproximateQuantile``: the value at each rank of ``quantiles`` (a KLL sketch's
-    answer in Ray: the smallest value whose rank, counting it, reaches the quantile). Computed
+    """Ray's ``ApproximateQuantile``: the value at each rank of ``quantiles``, as its KLL
+    sketch answers with every value kept: the ``floor(q * n)``-th smallest of the ``n`` values
+    (0-based, the last for ``q = 1``), so ``[20, 40, 60, 80, 100]`` gives 20, 60 and 100 at
+    0.1, 0.5 and 0.9, and ``[50000, 60000]`` 60000 at 0.5, as Ray's documented results. Computed
     exactly here from the group's values, which is within any sketch's error; the group's
     values are held to do it (``quantile_precision`` is taken and has nothing to tune)."""
 
@@ -313,7 +315,7 @@ class ApproximateQuantile(_BuiltIn):
         if not len(ordered):
             return None
         n = len(ordered)
-        return [float(ordered[min(n - 1, max(0, math.ceil(q * n) - 1))]) for q in self.quantiles]
+        return [float(ordered[min(n - 1, math.floor(q * n))]) for q in self.quantiles]
 
 
 class ApproximateTopK(_BuiltIn):
@@ -387,10 +389,14 @@ def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
         if getattr(agg, "skips_nan", False) and agg.ignore_nulls and pa.types.is_floating(table.schema.field(agg.on).type):
             table = table.append_column(f"__nonan{i}", nan_as_null(table.column(agg.on)))
             columns_of[i] = f"__nonan{i}"
+        if (agg.partial_kind in ("sum", "mean", "std", "zero_pct") and agg.on is not None
+                and pa.types.is_boolean(table.schema.field(agg.on).type)):  # True is 1, as numpy and pandas count it
+            table = table.append_column(f"__num{i}", pc.cast(table.column(agg.on), pa.int64()))
+            columns_of[i] = f"__num{i}"
         if agg.partial_kind == "abs_max":
             table = table.append_column(f"__abs{i}", pc.abs(table.column(agg.on)))
         if agg.partial_kind == "zero_pct":
-            table = table.append_column(f"__zero{i}", pc.cast(pc.equal(table.column(agg.on), 0), pa.int64()))
+            table = table.append_column(f"__zero{i}", pc.cast(pc.equal(table.column(columns_of[i]), 0), pa.int64()))
     specs = [spec for i, agg in enumerate(aggs) for spec in _partial_specs(i, agg, columns_of[i])]
     grouped = table.group_by(list(keys), use_threads=False).aggregate(
         [(column, func, opts) if opts is not None else (column, func) for column, func, opts, _ in specs]

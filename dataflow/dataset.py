@@ -1183,10 +1183,12 @@ class Dataset:
     def summary(
         self, columns: list[str] | None = None, override_dtype_agg_mapping: dict[Any, Any] | None = None
     ) -> DatasetSummary:
-        """Statistics of each column, chosen by its type (count, mean, min, max, std, median,
-        missing and zero percentages, most frequent values): ``.to_pandas()`` to see them.
-        ``override_dtype_agg_mapping``: ``{pa.int64(): lambda col: [Sum(on=col)]}`` picks the
-        aggregations of the columns of a type (or a type category such as ``"temporal"``)."""
+        """Statistics of each column, chosen by its type as Ray 2.60's (count, mean, min, max,
+        std, approx_quantile[0] (the median), missing and zero percentages, approx_topk[0..9]):
+        ``.to_pandas()`` to see them, ``.get_column_stats(name)`` for one column
+        (``dataflow.summary``). ``override_dtype_agg_mapping``: ``{DataType.int64(): lambda col:
+        [Sum(on=col)]}`` picks the aggregations of the columns of a type (a pyarrow type, or a
+        type category such as ``"temporal"``, also works)."""
         from dataflow.summary import summarize
 
         return summarize(self, columns, override_dtype_agg_mapping)

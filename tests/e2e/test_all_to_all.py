@@ -442,6 +442,8 @@ def test_value_counts_top_k_and_quantiles_as_rays(mode, exchange):
     values = dataflow.from_items([{"value": v} for v in (20.0, 40.0, 60.0, 80.0, 100.0)])
     assert values.aggregate(ApproximateQuantile(on="value", quantiles=[0.1, 0.5, 0.9])) == {
         "approx_quantile(value)": [20.0, 60.0, 100.0]}
+    two = dataflow.from_items([{"v": 50000}, {"v": 60000}, {"v": None}])  # Ray's summary example: the upper one
+    assert two.aggregate(ApproximateQuantile("v", [0.5]))["approx_quantile(v)"] == [60000.0]
     items = [{"g": i % 3, "v": None if i % 10 == 0 else i % 7, "tags": [i % 2, i % 5]} for i in range(300)]
     ds = dataflow.from_items(items, override_num_blocks=6)
     out = {r["g"]: r for r in ds.groupby("g").aggregate(
@@ -456,7 +458,7 @@ def test_value_counts_top_k_and_quantiles_as_rays(mode, exchange):
         assert [t["count"] for t in out[g]["top"]] == most
         assert all(vs.count(t["v"]) == t["count"] for t in out[g]["top"])
         ordered = sorted(vs)
-        assert out[g]["q"] == [float(ordered[0]), float(ordered[math.ceil(0.5 * len(ordered)) - 1]), float(ordered[-1])]
+        assert out[g]["q"] == [float(ordered[0]), float(ordered[len(ordered) // 2]), float(ordered[-1])]
         tags = [t for r in items if r["g"] == g for t in r["tags"]]
         (top_tag,) = out[g]["approx_topk(tags)"]  # the items of the lists are counted (ties: either)
         assert top_tag["count"] == tags.count(top_tag["tags"]) == max(tags.count(t) for t in set(tags))
@@ -467,31 +469,47 @@ def test_value_counts_top_k_and_quantiles_as_rays(mode, exchange):
 
 
 def test_summary_by_column_type(mode):
-    items = [{"age": 25, "pay": 50000.0, "name": "Al", "day": None}, {"age": 30, "pay": None, "name": None, "day": None},
-             {"age": 0, "pay": 70000.0, "name": "Al", "day": None}, {"age": 5, "pay": 0.0, "name": "Bo", "day": None}]
+    """Ray 2.60's summary: its docstring example gives its documented numbers and shapes."""
+    items = [{"age": 25, "salary": 50000, "name": "Alice", "city": "NYC"},
+             {"age": 30, "salary": 60000, "name": None, "city": "LA"},
+             {"age": 0, "salary": None, "name": "Bob", "city": None}]
     summary = dataflow.from_items(items).summary()
-    age = summary.get_column_stats("age")
-    assert age["count"] == 4 and age["min"] == 0 and age["max"] == 30 and age["mean"] == 15.0
-    assert age["std"] == pytest.approx(statistics.stdev([25, 30, 0, 5])) and age["zero_pct"] == 25.0
-    assert age["median"] == 15.0 and age["missing_pct"] == 0.0
-    pay = summary.get_column_stats("pay")
-    assert pay["count"] == 3 and pay["missing_pct"] == 25.0 and pay["zero_pct"] == pytest.approx(100 / 3)
-    name = summary.get_column_stats("name")
-    assert name["top_10"] == [("Al", 2), ("Bo", 1)] and name["missing_pct"] == 25.0 and "mean" not in name
     frame = summary.to_pandas()
-    assert list(frame.columns) == ["statistic", "age", "pay", "name", "day"]
+    assert list(frame.columns) == ["statistic", "age", "city", "name", "salary"]  # sorted, as Ray's
+    assert frame["statistic"].tolist() == ["approx_quantile[0]", "approx_topk[0]", "approx_topk[1]", "count", "max",
+                                           "mean", "min", "missing_pct", "std", "zero_pct"]
+    age = dict(zip(*summary.get_column_stats("age").to_dict("list").values(), strict=True))
+    assert age["approx_quantile[0]"] == 25 and age["count"] == 3 and age["max"] == 30 and age["min"] == 0
+    assert age["mean"] == pytest.approx(18.333333) and age["std"] == pytest.approx(13.123346)  # ddof=0, as Ray's
+    assert age["missing_pct"] == 0 and age["zero_pct"] == pytest.approx(33.333333)
+    salary = dict(zip(frame["statistic"], frame["salary"], strict=True))
+    assert salary["approx_quantile[0]"] == 60000 and salary["count"] == 3 and salary["std"] == 5000
+    assert salary["missing_pct"] == pytest.approx(33.333333) and salary["zero_pct"] == 0
+    name = dict(zip(frame["statistic"], frame["name"], strict=True))
+    assert name["count"] == 3 and name["missing_pct"] == pytest.approx(33.333333)  # count: every row, as Ray's
+    assert sorted(name[f"approx_topk[{i}]"]["name"] for i in range(2)) == ["Alice", "Bob"]
+    assert all(name[f"approx_topk[{i}]"]["count"] == 1 for i in range(2))
+    flags = dict(zip(*dataflow.from_items([{"f": True}, {"f": False}, {"f": None}, {"f": True}]).summary()
+                     .get_column_stats("f").to_dict("list").values(), strict=True))
+    assert flags["mean"] == pytest.approx(2 / 3) and flags["zero_pct"] == pytest.approx(100 / 3)  # booleans are numbers
     assert dataflow.from_items(items).summary(columns=["age"]).to_pandas().columns.tolist() == ["statistic", "age"]
-    with pytest.raises(KeyError, match="nope"):
+    with pytest.raises(ValueError, match="nope"):
         dataflow.from_items(items).summary(columns=["nope"])
-    # Ray's override_dtype_agg_mapping: the aggregations of the columns of a type, by its factory
+    with pytest.raises(ValueError, match="not found in summary"):
+        summary.get_column_stats("nope")
+    # Ray's override_dtype_agg_mapping, keyed by its DataType (or a pyarrow type, or a category)
     from dataflow.aggregate import Count, Sum
+    from dataflow.datatype import DataType
 
     custom = dataflow.from_items(items).summary(override_dtype_agg_mapping={
-        pa.int64(): lambda col: [Count(on=col), Sum(on=col)],
+        DataType.int64(): lambda col: [Count(on=col), Sum(on=col)],
         "temporal": lambda col: [Count(on=col)],  # a category key that no column here has
     })
-    assert custom.get_column_stats("age") == {"count": 4, "sum": 60}  # no median, no defaults
-    assert custom.get_column_stats("pay")["mean"] == 40000.0  # other types keep Ray's defaults
+    sums = custom.to_pandas().set_index("statistic")
+    assert sums.loc["sum", "age"] == 55 and sums.loc["sum", "salary"] == 110000 and "mean" not in sums.index
+    assert sums.loc["count", "name"] == 3  # other types keep Ray's defaults
+    assert dataflow.from_items(items).summary(override_dtype_agg_mapping={pa.int64(): lambda col: [Sum(on=col)]}
+                                              ).to_pandas().set_index("statistic").loc["sum", "age"] == 55
     with pytest.raises(TypeError, match="override_dtype_agg_mapping keys"):
         dataflow.from_items(items).summary(override_dtype_agg_mapping={"int": lambda col: []})
 

@@ -21,7 +21,8 @@ Strings like ``"a > 5 and b == 'x'"`` become expressions in ``expression_parser`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -623,6 +624,97 @@ class KernelExpr(Expr):
         return f"{self.arg!r}.{namespace}.{method}({options})"
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class UDFExpr(Expr):
+    """A function of columns (Ray's ``@udf``): ``fn`` gets each argument's values for a block
+    as a ``pyarrow.Array`` (a constant as itself) and returns the column's values; the result
+    is cast to ``return_dtype``."""
+
+    fn: Any
+    args: tuple[Expr, ...]
+    kwargs: tuple[tuple[str, Expr], ...]
+    return_dtype: Any
+
+    def _children(self) -> tuple[Expr, ...]:
+        return self.args + tuple(value for _, value in self.kwargs)
+
+    def _arrow(self, ctx: _Context) -> Any:
+        if ctx.table is None:
+            raise NotPushable(f"{self!r} runs on the data: it has no pyarrow.compute.Expression form")
+
+        def value(expr: Expr) -> Any:
+            if isinstance(expr, LiteralExpr):
+                return expr.value
+            values = expr._arrow(ctx)
+            return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+        result = self.fn(*(value(a) for a in self.args), **{k: value(v) for k, v in self.kwargs})
+        if not isinstance(result, (pa.Array, pa.ChunkedArray)):
+            result = pa.array(result.to_numpy() if hasattr(result, "to_numpy") else result)
+        kind = _arrow_type(self.return_dtype) if self.return_dtype is not None else None
+        return result.cast(kind) if kind is not None and result.type != kind else result
+
+    def __repr__(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs]
+        return f"{getattr(self.fn, '__name__', type(self.fn).__name__)}({', '.join(parts)})"
+
+
+class _ClassUDF:
+    """A callable class's ``@udf``: constructed where it first runs (once per process), not
+    where the expression is built; pickles without its instance."""
+
+    def __init__(self, cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+        self.__name__ = cls.__name__
+        self._instance: Any = None
+
+    def __call__(self, *values: Any, **named: Any) -> Any:
+        if self._instance is None:
+            self._instance = self.cls(*self.args, **self.kwargs)
+        return self._instance(*values, **named)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_instance": None}
+
+
+def udf(return_dtype: Any) -> Callable[[Any], Any]:
+    """Ray's ``@udf(return_dtype=DataType.int32())``: a function of ``pyarrow.Array`` columns
+    (or a callable class, constructed once per process where it runs) becomes a function of
+    expressions: ``add_one(col("id"))`` is an expression for ``with_column``."""
+
+    def decorate(fn: Any) -> Any:
+        if isinstance(fn, type):
+            cls = fn
+
+            class ExpressionCallable:
+                def __init__(self, *args: Any, **kwargs: Any) -> None:
+                    self._udf = _ClassUDF(cls, args, kwargs)
+
+                def __call__(self, *args: Any, **kwargs: Any) -> UDFExpr:
+                    return _udf_expr(self._udf, args, kwargs, return_dtype)
+
+            ExpressionCallable.__name__, ExpressionCallable.__qualname__ = cls.__name__, cls.__qualname__
+            ExpressionCallable.__module__ = cls.__module__
+            return ExpressionCallable
+
+        @functools.wraps(fn)
+        def build(*args: Any, **kwargs: Any) -> UDFExpr:
+            return _udf_expr(fn, args, kwargs, return_dtype)
+
+        return build
+
+    return decorate
+
+
+pyarrow_udf = udf
+"""Ray's ``pyarrow_udf``: the same as ``udf`` here, where columns are always Arrow arrays."""
+
+
+def _udf_expr(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], return_dtype: Any) -> UDFExpr:
+    return UDFExpr(fn, tuple(_as_expr(a) for a in args), tuple((k, _as_expr(v)) for k, v in kwargs.items()),
+                   return_dtype)
+
+
 def _value_list(values: Iterable[Any], method: str) -> LiteralExpr:
     if isinstance(values, (str, bytes, Expr, pc.Expression)) or not isinstance(values, Iterable):
         msg = f"{method}() takes a list of values, got {values!r}"
@@ -830,9 +922,12 @@ __all__ = [
     "LiteralExpr",
     "Operation",
     "StringNamespace",
+    "UDFExpr",
     "UnaryExpr",
     "col",
     "lit",
+    "pyarrow_udf",
+    "udf",
 ]
 
 

@@ -7,12 +7,14 @@ import math
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 import dataflow
+from dataflow.datatype import DataType
 from dataflow.errors import UserCodeError
-from dataflow.expressions import col, lit
+from dataflow.expressions import col, lit, udf
 
 
 def _people() -> dataflow.Dataset:
@@ -130,3 +132,49 @@ def test_list_struct_and_datetime_functions_in_a_pipeline(mode):
     assert sorted(r["x"] for r in out) == [i for i in range(40) if i % 4 >= 2]
     assert all(r["last"] == r["x"] % 4 - 1 and r["month"] == (datetime.datetime(2026, 1, 1)
                + datetime.timedelta(days=r["x"])).month for r in out)
+
+
+@udf(return_dtype=DataType.int32())
+def add_one(column):
+    return pc.add(column, 1)
+
+
+@udf(return_dtype=DataType.int32())
+class AddOffset:
+    def __init__(self, offset):
+        self.offset = offset
+
+    def __call__(self, x):
+        return pc.add(x, self.offset)
+
+
+@udf(return_dtype=DataType.string())
+def full_name(first, last):
+    return pc.binary_join_element_wise(first, last, " ")
+
+
+@udf(return_dtype=DataType.int64())
+def broken(column):
+    raise ZeroDivisionError("bad math in broken")
+
+
+def test_rays_udf_expressions(mode):
+    """Ray's ``@udf`` examples (``Dataset.with_column``'s docstring): a function and a callable
+    class of pyarrow arrays, used in ``with_column`` and ``filter``; its error is its own."""
+    ds = dataflow.range(10, override_num_blocks=3)
+    assert ds.with_column("id_plus_one", add_one(col("id"))).take(2) == [{"id": 0, "id_plus_one": 1},
+                                                                          {"id": 1, "id_plus_one": 2}]
+    add_five = AddOffset(5)
+    assert AddOffset.__name__ == "AddOffset"
+    out = ds.with_column("id_plus_five", add_five(col("id")))
+    assert sorted(r["id_plus_five"] for r in out.take_all()) == list(range(5, 15))
+    assert out.schema().types[-1] == pa.int32()  # the declared return type
+    names = dataflow.from_items([{"first": "John", "last": "Doe"}, {"first": "Jane", "last": "Smith"}])
+    assert [r["name"] for r in names.with_column("name", full_name(col("first"), col("last"))).take_all()] == [
+        "John Doe", "Jane Smith"]
+    assert sorted(r["id"] for r in ds.filter(expr=add_one(col("id")) > 8).take_all()) == [8, 9]
+    assert sorted(r["y"] for r in ds.with_column("y", add_one(col("id") * 2) + lit(1)).take_all()) == [
+        2 * i + 2 for i in range(10)]
+    with pytest.raises(ZeroDivisionError, match="bad math in broken") as info:
+        ds.with_column("x", broken(col("id"))).take_all()
+    assert "broken" in str(info.value)

@@ -179,7 +179,7 @@ class FileDatasource(Datasource):
     """Files are read front to back (``arrow_open_stream_args`` applies); False for formats
     opened for random access (Parquet, ORC)."""
     FILE_EXTENSIONS: tuple[str, ...] | None = None
-    DEFAULT_PARTITIONING: Partitioning = None
+    DEFAULT_PARTITIONING: Partitioning | str | None = None
 
     def __init__(
         self,
@@ -283,7 +283,7 @@ class FileDatasource(Datasource):
 
     def _partition_values(self, part_schema: pa.Schema, entry: FileEntry, display: str) -> dict[str, pa.Scalar]:
         """The partition columns' values for this file: from its hive folders (table formats: from their log)."""
-        return typed_values(part_schema, entry.path, display)
+        return typed_values(part_schema, entry.path, display, self._partitioning)
 
     def _read_file_checked(
         self, fs: Any, piece: FilePiece, display: str, retrier: Retrier

@@ -14,6 +14,7 @@ anything is read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -24,17 +25,86 @@ from connectors.errors import SchemaMismatchError
 
 NULL_VALUE = "__HIVE_DEFAULT_PARTITION__"
 
-Partitioning = str | pa.Schema | None
-"""What ``partitioning=`` accepts: ``"hive"``, a schema of partition fields (hive, typed), or None."""
+class PartitionStyle(StrEnum):
+    """Ray's partition styles: ``key=value`` folders, or folders that are values."""
+
+    HIVE = "hive"
+    DIRECTORY = "dir"
+
+
+_PYTHON_TYPES: dict[Any, pa.DataType] = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
+
+
+class Partitioning:
+    """Ray Data's ``Partitioning``: partition values in a file's folders.
+
+    ``Partitioning("hive")``: ``key=value`` folders (below ``base_dir`` when given).
+    ``Partitioning("dir", field_names=["class"], base_dir=root)``: the folders below
+    ``base_dir``, in order, are the values of ``field_names`` (``root/cat/1.png`` gives
+    ``class="cat"``, the layout of image classification sets); a file with another number of
+    folders below it is an error naming it, a file directly in it has none. ``field_types``
+    (``{"year": int}``: int, float, str or bool, or pyarrow types) types the values (strings
+    otherwise, as Ray's)."""
+
+    def __init__(self, style: Any = "hive", base_dir: str | None = None, field_names: list[str] | None = None,
+                 field_types: dict[str, Any] | None = None, filesystem: Any = None) -> None:
+        style = str(getattr(style, "value", style)).lower()
+        if style not in ("hive", "dir"):
+            raise ValueError(f"Partitioning style must be 'hive' or 'dir', got {style!r}")
+        if style == "dir" and not field_names:
+            raise ValueError("Partitioning('dir') needs field_names: the name of each folder level's values")
+        self.style, self.field_names = style, list(field_names) if field_names else None
+        self.base_dir = base_dir.replace("\\", "/").rstrip("/") if base_dir else ""
+        self.field_types = dict(field_types or {})
+        for name, kind in self.field_types.items():
+            if not isinstance(kind, pa.DataType) and kind not in _PYTHON_TYPES:
+                raise ValueError(f"field_types[{name!r}] must be int, float, str, bool or a pyarrow type, got {kind!r}")
+        self.filesystem = filesystem
+
+    def arrow_type(self, name: str) -> pa.DataType:
+        kind = self.field_types.get(name, str)
+        return kind if isinstance(kind, pa.DataType) else _PYTHON_TYPES[kind]
+
+    def parse(self, path: str, display: str | None = None) -> dict[str, str | None]:
+        """``{key: value}`` (strings) for ``path``'s partition folders."""
+        if self.style == "hive":
+            return parse_hive(path, self.base_dir)
+        path = path.replace("\\", "/")
+        base = self.base_dir
+        if base:
+            if not path.startswith(base + "/"):
+                return {}
+            path = path[len(base) + 1 :]
+        folders = [unquote(part) for part in path.split("/")[:-1] if part]
+        if not folders:
+            return {}
+        assert self.field_names is not None
+        if len(folders) != len(self.field_names):
+            raise SchemaMismatchError(
+                f"expected {len(self.field_names)} partition folder(s) below {base or '/'} for {self.field_names}, "
+                f"found {len(folders)}: {folders}", path=display or path)
+        return dict(zip(self.field_names, folders, strict=True))
+
+    def __repr__(self) -> str:
+        return (f"Partitioning(style={self.style!r}, base_dir={self.base_dir!r}, field_names={self.field_names!r}, "
+                f"field_types={self.field_types!r})")
 
 
 def check_partitioning(partitioning: Any) -> None:
-    """Raise ``ValueError`` unless ``partitioning`` is ``"hive"``, a ``pa.Schema`` or None."""
-    if partitioning is None or partitioning == "hive" or isinstance(partitioning, pa.Schema):
+    """Raise ``ValueError`` unless ``partitioning`` is ``"hive"``, a ``pa.Schema``, a
+    ``Partitioning`` or None."""
+    if partitioning is None or partitioning == "hive" or isinstance(partitioning, (pa.Schema, Partitioning)):
         return
     raise ValueError(
-        f"partitioning must be 'hive', a pyarrow.Schema of partition fields, or None; got {partitioning!r}"
+        f"partitioning must be 'hive', a Partitioning, a pyarrow.Schema of partition fields, or None; got {partitioning!r}"
     )
+
+
+def parse_partitions(partitioning: Any, path: str, display: str | None = None) -> dict[str, str | None]:
+    """``path``'s partition values as ``partitioning`` reads them (strings)."""
+    if isinstance(partitioning, Partitioning):
+        return partitioning.parse(path, display)
+    return parse_hive(path)
 
 
 def parse_hive(path: str, base: str = "") -> dict[str, str | None]:
@@ -56,24 +126,30 @@ def parse_hive(path: str, base: str = "") -> dict[str, str | None]:
     return values
 
 
-def partition_schema(partitioning: Partitioning, sample_path: str | None) -> pa.Schema | None:
-    """The partition fields: the given schema, or ``sample_path``'s keys as strings; None when not partitioned."""
+def partition_schema(partitioning: Any, sample_path: str | None) -> pa.Schema | None:
+    """The partition fields: the given schema, ``field_names`` of a directory ``Partitioning``,
+    or ``sample_path``'s keys (typed by ``field_types``, else strings); None when not partitioned."""
     if partitioning is None:
         return None
     if isinstance(partitioning, pa.Schema):
         return partitioning
+    if isinstance(partitioning, Partitioning) and partitioning.style == "dir":
+        assert partitioning.field_names is not None
+        return pa.schema([pa.field(k, partitioning.arrow_type(k)) for k in partitioning.field_names])
     if sample_path is None:
         return None
-    values = parse_hive(sample_path)
+    values = parse_partitions(partitioning, sample_path)
     if not values:
         return None
+    if isinstance(partitioning, Partitioning):
+        return pa.schema([pa.field(k, partitioning.arrow_type(k)) for k in values])
     return pa.schema([pa.field(k, pa.string()) for k in values])
 
 
-def typed_values(schema: pa.Schema, path: str, display: str) -> dict[str, pa.Scalar]:
+def typed_values(schema: pa.Schema, path: str, display: str, partitioning: Any = "hive") -> dict[str, pa.Scalar]:
     """This file's partition values converted to ``schema``'s types (null for a key its path
     does not have, as Ray's blocks without that column)."""
-    raw = parse_hive(path)
+    raw = parse_partitions(partitioning, path, display)
     out: dict[str, pa.Scalar] = {}
     for field in schema:
         value = raw.get(field.name)
@@ -126,11 +202,13 @@ class PathPartitionFilter:
     the folders below it (None: every folder of a file's path, as in Ray).
     """
 
-    def __init__(self, filter_fn: Callable[[dict[str, str]], bool], base_dir: str | None = None) -> None:
+    def __init__(self, filter_fn: Callable[[dict[str, str]], bool], base_dir: str | None = None,
+                 partitioning: Partitioning | None = None) -> None:
         if not callable(filter_fn):
             raise TypeError(f"filter_fn must be a function of the partition values, got {type(filter_fn).__name__}")
         self._filter_fn = filter_fn
         self._base_dir = base_dir.rstrip("/") if base_dir else None
+        self._partitioning = partitioning
 
     @staticmethod
     def of(
@@ -141,18 +219,18 @@ class PathPartitionFilter:
         field_types: dict[str, Any] | None = None,
         filesystem: Any = None,
     ) -> PathPartitionFilter:
-        """Ray's constructor. Only ``style="hive"`` exists here; values reach ``filter_fn`` as strings."""
-        style = getattr(style, "value", style)
-        if str(style).lower() != "hive":
-            raise ValueError(f"only hive partitions (key=value folders) are supported, got style={style!r}")
-        if field_names or field_types:
-            raise ValueError("field_names and field_types are for directory partitioning; hive folders name their keys")
-        return PathPartitionFilter(filter_fn, base_dir)
+        """Ray's constructor: ``style="hive"`` (``key=value`` folders) or ``"dir"`` (the folders
+        below ``base_dir`` are the values of ``field_names``); values reach ``filter_fn`` as strings."""
+        partitioning = Partitioning(style, base_dir, field_names, field_types, filesystem)
+        return PathPartitionFilter(filter_fn, base_dir, partitioning)
 
     def apply(self, path: str, root: str | None = None) -> bool:
         """Whether to read the file at ``path`` (``root``, the folder it was listed under, is
         not needed: every folder of the path counts)."""
-        parsed = parse_hive(path, self._base_dir or "")  # {} for a file outside ``base_dir``
+        if self._partitioning is not None:
+            parsed = self._partitioning.parse(path)  # {} for a file outside ``base_dir``
+        else:
+            parsed = parse_hive(path, self._base_dir or "")
         return bool(self._filter_fn({key: NULL_VALUE if value is None else value for key, value in parsed.items()}))
 
     def __call__(self, paths: list[str]) -> list[str]:

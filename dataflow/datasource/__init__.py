@@ -10,7 +10,7 @@ from __future__ import annotations
 from connectors.base import Datasink, Datasource, ReadTask, WriteResult, WriteReturnType
 from connectors.file_datasink import FilenameProvider, SaveMode
 from connectors.file_selection import FileShuffleConfig
-from connectors.partitioning import PathPartitionFilter
+from connectors.partitioning import Partitioning, PartitionStyle, PathPartitionFilter
 from dataflow.ray_api import RAY_DATASOURCE_API, module_getattr
 
 __all__ = [
@@ -18,6 +18,8 @@ __all__ = [
     "Datasource",
     "FileShuffleConfig",
     "FilenameProvider",
+    "PartitionStyle",
+    "Partitioning",
     "PathPartitionFilter",
     "ReadTask",
     "SaveMode",

@@ -1,14 +1,13 @@
-"""Ray's ``ray.data.datasource.partitioning``: ``PathPartitionFilter`` (hive folders only);
-``Partitioning``, ``PartitionStyle`` and ``PathPartitionParser`` raise an ``AttributeError``
-saying they are not provided (pass ``partitioning="hive"``, a ``pyarrow.Schema`` of the
-partition fields, or None to a read)."""
+"""Ray's ``ray.data.datasource.partitioning``: ``Partitioning`` (``"hive"`` and ``"dir"``
+styles), ``PartitionStyle`` and ``PathPartitionFilter``; ``PathPartitionParser`` raises an
+``AttributeError`` saying it is not provided."""
 
 from __future__ import annotations
 
-from connectors.partitioning import PathPartitionFilter
+from connectors.partitioning import Partitioning, PartitionStyle, PathPartitionFilter
 from dataflow.ray_api import module_getattr
 
-__all__ = ["PathPartitionFilter"]
+__all__ = ["PartitionStyle", "Partitioning", "PathPartitionFilter"]
 
 __getattr__ = module_getattr(
     "dataflow.datasource.partitioning", "ray.data.datasource.partitioning",

@@ -18,7 +18,7 @@ from connectors import SINKS, SOURCES
 from connectors.base import TaskContext
 from connectors.binary_format import BinaryDatasource
 from connectors.csv_format import CSVDatasink, CSVDatasource
-from connectors.errors import FileFormatError, PathNotFoundError
+from connectors.errors import FileFormatError, PathNotFoundError, SchemaMismatchError
 from connectors.file_datasource import plan_pieces
 from connectors.filesystem import FileEntry, resolve_files
 from connectors.image_format import ImageDatasource
@@ -269,3 +269,39 @@ def test_hive_folders_above_the_path_given_are_partitions_too(tmp_path: Path) ->
     odd.parent.mkdir()
     odd.write_text("v\n1\n")
     assert dataflow.read_csv(str(odd)).take_all() == [{"v": 1}]
+
+
+def test_directory_partitioning_names_the_folders_below_base_dir(tmp_path: Path) -> None:
+    """Ray's ``Partitioning("dir", field_names=..., base_dir=...)``: an image classification
+    layout gives a class column (Ray's read_images example); types from ``field_types``; a file
+    at another depth is an error naming it; ``PathPartitionFilter.of(style="dir")`` picks files."""
+    import dataflow
+    from dataflow.datasource import PathPartitionFilter
+    from dataflow.datasource.partitioning import Partitioning, PartitionStyle
+
+    for label in ("cat", "dog"):
+        for i in range(2):
+            folder = tmp_path / "images" / label
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i}.png").write_bytes(_png(np.full((8, 8, 3), i, np.uint8), "RGB"))
+    root = str(tmp_path / "images")
+    ds = dataflow.read_images(root, size=(4, 4), partitioning=Partitioning("dir", field_names=["class"], base_dir=root))
+    assert ds.schema().names == ["image", "class"] and ds.schema().types[1] == pa.string()
+    assert sorted(r["class"] for r in ds.take_all()) == ["cat", "cat", "dog", "dog"]
+    for year in (2024, 2025):
+        (tmp_path / "logs" / str(year) / "eu").mkdir(parents=True)
+        (tmp_path / "logs" / str(year) / "eu" / "a.csv").write_text(f"v\n{year}\n")
+    logs = str(tmp_path / "logs")
+    typed = Partitioning(PartitionStyle.DIRECTORY, base_dir=logs, field_names=["year", "region"], field_types={"year": int})
+    rows = sorted(dataflow.read_csv(logs, partitioning=typed).take_all(), key=lambda r: r["v"])
+    assert rows == [{"v": 2024, "year": 2024, "region": "eu"}, {"v": 2025, "year": 2025, "region": "eu"}]
+    only = PathPartitionFilter.of(lambda v: v["year"] == "2025", style="dir", base_dir=logs, field_names=["year", "region"])
+    assert [r["v"] for r in dataflow.read_csv(logs, partitioning=typed, partition_filter=only).take_all()] == [2025]
+    (tmp_path / "logs" / "2026").mkdir()
+    (tmp_path / "logs" / "2026" / "b.csv").write_text("v\n1\n")  # one folder where two are named
+    with pytest.raises(SchemaMismatchError, match=r"b\.csv.*expected 2 partition folder"):
+        dataflow.read_csv(logs, partitioning=typed).take_all()
+    with pytest.raises(ValueError, match="needs field_names"):
+        Partitioning("dir")
+    with pytest.raises(ValueError, match="style must be"):
+        Partitioning("range")

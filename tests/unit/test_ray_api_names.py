@@ -106,5 +106,6 @@ def test_rays_datasource_partitioning_module_path_imports():
     from dataflow.datasource.partitioning import PathPartitionFilter
 
     assert PathPartitionFilter is dataflow.datasource.PathPartitionFilter
-    with pytest.raises(AttributeError, match=r"partitioning\.Partitioning is a Ray Data API that dataflow does not provide"):
-        partitioning.Partitioning
+    assert partitioning.Partitioning("dir", field_names=["class"]).style == "dir"
+    with pytest.raises(AttributeError, match=r"partitioning\.PathPartitionParser is a Ray Data API that dataflow does not provide"):
+        partitioning.PathPartitionParser

@@ -137,3 +137,16 @@ def test_range_assignment_is_arrows_search(dtype, descending):
     want[missing] = last
     assert partitioner.num_partitions > 9
     assert np.array_equal(parts, want)
+
+
+@pytest.mark.parametrize("n", [2, 3, 1000, 70_000])
+def test_key_order_fixes_keys_that_tie_in_their_packed_top_bits(n):
+    """A few random keys forced to share their top bits with a neighbour (rare in real data),
+    and some exact duplicates: the order is still exactly the stable argsort's."""
+    rng = np.random.default_rng(n)
+    keys = rng.integers(0, np.iinfo(np.uint64).max, n, dtype=np.uint64, endpoint=True)
+    pick = rng.choice(n, size=min(n, 40), replace=False)
+    low = np.uint64((1 << 20) - 1)
+    keys[pick[1::2]] = (keys[pick[: len(pick) // 2 * 2 : 2]] & ~low) | (keys[pick[1::2]] & low)  # same top bits
+    keys[pick[:2]] = keys[pick[2]] if n > 2 else keys[pick[:2]]  # exact duplicates
+    assert np.array_equal(key_order(keys), np.argsort(keys, kind="stable"))

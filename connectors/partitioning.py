@@ -13,6 +13,7 @@ anything is read.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
@@ -54,7 +55,7 @@ class Partitioning:
         if style == "dir" and not field_names:
             raise ValueError("Partitioning('dir') needs field_names: the name of each folder level's values")
         self.style, self.field_names = style, list(field_names) if field_names else None
-        self.base_dir = base_dir.replace("\\", "/").rstrip("/") if base_dir else ""
+        self.base_dir = _listing_path(base_dir) if base_dir else ""
         self.field_types = dict(field_types or {})
         for name, kind in self.field_types.items():
             if not isinstance(kind, pa.DataType) and kind not in _PYTHON_TYPES:
@@ -88,6 +89,17 @@ class Partitioning:
     def __repr__(self) -> str:
         return (f"Partitioning(style={self.style!r}, base_dir={self.base_dir!r}, field_names={self.field_names!r}, "
                 f"field_types={self.field_types!r})")
+
+
+def _listing_path(path: str) -> str:
+    """``path`` as listings name files: no scheme (``s3://bucket/a`` is ``bucket/a``), local
+    paths absolute, ``/`` separators, no trailing one."""
+    path = path.replace("\\", "/")
+    if "://" in path:
+        path = path.split("://", 1)[1]
+    elif not path.startswith("/"):
+        path = os.path.abspath(path).replace("\\", "/")
+    return path.rstrip("/")
 
 
 def check_partitioning(partitioning: Any) -> None:

@@ -288,6 +288,10 @@ def test_directory_partitioning_names_the_folders_below_base_dir(tmp_path: Path)
     ds = dataflow.read_images(root, size=(4, 4), partitioning=Partitioning("dir", field_names=["class"], base_dir=root))
     assert ds.schema().names == ["image", "class"] and ds.schema().types[1] == pa.string()
     assert sorted(r["class"] for r in ds.take_all()) == ["cat", "cat", "dog", "dog"]
+    relative = os.path.relpath(root)  # a relative base_dir names the same folders
+    again = dataflow.read_images(root, partitioning=Partitioning("dir", field_names=["class"], base_dir=relative))
+    assert sorted(r["class"] for r in again.take_all()) == ["cat", "cat", "dog", "dog"]
+    assert Partitioning("dir", field_names=["k"], base_dir="s3://bucket/data/").base_dir == "bucket/data"
     for year in (2024, 2025):
         (tmp_path / "logs" / str(year) / "eu").mkdir(parents=True)
         (tmp_path / "logs" / str(year) / "eu" / "a.csv").write_text(f"v\n{year}\n")

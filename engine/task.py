@@ -25,7 +25,7 @@ import pyarrow as pa
 from engine import row_errors
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.tracebacks import Frame, format_frames, user_frames
-from engine.transform import TaskTransform, UDFFailure
+from engine.transform import CONSTRUCTOR_RETRIES, TaskTransform, UDFFailure
 from engine.units import common_unit
 
 OUTPUT_BLOCKS = "blocks"
@@ -192,11 +192,14 @@ def task_configs() -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def configs_of(transform: TaskTransform) -> Iterator[None]:
-    """``transform.configs`` are ``task_configs()`` in this thread within the block."""
+    """``transform.configs`` are ``task_configs()`` in this thread within the block, and
+    ``transform.init_retries`` the retries of the constructors it calls (``CONSTRUCTOR_RETRIES``)."""
     token = _CONFIGS.set(transform.configs or {})
+    retries = CONSTRUCTOR_RETRIES.set(transform.init_retries)
     try:
         yield
     finally:
+        CONSTRUCTOR_RETRIES.reset(retries)
         _CONFIGS.reset(token)
 
 

@@ -10,6 +10,7 @@ that is what makes a map over a class an actor.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -30,6 +31,10 @@ ROW_CHUNK = 16384
 
 
 log = logging.getLogger(__name__)
+
+CONSTRUCTOR_RETRIES: contextvars.ContextVar[int] = contextvars.ContextVar("dataflow_constructor_retries", default=0)
+"""How many more times a callable class's constructor that raised is called where a task runs
+(``TaskTransform.init_retries``, set for the task by ``engine.task.configs_of``; -1: no limit)."""
 
 USER_ERRORS: tuple[type[BaseException], ...] = (Exception, KeyboardInterrupt, SystemExit)
 """What a UDF may raise and have reported as its own error (``KeyboardInterrupt`` and
@@ -106,10 +111,10 @@ class Stage:
         state["_callable"] = None
         return state
 
-    def prepare(self, init_retries: int = 0) -> Callable[..., Any]:
+    def prepare(self) -> Callable[..., Any]:
         """The callable to invoke: constructs a callable class once (per worker) and keeps it.
         A constructor that raises an ``Exception`` is called again, in the same process, up
-        to ``init_retries`` more times (-1: until it succeeds), as Ray's
+        to ``CONSTRUCTOR_RETRIES`` more times (-1: until it succeeds), as Ray's
         ``DataContext.actor_init_retry_on_errors`` does.
 
         With ``retry_exceptions`` or ``env_vars`` it is wrapped to retry calls and to set the
@@ -117,7 +122,7 @@ class Stage:
         """
         if self._callable is None:
             if isinstance(self.fn, type):
-                instance = self._construct(init_retries)
+                instance = self._construct(CONSTRUCTOR_RETRIES.get())
             else:
                 instance = self.fn
             retried = _retried_types(self.retry_exceptions)
@@ -262,15 +267,13 @@ class BlockTransform(TaskTransform):
     def prepare(self) -> None:
         """Construct callable classes now (an actor's constructor runs before its first batch)."""
         for stage in self.stages:
-            stage.prepare(self.init_retries)
+            stage.prepare()
 
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
-        self.prepare()
         return _shape_output(self._run(iter(blocks), len(self.stages)), self.target_block_bytes)
 
     def count_rows(self, blocks: Iterable[pa.Table]) -> int:
         """Rows the transform would output; trailing row stages are counted, not turned into tables."""
-        self.prepare()
         tail = len(self.stages)
         while tail > 0 and self.stages[tail - 1].kind == "rows":
             tail -= 1

@@ -373,6 +373,9 @@ def test_actor_init_retry_on_errors_calls_the_constructor_again(mode):
         ctx.actor_init_retry_on_errors = True
         rows = run(2)  # 3 calls are allowed by default: the third succeeds
         assert sorted(r["id"] for r in rows) == list(range(20)) and {r["calls"] for r in rows} == {3}
+        groups = dataflow.from_items([{"g": i % 2, "id": i} for i in range(10)]).groupby("g").map_groups(
+            FlakyModel, fn_constructor_args=(f"groups-{time.monotonic_ns()}", 2))
+        assert {r["calls"] for r in groups.take_all()} == {3}  # map_groups' classes too
         ctx.actor_init_max_retries = 1
         with pytest.raises(ConnectionError, match=r"call 2\)"):
             run(2)

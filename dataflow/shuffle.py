@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.errors import ColumnNotFoundError
-from engine.exchange import FINE_PARTITIONS, concat
+from engine.exchange import FINE_PARTITIONS, concat, sort_with_positions
 
 SHUFFLE_KEY = "__dataflow_shuffle_key"
 
@@ -141,11 +141,7 @@ def key_order(keys: np.ndarray) -> np.ndarray:
     row_bits = (n - 1).bit_length()
     dropped = np.uint64(row_bits + 1)  # a key keeps its top 63 - row_bits bits
     packed = (keys >> dropped).view(np.int64)  # below 2**63: the same values, no copy
-    packed <<= row_bits
-    packed |= np.arange(n, dtype=np.int64)
-    packed.sort()
-    order = packed & ((1 << row_bits) - 1)
-    packed >>= row_bits
+    order = sort_with_positions(packed, row_bits)
     tied = np.flatnonzero(packed[1:] == packed[:-1])
     if len(tied) > n // 64 + 16:  # many keys alike in their top bits: not random keys
         return np.argsort(keys, kind="stable")

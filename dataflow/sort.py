@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from engine.exchange import FINE_PARTITIONS, concat
+from engine.exchange import FINE_PARTITIONS, concat, sort_with_positions
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -227,12 +227,7 @@ def packed_order(values: np.ndarray, low: int, high: int, descending: bool) -> n
         np.subtract(wide(high), packed, out=packed)
     else:
         packed -= wide(low)
-    packed = packed.view(np.int64)
-    packed <<= row_bits
-    packed |= np.arange(n, dtype=np.int64)
-    packed.sort()
-    packed &= (1 << row_bits) - 1
-    return packed
+    return sort_with_positions(packed.view(np.int64), row_bits)
 
 
 class SortReducer:

@@ -48,15 +48,16 @@ def test_reads_on_threads_see_the_tasks_configs():
     import pyarrow as pa
 
     from engine.task import ReadAll, configs_of, task_configs
+    from engine.transform import TaskTransform
 
-    class Transform:
+    class Transform(TaskTransform):
         configs = {"k": 7}
 
     class Read:
         def __call__(self):
             yield pa.table({"k": [(task_configs() or {}).get("k")]})
 
-    with configs_of(Transform()):  # type: ignore[arg-type]
+    with configs_of(Transform()):
         for threads in (1, 2):
             tables = list(ReadAll([Read(), Read(), Read()], threads=threads)())
             assert [t["k"][0].as_py() for t in tables] == [7, 7, 7]

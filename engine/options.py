@@ -11,12 +11,20 @@ copy (``Backend.execution_options``), so a change made while a job runs applies 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 MiB = 1 << 20
 GiB = 1 << 30
+
+
+@functools.cache
+def _host_cpus() -> int:
+    """``os.cpu_count()``, read once: glibc reads a /sys file on each call (~8 us), and the
+    scheduling loop asks for it on every dispatch."""
+    return os.cpu_count() or 1
 
 
 def _total_memory() -> int:
@@ -197,7 +205,7 @@ class ExecutionOptions:
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def resolved_num_cpus(self) -> int:
-        return self.num_cpus if self.num_cpus is not None else (os.cpu_count() or 1)
+        return self.num_cpus if self.num_cpus is not None else _host_cpus()
 
     def resolved_num_gpus(self) -> int:
         if self.num_gpus is not None:

@@ -5,6 +5,14 @@ each batch arrives as. A plain function gets the numpy dict, as ``NumpyBatchColl
 * ``ArrowBatchCollateFn``: a ``pyarrow.Table`` (no conversion at all; build tensors as you like).
 * ``NumpyBatchCollateFn``: ``{column: np.ndarray}``.
 * ``PandasBatchCollateFn``: a ``pandas.DataFrame``.
+* ``DefaultCollateFn(dtypes=None, combine_chunks=False, num_workers=4)``: the collate
+  ``iter_torch_batches`` runs without one, as a class to pass or subclass: a table in,
+  ``{column: torch.Tensor}`` out, each tensor its own memory (``dtypes``: one ``torch.dtype``
+  or one per column). Ray's returns a list of tensors per column (one per Arrow chunk) when
+  ``combine_chunks=False`` and joins them when it moves the batch to a device; this one
+  returns one tensor per column either way, which is what a training loop sees in both.
+  ``num_workers`` is accepted: the columns are converted without threads (views of the
+  batch's memory, copied once).
 """
 
 from __future__ import annotations
@@ -43,6 +51,24 @@ class PandasBatchCollateFn(CollateFn):
     """Gets each batch as a ``pandas.DataFrame``."""
 
     batch_format = "pandas"
+
+
+class DefaultCollateFn(ArrowBatchCollateFn):
+    """Ray's ``DefaultCollateFn``: an Arrow batch as ``{column: torch.Tensor}``."""
+
+    def __init__(self, dtypes: Any = None, combine_chunks: bool = False, num_workers: int = 4) -> None:
+        from dataflow.torch_batches import check_dtypes
+
+        check_dtypes(dtypes)
+        self.dtypes = dtypes
+        self.combine_chunks = combine_chunks
+        self.num_workers = num_workers
+
+    def __call__(self, batch: pa.Table) -> dict[str, Any]:
+        from dataflow.torch_batches import to_tensors
+
+        # private=False: tensors get memory of their own (a batch's may be the block's, shared)
+        return to_tensors(to_batch(batch, "numpy"), self.dtypes, private=False)
 
 
 def collate_input(collate_fn: Any, table: pa.Table) -> Any:

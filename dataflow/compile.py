@@ -13,10 +13,12 @@ Datasink (``write_*``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from dataflow import plan
+from dataflow.expressions import FilterExpr, WithColumns
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Mix, Read, Union
 from engine.exchange import PartitionTransform, ReduceTransform, WholeExchangeTransform
 from engine.operators.base import PhysicalOperator
@@ -28,7 +30,7 @@ from engine.operators.mix import MixOperator
 from engine.operators.union import UnionOperator
 from engine.options import ExecutionOptions
 from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, ReadAll
-from engine.transform import BlockTransform
+from engine.transform import BlockTransform, Stage
 
 
 class _Compiler:
@@ -53,7 +55,7 @@ class _Compiler:
         return op
 
     def transform(self, stages: tuple[Any, ...] | list[Any]) -> BlockTransform:
-        return BlockTransform(list(stages), self.options.target_max_block_size)
+        return BlockTransform([_bound(stage) for stage in stages], self.options.target_max_block_size)
 
     def bundle_bytes(self, datasource: Any) -> int:
         """Small reads are bundled, but never into fewer than ~2 tasks per worker."""
@@ -65,6 +67,14 @@ class _Compiler:
 
     def build(self, node: LogicalNode) -> PhysicalOperator:
         return BUILDERS[type(node)](self, node)
+
+
+def _bound(stage: Stage) -> Stage:
+    """``stage`` for one execution: an expression step gets its copy for the execution (a
+    ``random()`` in it draws new values in each execution)."""
+    if isinstance(stage.fn, (WithColumns, FilterExpr)):
+        return dataclasses.replace(stage, fn=stage.fn.for_execution())
+    return stage
 
 
 def _read(c: _Compiler, node: Read) -> PhysicalOperator:

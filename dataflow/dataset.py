@@ -262,14 +262,16 @@ class Dataset:
         exprs = ex.named_exprs({column_name: expr}, "with_column")
         return self._column_step("with_column", f"WithColumn({column_name}={expr})", ex.WithColumns(exprs), remote)
 
-    def with_columns(self, exprs: dict[str, ex.Expr] | list[ex.Expr], **remote: Any) -> Dataset:
+    def with_columns(self, exprs: Any = None, *more_exprs: Any, **remote: Any) -> Dataset:
         """Add (or replace) several columns at once; every expression reads the input columns.
 
-        ``exprs`` is ``{name: expr}`` or a list of named expressions (``col("a").alias("b")``);
-        ``**remote``: as ``add_column``.
+        Each of ``exprs`` and ``more_exprs`` is ``{name: expr}``, an ``unnest(expr)`` (one column
+        per field of a struct) or a list of named expressions (``col("a").alias("b")``), in
+        order; ``**remote``: as ``add_column``.
         """
-        named = ex.named_exprs(exprs, "with_columns")
-        return self._column_step("with_columns", f"WithColumns({list(named)})", ex.WithColumns(named), remote)
+        items = ex.with_columns_items((exprs, *more_exprs), "with_columns")
+        names = [name if name is not None else repr(expr) for name, expr in items]
+        return self._column_step("with_columns", f"WithColumns({names})", ex.WithColumns(items), remote)
 
     def drop_columns(self, cols: list[str], **remote: Any) -> Dataset:
         if len(set(cols)) != len(cols):

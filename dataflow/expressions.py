@@ -627,8 +627,8 @@ class KernelExpr(Expr):
 @dataclass(frozen=True, eq=False, repr=False)
 class UDFExpr(Expr):
     """A function of columns (Ray's ``@udf``): ``fn`` gets each argument's values for a block
-    as a ``pyarrow.Array`` (a constant as itself) and returns the column's values; the result
-    is cast to ``return_dtype``."""
+    as Ray's evaluator passes them (a column as the table's ``pyarrow.ChunkedArray``, a
+    constant as itself) and returns the column's values; the result is cast to ``return_dtype``."""
 
     fn: Any
     args: tuple[Expr, ...]
@@ -645,8 +645,7 @@ class UDFExpr(Expr):
         def value(expr: Expr) -> Any:
             if isinstance(expr, LiteralExpr):
                 return expr.value
-            values = expr._arrow(ctx)
-            return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            return expr._arrow(ctx)  # a column's values as Ray's evaluator passes them: a ChunkedArray
 
         result = self.fn(*(value(a) for a in self.args), **{k: value(v) for k, v in self.kwargs})
         if not isinstance(result, (pa.Array, pa.ChunkedArray)):
@@ -830,6 +829,13 @@ class FilterExpr:
         except NotPushable:  # a kernel of dataflow's own: evaluated on each block
             self.arrow_expr = None
 
+    def for_execution(self) -> FilterExpr:
+        """A copy whose ``random()`` expressions are bound to one execution of the plan."""
+        from dataflow.expr_generators import bind_for_execution
+
+        bound = bind_for_execution(self.expr)
+        return self if bound is self.expr else FilterExpr(bound)
+
     def __call__(self, table: pa.Table) -> pa.Table:
         _check_columns(table, self.expr, f"filter({self.expr})")
         if self.arrow_expr is None:
@@ -839,22 +845,107 @@ class FilterExpr:
 
 class WithColumns:
     """``with_column`` / ``with_columns``: every expression reads the input columns; a new name
-    is appended, an existing one is replaced where it stands."""
+    is appended, an existing one is replaced where it stands. An entry without a name is an
+    ``unnest(expr)``: one column per field of the struct ``expr`` gives, named after the field."""
 
-    def __init__(self, exprs: dict[str, Expr]) -> None:
-        self.exprs = exprs
+    def __init__(self, exprs: Mapping[str, Expr] | list[tuple[str | None, Expr]]) -> None:
+        self.items: list[tuple[str | None, Expr]] = list(exprs.items()) if isinstance(exprs, Mapping) else list(exprs)
+
+    def for_execution(self) -> WithColumns:
+        """A copy whose ``random()`` expressions are bound to one execution of the plan."""
+        from dataflow.expr_generators import bind_for_execution
+
+        return WithColumns([(name, bind_for_execution(expr)) for name, expr in self.items])
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        values = {}
-        for name, expr in self.exprs.items():
-            _check_columns(table, expr, f"with_column({name!r})")
-            values[name] = expr.evaluate(table)
+        values: dict[str, Any] = {}
+        for name, expr in self.items:
+            what = f"with_column({name!r})" if name is not None else f"with_columns({expr!r})"
+            _check_columns(table, expr, what)
+            if name is not None:
+                values[name] = expr.evaluate(table)
+                continue
+            assert isinstance(expr, UnnestExpr)
+            values.update(expr.fields_of(table))
         for name, column in values.items():
             if name in table.column_names:
                 table = table.set_column(table.column_names.index(name), name, column)
             else:
                 table = table.append_column(name, column)
         return table
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class UnnestExpr(Expr):
+    """Ray's ``unnest(expr)``: in ``with_columns``, one column per field of the struct ``expr``
+    gives, named after the fields (one level deep; the struct is computed once per block).
+    Ray needs the struct's type when the plan is built; here it is read from the values, so
+    ``unnest`` also works after a ``map_batches`` (a value that is not a struct raises then)."""
+
+    expr: Expr
+
+    def _children(self) -> tuple[Expr, ...]:
+        return (self.expr,)
+
+    def alias(self, name: str) -> Expr:
+        msg = ("unnest() cannot be aliased: it produces one output column per struct field, named after the "
+               "fields themselves. Pass it positionally to with_columns(), e.g. ds.with_columns(unnest(expr)).")
+        raise TypeError(msg)
+
+    def _arrow(self, ctx: _Context) -> Any:
+        msg = f"{self!r} stands for several columns: pass it to with_columns(), not where one value is expected"
+        raise TypeError(msg)
+
+    def fields_of(self, table: pa.Table) -> dict[str, Any]:
+        """The struct's fields on ``table``, by name."""
+        value = self.expr.evaluate(table)
+        if not pa.types.is_struct(value.type):
+            msg = f"unnest() requires a struct-typed expression, but {self.expr!r} gives {value.type}"
+            raise TypeError(msg)
+        names = [value.type.field(i).name for i in range(value.type.num_fields)]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            msg = (f"unnest() cannot expand a struct with duplicate field names {twice}: the expanded columns "
+                   "would overwrite each other.")
+            raise ValueError(msg)
+        chunks = value.chunks if isinstance(value, pa.ChunkedArray) else [value]
+        return {name: pa.chunked_array([c.field(i) for c in chunks], type=value.type.field(i).type)
+                for i, name in enumerate(names)}
+
+    def __repr__(self) -> str:
+        return f"UNNEST({self.expr!r})"
+
+
+def unnest(expr: Expr) -> UnnestExpr:
+    """Expand a struct-typed expression into one column per field, in ``with_columns``:
+    ``ds.with_columns(unnest(make_features(col("a"), col("b"))))``."""
+    if isinstance(expr, UnnestExpr):
+        raise TypeError("unnest() cannot be nested inside another unnest().")
+    if not isinstance(expr, Expr):
+        raise TypeError(f"unnest() expects an expression, got {type(expr).__name__}.")
+    return UnnestExpr(expr)
+
+
+def with_columns_items(args: tuple[Any, ...], method: str = "with_columns") -> list[tuple[str | None, Expr]]:
+    """The entries of ``with_columns(exprs, *more_exprs)``: each argument a mapping of name to
+    expression, an ``unnest(...)``, or a list of named expressions; names given once only."""
+    if not args or all(a is None for a in args):
+        msg = f"{method}() needs at least one expression"
+        raise ValueError(msg)
+    items: list[tuple[str | None, Expr]] = []
+    for arg in args:
+        if arg is None:
+            continue
+        if isinstance(arg, UnnestExpr):
+            items.append((None, arg))
+        else:
+            items.extend(named_exprs(arg, method).items())
+    names = [name for name, _ in items if name is not None]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        msg = f"{method}(): the column {twice[0]!r} is given twice"
+        raise ValueError(msg)
+    return items
 
 
 def named_exprs(exprs: Mapping[str, Expr] | Iterable[Expr], method: str = "with_columns") -> dict[str, Expr]:
@@ -916,20 +1007,40 @@ __all__ = [
     "BinaryExpr",
     "CastExpr",
     "ColumnExpr",
+    "DownloadExpr",
     "Expr",
     "FunctionExpr",
     "KernelExpr",
     "LiteralExpr",
+    "MonotonicallyIncreasingIdExpr",
     "Operation",
+    "RandomExpr",
     "StringNamespace",
     "UDFExpr",
+    "UUIDExpr",
     "UnaryExpr",
+    "UnnestExpr",
     "col",
+    "download",
     "lit",
+    "monotonically_increasing_id",
     "pyarrow_udf",
+    "random",
     "udf",
+    "unnest",
+    "uuid",
 ]
 
+from dataflow.expr_generators import (  # noqa: E402  (they subclass Expr, defined above)
+    DownloadExpr,
+    MonotonicallyIncreasingIdExpr,
+    RandomExpr,
+    UUIDExpr,
+    download,
+    monotonically_increasing_id,
+    random,
+    uuid,
+)
 
-# a Ray name this module lacks (``udf``, ``star``, ``download``...) says so
+# a Ray name this module lacks (``star``) says so
 __getattr__ = module_getattr("dataflow.expressions", "ray.data.expressions", RAY_EXPRESSIONS_API)

@@ -236,14 +236,14 @@ def iter_torch_batches(
     if collate_fn is not None and not callable(collate_fn):
         msg = f"collate_fn must be callable, got {type(collate_fn).__name__}"
         raise TypeError(msg)
-    _check_dtypes(dtypes)
+    check_dtypes(dtypes)
     target = resolve_device(device)
     mover = DeviceMover(target, pin_memory)
     return _batches(iterator, target, mover, batch_size, dtypes, collate_fn, drop_last,
                     local_shuffle_buffer_size, local_shuffle_seed, prefetch_batches)
 
 
-def _check_dtypes(dtypes: Any) -> None:
+def check_dtypes(dtypes: Any) -> None:
     values = dtypes.values() if isinstance(dtypes, Mapping) else [dtypes]
     for value in values:
         if value is not None and not isinstance(value, torch.dtype):
@@ -414,7 +414,7 @@ class TorchIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         if collate_fn is not None and dtypes is not None:
             msg = "collate_fn cannot be combined with dtypes: cast to the dtypes you want inside collate_fn"
             raise ValueError(msg)
-        _check_dtypes(dtypes)
+        check_dtypes(dtypes)
         resolve_device(device)  # a bad device fails here, not in a worker
         self.dataset = dataset
         self.num_read_tasks = num_read_tasks

@@ -254,7 +254,35 @@ def run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Tas
         return result
 
 
+@dataclass
+class TaskScope:
+    """What a step may know of the task that runs it: the task's number within its operator
+    (the same on every retry of it) and state the step keeps across the task's batches (a
+    generated id's next value), started afresh by each attempt so a retry gives what the
+    first attempt would have."""
+
+    task_index: int
+    attempt: int = 0
+    state: dict[Any, Any] = field(default_factory=dict)
+
+
+_SCOPE: contextvars.ContextVar[TaskScope | None] = contextvars.ContextVar("dataflow_task_scope", default=None)
+
+
+def current_task() -> TaskScope | None:
+    """The scope of the task running in this thread, or None outside a task."""
+    return _SCOPE.get()
+
+
 def _run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:
+    scope = _SCOPE.set(TaskScope(spec.task_index, spec.attempt))
+    try:
+        return _run_task_in_scope(spec, transform, store)
+    finally:
+        _SCOPE.reset(scope)
+
+
+def _run_task_in_scope(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:
     start, cpu_start = time.perf_counter(), time.process_time()
     io_start = _io_counters()
     result = TaskResult(spec.task_id)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 import dataflow
-from dataflow.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn, PandasBatchCollateFn
+from dataflow.collate_fn import ArrowBatchCollateFn, DefaultCollateFn, NumpyBatchCollateFn, PandasBatchCollateFn
 from engine import session as engine_session
 from engine.block_format import tensor_array
 
@@ -193,6 +193,21 @@ def test_collate_fn_classes_get_the_batch_format_they_name(mode):
     assert sorted(frames.tolist()) == list(range(1, 101))
     with pytest.raises(TypeError, match="abstract"):
         NumpyBatchCollateFn()
+
+
+def test_default_collate_fn_gives_tensors_of_their_own(mode):
+    """Ray's ``DefaultCollateFn``: passed (or subclassed) as the collate, a dict of tensors."""
+    ds = dataflow.range(100, override_num_blocks=3).map_batches(lambda b: {"id": b["id"], "half": b["id"] / 2})
+    out = list(ds.iter_torch_batches(batch_size=32, collate_fn=DefaultCollateFn(dtypes={"id": torch.float32})))
+    assert all(set(b) == {"id", "half"} for b in out)
+    assert out[0]["id"].dtype == torch.float32 and out[0]["half"].dtype == torch.float64
+    assert sorted(torch.cat([b["id"] for b in out]).tolist()) == [float(i) for i in range(100)]
+    table = pa.table({"x": np.arange(5, dtype=np.int64)})
+    tensors = DefaultCollateFn(combine_chunks=True)(table)
+    tensors["x"][0] = 99  # its own memory: the table is unchanged
+    assert table.column("x").to_pylist() == [0, 1, 2, 3, 4]
+    with pytest.raises(TypeError, match="dtypes"):
+        DefaultCollateFn(dtypes="float32")
 
 
 def test_iter_torch_batches_local_shuffle(mode):

@@ -308,7 +308,8 @@ def test_with_column_plans_a_row_preserving_step():
     assert count_from_metadata(optimize(ds._plan)) == 100  # the row count is still known
     many = dataflow.range(100).with_columns([(col("id") + 1).alias("next"), col("id")])
     assert many._plan.stages[0].name == "WithColumns(['next', 'id'])"
-    assert dataflow.range(3).with_columns({"x": lit(1)})._plan.stages[0].fn.exprs["x"].structurally_equals(lit(1))
+    [(name, expr)] = dataflow.range(3).with_columns({"x": lit(1)})._plan.stages[0].fn.items
+    assert name == "x" and expr.structurally_equals(lit(1))
 
 
 def test_with_columns_arguments_are_checked_when_called():

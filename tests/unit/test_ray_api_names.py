@@ -93,8 +93,8 @@ def test_module_names_dataflow_has_and_does_not():
     assert {"range_tensor", "from_blocks", "DatasetSummary", "read_parquet"} <= set(dir(dataflow))
     with pytest.raises(AttributeError, match=r"^module 'dataflow' has no attribute 'raed_parquet'$"):
         dataflow.raed_parquet
-    with pytest.raises(AttributeError, match=r"ray\.data\.expressions\.unnest is a Ray Data API"):
-        expressions.unnest
+    with pytest.raises(AttributeError, match=r"ray\.data\.expressions\.star is a Ray Data API"):
+        expressions.star
     with pytest.raises(AttributeError, match=r"^module 'dataflow.expressions' has no attribute 'coll'$"):
         expressions.coll
 

@@ -137,23 +137,18 @@ class UUIDExpr(_Generated):
         raw = np.frombuffer(os.urandom(16 * n), dtype=np.uint8).reshape(n, 16).copy()
         raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
         raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
-        digits = np.frombuffer(raw.tobytes().hex().encode(), dtype="S32")
-        text = np.char.add(np.char.add(np.char.add(np.char.add(
-            np.char.add(np.char.add(np.char.add(np.char.add(
-                _cut(digits, 0, 8), b"-"), _cut(digits, 8, 12)), b"-"), _cut(digits, 12, 16)), b"-"),
-            _cut(digits, 16, 20)), b"-"), _cut(digits, 20, 32))
-        return pa.array(text.astype(str), type=pa.string())
+        digits = np.frombuffer(raw.tobytes().hex().encode(), dtype=np.uint8).reshape(n, 32)
+        text = np.full((n, 36), ord("-"), dtype=np.uint8)
+        for start, stop, at in ((0, 8, 0), (8, 12, 9), (12, 16, 14), (16, 20, 19), (20, 32, 24)):  # 8-4-4-4-12
+            text[:, at : at + stop - start] = digits[:, start:stop]
+        offsets = np.arange(0, 36 * n + 1, 36, dtype=np.int32)
+        return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
 
     def structurally_equals(self, other: Any) -> bool:
         return isinstance(other, UUIDExpr)
 
     def __repr__(self) -> str:
         return "UUID()"
-
-
-def _cut(digits: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """Characters ``start:stop`` of each fixed-width byte string."""
-    return digits.view(np.uint8).reshape(-1, 32)[:, start:stop].copy().view(f"S{stop - start}").ravel()
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from connectors import io_stats
-from connectors.filesystem import _scheme, resolve_filesystem
+from connectors.filesystem import _scheme, path_for, resolve_filesystem
 from connectors.retry import Retrier
 
 log = logging.getLogger("dataflow")
@@ -93,8 +93,11 @@ def _targets(uris: Sequence[str | None], filesystem: Any) -> list[tuple[Any, str
                 made[key] = resolve_filesystem([uri], filesystem)[0]
             except Exception as err:  # an unknown scheme, a missing fsspec backend
                 made[key] = err
-        path = uri.split("://", 1)[1] if "://" in uri else uri
-        if filesystem is None and scheme in ("", "file"):
-            path = os.path.abspath(os.path.expanduser(path))
-        out.append((made[key], path))
+        fs = made[key]
+        if isinstance(fs, BaseException):
+            out.append((fs, uri))
+        elif filesystem is None and scheme in ("", "file"):
+            out.append((fs, os.path.abspath(os.path.expanduser(path_for(fs, uri)))))
+        else:
+            out.append((fs, path_for(fs, uri)))
     return out

@@ -181,7 +181,12 @@ def resolve_filesystem(paths: list[str], filesystem: Any = None) -> tuple[pafs.F
     stripped = [p.split("://", 1)[1] if "://" in p else p for p in paths]
     prefix = f"{scheme}://" if scheme not in ("", "file") else ""
     if filesystem is not None:
-        return as_pyarrow_filesystem(filesystem), [p.rstrip("/") or p for p in stripped], prefix
+        fs = as_pyarrow_filesystem(filesystem)
+        if _fsspec_of(fs) is not None:
+            stripped = [path_for(fs, p) for p in paths]
+            if all("://" in p for p in stripped):
+                prefix = ""
+        return fs, [p.rstrip("/") or p for p in stripped], prefix
     if scheme in ("", "file"):
         return pafs.LocalFileSystem(), [os.path.abspath(os.path.expanduser(p)) for p in stripped], ""
     if scheme in ("s3", "s3a"):
@@ -190,7 +195,20 @@ def resolve_filesystem(paths: list[str], filesystem: Any = None) -> tuple[pafs.F
         return as_pyarrow_filesystem(make_s3_filesystem()), [p.rstrip("/") for p in stripped], "s3://"
     import fsspec
 
-    return as_pyarrow_filesystem(fsspec.filesystem(scheme)), [p.rstrip("/") for p in stripped], prefix
+    fs = as_pyarrow_filesystem(fsspec.filesystem(scheme))
+    named = [path_for(fs, p).rstrip("/") for p in paths]
+    if all("://" in p for p in named):  # (http's paths are whole URLs: nothing to put back)
+        prefix = ""
+    return fs, named, prefix
+
+
+def path_for(fs: pafs.FileSystem, uri: str) -> str:
+    """``uri`` as ``fs`` names it: for an fsspec filesystem its own reading of the URI (``http``
+    keeps the whole URL, ``gs://b/k`` is ``b/k``), else the URI without its scheme."""
+    inner = _fsspec_of(fs)
+    if inner is not None:
+        return inner._strip_protocol(uri)  # type: ignore[no-any-return]
+    return uri.split("://", 1)[1] if "://" in uri else uri
 
 
 def as_pyarrow_filesystem(filesystem: Any) -> pafs.FileSystem:

@@ -125,6 +125,18 @@ def test_download_from_s3(s3_engine, mode):
     assert got["s3://test-bucket/images/none.jpg"] is None
 
 
+def test_download_over_http(mode, http_folder):
+    """A real HTTP server on 127.0.0.1: each URI fetched; a 404 is null."""
+    folder, base = http_folder
+    for i in range(6):
+        (folder / f"{i}.txt").write_bytes(f"page {i}".encode())
+    uris = [{"uri": f"{base}/{i}.txt"} for i in range(6)] + [{"uri": f"{base}/absent.txt"}]
+    out = dataflow.from_items(uris).with_column("bytes", download("uri")).take_all()
+    got = {r["uri"]: r["bytes"] for r in out}
+    assert [got[f"{base}/{i}.txt"] for i in range(6)] == [f"page {i}".encode() for i in range(6)]
+    assert got[f"{base}/absent.txt"] is None
+
+
 @udf(return_dtype=DataType.struct([("sum_ab", DataType.int64()), ("product_ab", DataType.int64())]))
 def make_features(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.StructArray:
     """Ray's docstring example: its arguments are the columns' ChunkedArrays."""

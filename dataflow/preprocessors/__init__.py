@@ -1,0 +1,46 @@
+"""Ray's ``ray.data.preprocessors``: fit statistics on a dataset, then transform datasets or
+batches with them (``from dataflow.preprocessors import StandardScaler``).
+
+Modules: ``dataflow.preprocessor`` (the base class) → ``_columnwise`` (columns in, output
+columns out) → ``_stats`` (value counts, in the same aggregation pass as other statistics) →
+``scaler``, ``imputer``, ``encoder``, ``normalizer``, ``concatenator``, ``chain``.
+
+Differences from Ray 2.60:
+
+- ``transform_batch`` returns the kind of batch it was given (pandas, pyarrow or a dict of
+  numpy arrays); Ray returns the kind its preprocessor prefers (a dict in can give a pyarrow
+  Table or a pandas DataFrame out).
+- ``Concatenator``'s column is a ``fixed_size_list`` of the values, where Ray's is its tensor
+  extension type (the same values).
+- ``serialize()`` is always the pickle + base64 string (Ray's legacy format), never Ray's
+  CloudPickle bytes; ``deserialize`` reads it back.
+- Not provided yet: ``UniformKBinsDiscretizer``, ``CustomKBinsDiscretizer``,
+  ``PowerTransformer``, ``Tokenizer``, ``HashingVectorizer``, ``CountVectorizer``,
+  ``FeatureHasher``, ``TorchVisionPreprocessor``.
+"""
+
+from dataflow.preprocessor import Preprocessor, PreprocessorNotFittedException
+from dataflow.preprocessors.chain import Chain
+from dataflow.preprocessors.concatenator import Concatenator
+from dataflow.preprocessors.encoder import Categorizer, LabelEncoder, MultiHotEncoder, OneHotEncoder, OrdinalEncoder
+from dataflow.preprocessors.imputer import SimpleImputer
+from dataflow.preprocessors.normalizer import Normalizer
+from dataflow.preprocessors.scaler import MaxAbsScaler, MinMaxScaler, RobustScaler, StandardScaler
+
+__all__ = [
+    "Categorizer",
+    "Chain",
+    "Concatenator",
+    "LabelEncoder",
+    "MaxAbsScaler",
+    "MinMaxScaler",
+    "MultiHotEncoder",
+    "Normalizer",
+    "OneHotEncoder",
+    "OrdinalEncoder",
+    "Preprocessor",
+    "PreprocessorNotFittedException",
+    "RobustScaler",
+    "SimpleImputer",
+    "StandardScaler",
+]

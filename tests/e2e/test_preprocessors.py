@@ -1,0 +1,264 @@
+"""Preprocessors end to end: the values Ray 2.60's docstring examples document, on both modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import dataflow
+from dataflow.preprocessors import (
+    Categorizer,
+    Chain,
+    Concatenator,
+    LabelEncoder,
+    MaxAbsScaler,
+    MinMaxScaler,
+    MultiHotEncoder,
+    Normalizer,
+    OneHotEncoder,
+    OrdinalEncoder,
+    Preprocessor,
+    PreprocessorNotFittedException,
+    RobustScaler,
+    SimpleImputer,
+    StandardScaler,
+)
+
+
+def _xs() -> dataflow.Dataset:
+    return dataflow.from_pandas(pd.DataFrame({"X1": [-2, 0, 2], "X2": [-3, -3, 3], "X3": [1, 1, 1]}))
+
+
+def _genres() -> dataflow.Dataset:
+    return dataflow.from_pandas(
+        pd.DataFrame(
+            {
+                "name": ["Shaolin Soccer", "Moana", "The Smartest Guys in the Room"],
+                "genre": [["comedy", "action", "sports"], ["animation", "comedy", "action"], ["documentary"]],
+            }
+        )
+    )
+
+
+def _people() -> dataflow.Dataset:
+    return dataflow.from_pandas(
+        pd.DataFrame({"sex": ["male", "female", "male", "female"], "level": ["L4", "L5", "L3", "L4"]})
+    )
+
+
+def _missing() -> dataflow.Dataset:
+    return dataflow.from_pandas(pd.DataFrame({"X": [0, None, 3, 3], "Y": [None, "b", "c", "c"]}))
+
+
+def _col(ds: dataflow.Dataset, name: str) -> list:
+    return [list(v) if isinstance(v, np.ndarray) else v for v in ds.to_pandas()[name].tolist()]
+
+
+def test_standard_scaler(mode):
+    p = StandardScaler(columns=["X1", "X2"])
+    out = p.fit_transform(_xs()).to_pandas()
+    np.testing.assert_allclose(out["X1"], [-1.224745, 0.0, 1.224745], atol=1e-6)
+    np.testing.assert_allclose(out["X2"], [-0.707107, -0.707107, 1.414214], atol=1e-6)
+    assert out["X3"].tolist() == [1, 1, 1]
+    assert p.stats_ == pytest.approx(
+        {"mean(X1)": 0.0, "mean(X2)": -1.0, "std(X1)": 1.632993161855452, "std(X2)": 2.8284271247461903}
+    )
+    assert _col(StandardScaler(columns=["X3"]).fit_transform(_xs()), "X3") == [0.0, 0.0, 0.0]
+    appended = StandardScaler(["X1", "X2"], output_columns=["X1_scaled", "X2_scaled"]).fit_transform(_xs()).to_pandas()
+    assert list(appended.columns) == ["X1", "X2", "X3", "X1_scaled", "X2_scaled"]
+    assert appended["X1"].tolist() == [-2, 0, 2]
+    assert repr(p) == "StandardScaler(columns=['X1', 'X2'], output_columns=['X1', 'X2'])"
+
+
+def test_min_max_and_max_abs_scalers(mode):
+    out = MinMaxScaler(columns=["X1", "X2"]).fit_transform(_xs()).to_pandas()
+    assert out["X1"].tolist() == [0.0, 0.5, 1.0]
+    assert out["X2"].tolist() == [0.0, 0.0, 1.0]
+    assert _col(MinMaxScaler(columns=["X3"]).fit_transform(_xs()), "X3") == [0.0, 0.0, 0.0]
+    ds = dataflow.from_pandas(pd.DataFrame({"X1": [-6, 3], "X2": [2, -4], "X3": [0, 0]}))
+    p = MaxAbsScaler(columns=["X1", "X2", "X3"])
+    out = p.fit_transform(ds).to_pandas()
+    assert out["X1"].tolist() == [-1.0, 0.5]
+    assert out["X2"].tolist() == [0.5, -1.0]
+    assert out["X3"].tolist() == [0.0, 0.0]
+    assert p.stats_ == {"abs_max(X1)": 6, "abs_max(X2)": 4, "abs_max(X3)": 0}
+
+
+def test_robust_scaler(mode):
+    ds = dataflow.from_pandas(pd.DataFrame({"X1": [1, 2, 3, 4, 5], "X2": [13, 5, 14, 2, 8], "X3": [1, 2, 2, 2, 3]}))
+    p = RobustScaler(columns=["X1", "X2"])
+    out = p.fit_transform(ds).to_pandas()
+    assert out["X1"].tolist() == [-1.0, -0.5, 0.0, 0.5, 1.0]
+    assert out["X2"].tolist() == [0.625, -0.375, 0.75, -0.75, 0.0]
+    assert (p.stats_["low_quantile(X2)"], p.stats_["median(X2)"], p.stats_["high_quantile(X2)"]) == (5, 8, 13)
+    assert repr(p) == "RobustScaler(columns=['X1', 'X2'], quantile_range=(0.25, 0.75), output_columns=['X1', 'X2'])"
+
+
+def test_simple_imputer(mode):
+    mean = SimpleImputer(columns=["X"])
+    assert _col(mean.fit_transform(_missing()), "X") == [0.0, 2.0, 3.0, 3.0]
+    assert mean.stats_ == {"mean(X)": 2.0}
+    frequent = SimpleImputer(columns=["X", "Y"], strategy="most_frequent")
+    out = frequent.fit_transform(_missing()).to_pandas()
+    assert out["X"].tolist() == [0.0, 3.0, 3.0, 3.0]
+    assert out["Y"].tolist() == ["c", "b", "c", "c"]
+    assert frequent.stats_ == {"most_frequent(X)": 3.0, "most_frequent(Y)": "c"}
+    constant = SimpleImputer(columns=["Y"], strategy="constant", fill_value="?")
+    assert constant.fit_status() == Preprocessor.FitStatus.NOT_FITTABLE
+    assert _col(constant.transform(_missing()), "Y") == ["?", "b", "c", "c"]
+    appended = SimpleImputer(columns=["X"], output_columns=["X_imputed"]).fit_transform(_missing()).to_pandas()
+    assert appended["X_imputed"].tolist() == [0.0, 2.0, 3.0, 3.0]
+    assert np.isnan(appended["X"][1])
+    with pytest.raises(ValueError, match="fill_value"):
+        SimpleImputer(columns=["Y"], strategy="constant")
+    with pytest.raises(ValueError, match="not supported"):
+        SimpleImputer(columns=["Y"], strategy="median")
+
+
+def test_ordinal_encoder(mode):
+    encoder = OrdinalEncoder(columns=["sex", "level"])
+    out = encoder.fit_transform(_people())
+    assert out.schema().base_schema.field("sex").type == pa.int64()
+    assert out.to_pandas().to_dict("list") == {"sex": [1, 0, 1, 0], "level": [1, 2, 0, 1]}
+    assert encoder.stats_ == {
+        "unique_values(sex)": {"female": 0, "male": 1},
+        "unique_values(level)": {"L3": 0, "L4": 1, "L5": 2},
+    }
+    unseen = dataflow.from_pandas(pd.DataFrame({"sex": ["female"], "level": ["L6"]}))
+    assert encoder.transform(unseen).take_all() == [{"sex": 0, "level": None}]
+    lists = OrdinalEncoder(columns=["genre"]).fit_transform(_genres())
+    assert _col(lists, "genre") == [[2, 0, 4], [1, 2, 0], [3]]
+
+
+def test_one_hot_encoder(mode):
+    ds = dataflow.from_pandas(pd.DataFrame({"color": ["red", "green", "red", "red", "blue", "green"]}))
+    encoder = OneHotEncoder(columns=["color"])
+    out = encoder.fit_transform(ds)
+    assert out.schema().base_schema.field("color").type == pa.list_(pa.uint8(), 3)
+    assert _col(out, "color") == [[0, 0, 1], [0, 1, 0], [0, 0, 1], [0, 0, 1], [1, 0, 0], [0, 1, 0]]
+    assert encoder.stats_ == {"unique_values(color)": {"blue": 0, "green": 1, "red": 2}}
+    unseen = dataflow.from_pandas(pd.DataFrame({"color": ["yellow"]}))
+    assert _col(encoder.transform(unseen), "color") == [[0, 0, 0]]
+    top2 = OneHotEncoder(columns=["color"], max_categories={"color": 2})
+    # Ray 2.60 sorts the kept categories (green, red), whatever its docstring shows.
+    assert _col(top2.fit_transform(ds), "color") == [[0, 1], [1, 0], [0, 1], [0, 1], [0, 0], [1, 0]]
+    with pytest.raises(ValueError, match="max_categories"):
+        OneHotEncoder(columns=["color"], max_categories={"other": 1}).fit(ds)
+
+
+def test_multi_hot_encoder(mode):
+    encoder = MultiHotEncoder(columns=["genre"])
+    assert _col(encoder.fit_transform(_genres()), "genre") == [[1, 0, 1, 0, 1], [1, 1, 1, 0, 0], [0, 0, 0, 1, 0]]
+    top3 = MultiHotEncoder(columns=["genre"], max_categories={"genre": 3})
+    assert _col(top3.fit_transform(_genres()), "genre") == [[1, 1, 1], [1, 1, 0], [0, 0, 0]]
+    assert top3.stats_ == {"unique_values(genre)": {"action": 0, "comedy": 1, "sports": 2}}
+
+
+def test_label_encoder_and_inverse(mode):
+    ds = dataflow.from_pandas(
+        pd.DataFrame({"sepal_width": [5.1, 7, 4.9, 6.2], "species": ["setosa", "versicolor", "setosa", "virginica"]})
+    )
+    encoder = LabelEncoder(label_column="species", output_column="species_encoded")
+    out = encoder.fit_transform(ds)
+    assert _col(out, "species_encoded") == [0, 1, 0, 2]
+    restored = encoder.inverse_transform(out.drop_columns(["species"]))
+    assert _col(restored, "species") == ["setosa", "versicolor", "setosa", "virginica"]
+    assert repr(encoder) == "LabelEncoder(label_column='species', output_column='species_encoded')"
+
+
+def test_categorizer(mode):
+    categorizer = Categorizer(columns=["sex", "level"])
+    out = categorizer.fit_transform(_people())
+    assert pa.types.is_dictionary(out.schema().base_schema.field("sex").type)
+    assert list(categorizer.stats_["level"].categories) == ["L3", "L4", "L5"]
+    assert out.to_pandas()["sex"].tolist() == ["male", "female", "male", "female"]
+    given = Categorizer(columns=["level"], dtypes={"level": pd.CategoricalDtype(["L3", "L4", "L5", "L6"], ordered=True)})
+    assert list(given.fit(_people()).stats_["level"].categories) == ["L3", "L4", "L5", "L6"]
+
+
+def test_normalizer_and_concatenator(mode):
+    ds = dataflow.from_pandas(pd.DataFrame({"X1": [1, 1], "X2": [1, 0], "X3": [0, 1]}))
+    l2 = Normalizer(columns=["X1", "X2"]).transform(ds).to_pandas()
+    np.testing.assert_allclose(l2["X1"], [0.707107, 1.0], atol=1e-6)
+    assert _col(Normalizer(columns=["X1", "X2"], norm="l1").transform(ds), "X1") == [0.5, 1.0]
+    assert _col(Normalizer(columns=["X1", "X2"], norm="max").transform(ds), "X2") == [1.0, 0.0]
+    with pytest.raises(ValueError, match="not supported"):
+        Normalizer(columns=["X1"], norm="l3")
+    vectors = dataflow.from_pandas(pd.DataFrame({"X0": [0, 3, 1], "X1": [0.5, 0.2, 0.9], "Y": ["a", "b", "c"]}))
+    out = Concatenator(columns=["X0", "X1"], output_column_name="tensor").transform(vectors)
+    assert out.columns() == ["Y", "tensor"]
+    assert _col(out, "tensor") == [[0.0, 0.5], [3.0, 0.2], [1.0, 0.9]]
+    with pytest.raises(ValueError, match="Missing columns"):
+        Concatenator(columns=["nope"], raise_if_missing=True).transform(vectors).take_all()
+
+
+def test_chain_fits_in_sequence(mode):
+    ds = dataflow.from_pandas(pd.DataFrame({"X0": [0, 1, 2], "X1": [0, 1, 2], "Y": ["a", "b", "a"]}))
+    chain = Chain(
+        StandardScaler(columns=["X0", "X1"]),
+        Concatenator(columns=["X0", "X1"], output_column_name="X"),
+        LabelEncoder("Y"),
+    )
+    assert chain.fit_status() == Preprocessor.FitStatus.NOT_FITTED
+    out = chain.fit_transform(ds).to_pandas()
+    assert chain.fit_status() == Preprocessor.FitStatus.FITTED
+    assert out["Y"].tolist() == [0, 1, 0]
+    expected = [[-1.224745, -1.224745], [0.0, 0.0], [1.224745, 1.224745]]
+    np.testing.assert_allclose(np.stack(out["X"]), expected, atol=1e-6)
+    again = Preprocessor.deserialize(chain.serialize()).transform(ds).to_pandas()
+    assert again["Y"].tolist() == [0, 1, 0]
+
+
+def test_transform_batch_keeps_the_batch_kind():
+    scaler = StandardScaler(columns=["X1"]).fit(_xs())
+    expected = pytest.approx([0.612372, 1.224745], abs=1e-6)
+    frame = scaler.transform_batch(pd.DataFrame({"X1": [1, 2]}))
+    assert isinstance(frame, pd.DataFrame)
+    assert frame["X1"].tolist() == expected
+    arrays = scaler.transform_batch({"X1": np.array([1, 2])})
+    assert isinstance(arrays, dict)
+    assert arrays["X1"].tolist() == expected
+    table = scaler.transform_batch(pa.table({"X1": [1, 2]}))
+    assert isinstance(table, pa.Table)
+    assert table.column("X1").to_pylist() == expected
+    one_hot = OneHotEncoder(columns=["sex"]).fit(_people()).transform_batch({"sex": np.array(["male", "x"])})
+    assert one_hot["sex"].tolist() == [[0, 1], [0, 0]]
+    with pytest.raises(ValueError, match="only implemented"):
+        scaler.transform_batch([1, 2])
+
+
+def test_not_fitted_refit_warning_and_errors(mode):
+    scaler = StandardScaler(columns=["X1"])
+    assert scaler.fit_status() == Preprocessor.FitStatus.NOT_FITTED
+    with pytest.raises(PreprocessorNotFittedException):
+        scaler.transform(_xs())
+    with pytest.raises(PreprocessorNotFittedException):
+        scaler.transform_batch(pd.DataFrame({"X1": [1]}))
+    with pytest.raises(PreprocessorNotFittedException):
+        LabelEncoder("X1").inverse_transform(_xs())
+    scaler.fit(_xs())
+    with pytest.warns(UserWarning, match="already been called"):
+        scaler.fit(_xs())
+    with pytest.raises(ValueError, match="nope"):
+        StandardScaler(columns=["nope"]).fit(_xs())
+    with pytest.raises(ValueError, match="nope"):
+        OneHotEncoder(columns=["nope"]).fit(_xs())
+    with pytest.raises(ValueError, match="X1"):
+        scaler.transform_batch(pd.DataFrame({"nope": [1]}))
+    with pytest.raises(ValueError, match="length of columns and output_columns"):
+        MinMaxScaler(columns=["a", "b"], output_columns=["c"])
+    with pytest.raises(ValueError, match="null values"):
+        OrdinalEncoder(columns=["Y"]).fit(_missing())
+
+
+def test_serialize_round_trip(mode):
+    encoder = OneHotEncoder(columns=["sex"], output_columns=["sex_hot"]).fit(_people())
+    serialized = encoder.serialize()
+    assert isinstance(serialized, str)
+    restored = Preprocessor.deserialize(serialized)
+    assert type(restored) is OneHotEncoder
+    assert restored.stats_ == encoder.stats_
+    assert restored.fit_status() == Preprocessor.FitStatus.FITTED
+    assert _col(restored.transform(_people()), "sex_hot") == [[0, 1], [1, 0], [0, 1], [1, 0]]

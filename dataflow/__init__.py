@@ -41,6 +41,7 @@ from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError
 from dataflow.expressions import col, lit
 from dataflow.iterator import DataIterator
 from dataflow.mixing import MixStoppingCondition
+from dataflow.preprocessor import Preprocessor
 from dataflow.read_api import (
     from_arrow,
     from_blocks,
@@ -191,6 +192,7 @@ __all__ = [
     "MaterializedDataset",
     "MixStoppingCondition",
     "PathPartitionFilter",
+    "Preprocessor",
     "ReadTask",
     "ResumeMismatchError",
     "SaveMode",

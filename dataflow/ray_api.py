@@ -107,6 +107,16 @@ def module_attribute_error(module: str, name: str, ray_module: str, ray_names: t
     return AttributeError(msg, name=name)
 
 
+RAY_PREPROCESSORS_API: tuple[str, ...] = (
+    # ray.data.preprocessors.__all__ in Ray 2.60
+    "Categorizer", "Chain", "Concatenator", "CountVectorizer", "CustomKBinsDiscretizer",
+    "FeatureHasher", "HashingVectorizer", "LabelEncoder", "MaxAbsScaler", "MinMaxScaler",
+    "MultiHotEncoder", "Normalizer", "OneHotEncoder", "OrdinalEncoder", "PowerTransformer",
+    "RobustScaler", "SimpleImputer", "StandardScaler", "Tokenizer", "TorchVisionPreprocessor",
+    "UniformKBinsDiscretizer",
+)  # fmt: skip
+
+
 def module_getattr(module: str, ray_module: str, ray_names: tuple[str, ...]) -> Callable[[str], Any]:
     """A module's ``__getattr__``: a name of ``ray_module`` it lacks says so."""
 

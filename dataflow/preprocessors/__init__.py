@@ -26,6 +26,7 @@ from dataflow.preprocessors.encoder import Categorizer, LabelEncoder, MultiHotEn
 from dataflow.preprocessors.imputer import SimpleImputer
 from dataflow.preprocessors.normalizer import Normalizer
 from dataflow.preprocessors.scaler import MaxAbsScaler, MinMaxScaler, RobustScaler, StandardScaler
+from dataflow.ray_api import RAY_PREPROCESSORS_API, module_getattr
 
 __all__ = [
     "Categorizer",
@@ -44,3 +45,6 @@ __all__ = [
     "SimpleImputer",
     "StandardScaler",
 ]
+
+# a Ray preprocessor this package lacks (``Tokenizer``...) says so
+__getattr__ = module_getattr("dataflow.preprocessors", "ray.data.preprocessors", RAY_PREPROCESSORS_API)

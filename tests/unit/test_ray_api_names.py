@@ -109,3 +109,14 @@ def test_rays_datasource_partitioning_module_path_imports():
     assert partitioning.Partitioning("dir", field_names=["class"]).style == "dir"
     with pytest.raises(AttributeError, match=r"partitioning\.PathPartitionParser is a Ray Data API that dataflow does not provide"):
         partitioning.PathPartitionParser
+
+
+def test_a_ray_preprocessor_dataflow_lacks_says_so():
+    import dataflow.preprocessors as preprocessors
+
+    assert preprocessors.StandardScaler.__module__ == "dataflow.preprocessors.scaler"
+    with pytest.raises(AttributeError, match=r"ray\.data\.preprocessors\.Tokenizer is a Ray Data API that dataflow does not provide"):
+        preprocessors.Tokenizer
+    with pytest.raises(AttributeError, match=r"^module 'dataflow.preprocessors' has no attribute 'Scaler'$"):
+        preprocessors.Scaler
+

@@ -41,7 +41,6 @@ from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError
 from dataflow.expressions import col, lit
 from dataflow.iterator import DataIterator
 from dataflow.mixing import MixStoppingCondition
-from dataflow.preprocessor import Preprocessor
 from dataflow.read_api import (
     from_arrow,
     from_blocks,
@@ -150,12 +149,13 @@ _CONNECTOR_NAMES = {
     "FileShuffleConfig": "connectors.file_selection",
     "PathPartitionFilter": "connectors.partitioning",
     "ResumeMismatchError": "connectors.resumable_write",
+    "Preprocessor": "dataflow.preprocessor",  # (it imports pandas: ~0.25 s, not at ``import dataflow``)
 }
 
 
 def __getattr__(name: str) -> Any:
-    """Ray's names that live in ``connectors``, imported on first use (``import dataflow``
-    loads no connector)."""
+    """Ray's names that live in ``connectors`` or need pandas, imported on first use
+    (``import dataflow`` loads no connector, and not pandas)."""
     module = _CONNECTOR_NAMES.get(name)
     if module is None:
         from dataflow.ray_api import RAY_DATA_MODULE_API, module_attribute_error

@@ -29,7 +29,6 @@ retry, and state kept across its batches.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -38,8 +37,6 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.expressions import ColumnExpr, Expr, NotPushable, _check_columns, _Context
-
-log = logging.getLogger("dataflow")
 
 ID_TASK_SHIFT = 33
 """Bits of a generated id that count rows within a task (Ray's layout)."""

@@ -22,16 +22,25 @@ Differences from Ray 2.60:
 from dataflow.preprocessor import Preprocessor, PreprocessorNotFittedException
 from dataflow.preprocessors.chain import Chain
 from dataflow.preprocessors.concatenator import Concatenator
+from dataflow.preprocessors.discretizer import CustomKBinsDiscretizer, UniformKBinsDiscretizer
 from dataflow.preprocessors.encoder import Categorizer, LabelEncoder, MultiHotEncoder, OneHotEncoder, OrdinalEncoder
+from dataflow.preprocessors.hasher import FeatureHasher
 from dataflow.preprocessors.imputer import SimpleImputer
 from dataflow.preprocessors.normalizer import Normalizer
 from dataflow.preprocessors.scaler import MaxAbsScaler, MinMaxScaler, RobustScaler, StandardScaler
+from dataflow.preprocessors.tokenizer import Tokenizer
+from dataflow.preprocessors.transformer import PowerTransformer
+from dataflow.preprocessors.vectorizer import CountVectorizer, HashingVectorizer
 from dataflow.ray_api import RAY_PREPROCESSORS_API, module_getattr
 
 __all__ = [
     "Categorizer",
     "Chain",
     "Concatenator",
+    "CountVectorizer",
+    "CustomKBinsDiscretizer",
+    "FeatureHasher",
+    "HashingVectorizer",
     "LabelEncoder",
     "MaxAbsScaler",
     "MinMaxScaler",
@@ -39,12 +48,15 @@ __all__ = [
     "Normalizer",
     "OneHotEncoder",
     "OrdinalEncoder",
+    "PowerTransformer",
     "Preprocessor",
     "PreprocessorNotFittedException",
     "RobustScaler",
     "SimpleImputer",
     "StandardScaler",
+    "Tokenizer",
+    "UniformKBinsDiscretizer",
 ]
 
-# a Ray preprocessor this package lacks (``Tokenizer``...) says so
+# a Ray preprocessor this package lacks (``TorchVisionPreprocessor``) says so
 __getattr__ = module_getattr("dataflow.preprocessors", "ray.data.preprocessors", RAY_PREPROCESSORS_API)

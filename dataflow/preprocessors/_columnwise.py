@@ -44,8 +44,12 @@ class ColumnwisePreprocessor(Preprocessor):
             df[name] = values
         return df
 
+    def _repr_value(self, name: str) -> str:
+        """How ``__repr__`` shows the setting ``name`` (its repr; a subclass may differ)."""
+        return repr(getattr(self, "_" + name))
+
     def __repr__(self) -> str:
         fields = [f"columns={self._columns!r}"]
-        fields += [f"{name}={getattr(self, '_' + name)!r}" for name in self._repr_fields]
+        fields += [f"{name}={self._repr_value(name)}" for name in self._repr_fields]
         fields.append(f"output_columns={self._output_columns!r}")
         return f"{type(self).__name__}({', '.join(fields)})"

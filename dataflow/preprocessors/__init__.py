@@ -3,7 +3,9 @@ batches with them (``from dataflow.preprocessors import StandardScaler``).
 
 Modules: ``dataflow.preprocessor`` (the base class) → ``_columnwise`` (columns in, output
 columns out) → ``_stats`` (value counts, in the same aggregation pass as other statistics) →
-``scaler``, ``imputer``, ``encoder``, ``normalizer``, ``concatenator``, ``chain``.
+``utils`` (Ray's default tokenizer and ``simple_hash``) → ``scaler``, ``imputer``, ``encoder``,
+``normalizer``, ``concatenator``, ``discretizer``, ``transformer`` (``PowerTransformer``),
+``tokenizer``, ``vectorizer``, ``hasher`` (``FeatureHasher``), ``chain``.
 
 Differences from Ray 2.60:
 
@@ -14,9 +16,12 @@ Differences from Ray 2.60:
   extension type (the same values).
 - ``serialize()`` is always the pickle + base64 string (Ray's legacy format), never Ray's
   CloudPickle bytes; ``deserialize`` reads it back.
-- Not provided yet: ``UniformKBinsDiscretizer``, ``CustomKBinsDiscretizer``,
-  ``PowerTransformer``, ``Tokenizer``, ``HashingVectorizer``, ``CountVectorizer``,
-  ``FeatureHasher``, ``TorchVisionPreprocessor``.
+- ``FeatureHasher``'s column is a ``fixed_size_list`` too.
+- ``HashingVectorizer`` and ``CountVectorizer``: a missing document's row is null and the other
+  rows stay ``list<int64>``; Ray turns the counts of that batch into floats.
+- ``PowerTransformer`` computes in float64, so an integer column with a negative integer power
+  gives values where Ray raises numpy's "Integers to negative integer powers" error.
+- Not provided: ``TorchVisionPreprocessor``.
 """
 
 from dataflow.preprocessor import Preprocessor, PreprocessorNotFittedException

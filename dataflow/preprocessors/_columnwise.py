@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from dataflow.preprocessor import Preprocessor, check_columns
 
@@ -53,3 +54,10 @@ class ColumnwisePreprocessor(Preprocessor):
         fields += [f"{name}={self._repr_value(name)}" for name in self._repr_fields]
         fields.append(f"output_columns={self._output_columns!r}")
         return f"{type(self).__name__}({', '.join(fields)})"
+
+
+def put_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
+    """``table`` with column ``name`` replaced by ``values``, or appended where it is new."""
+    if name in table.column_names:
+        return table.set_column(table.column_names.index(name), name, values)
+    return table.append_column(name, values)

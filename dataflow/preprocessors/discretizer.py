@@ -29,7 +29,7 @@ class _KBinsDiscretizer(ColumnwisePreprocessor):
     def __init__(
         self,
         columns: list[str],
-        bins: Any,
+        bins: int | dict[str, int] | Bins | dict[str, Bins],
         *,
         right: bool = True,
         include_lowest: bool = False,
@@ -43,6 +43,11 @@ class _KBinsDiscretizer(ColumnwisePreprocessor):
         self._include_lowest = include_lowest
         self._duplicates = duplicates
         self._dtypes = dtypes
+        self._validate_on_init()
+
+    def _validate_on_init(self) -> None:
+        """Checks of the settings made on construction (Ray checks a custom ``bins`` dict then,
+        a uniform one at ``fit``)."""
 
     @property
     def bins(self) -> Any:
@@ -100,59 +105,19 @@ class _KBinsDiscretizer(ColumnwisePreprocessor):
 
 
 class CustomKBinsDiscretizer(_KBinsDiscretizer):
-    """Bin values by the given edges (a list of numbers or a ``pd.IntervalIndex``, or a dict
-    of them by column, which must name every column). A value outside every bin becomes null.
-    Not fittable."""
+    """Bin values by the given edges (``bins``: a list of numbers or a ``pd.IntervalIndex``, or
+    a dict of them by column, which must name every column, checked on construction). A value
+    outside every bin becomes null. Not fittable."""
 
     _is_fittable = False
 
-    def __init__(
-        self,
-        columns: list[str],
-        bins: Bins | dict[str, Bins],
-        *,
-        right: bool = True,
-        include_lowest: bool = False,
-        duplicates: str = "raise",
-        dtypes: dict[str, pd.CategoricalDtype | type[np.integer]] | None = None,
-        output_columns: list[str] | None = None,
-    ) -> None:
-        super().__init__(
-            columns,
-            bins,
-            right=right,
-            include_lowest=include_lowest,
-            duplicates=duplicates,
-            dtypes=dtypes,
-            output_columns=output_columns,
-        )
+    def _validate_on_init(self) -> None:
         self._validate_bins_columns()
 
 
 class UniformKBinsDiscretizer(_KBinsDiscretizer):
     """Bin values into ``bins`` equal-width bins (an int, or a dict of ints by column) between
     each column's fitted min and max. Stats: ``stats_[column]``, the bin edges (numpy array)."""
-
-    def __init__(
-        self,
-        columns: list[str],
-        bins: int | dict[str, int],
-        *,
-        right: bool = True,
-        include_lowest: bool = False,
-        duplicates: str = "raise",
-        dtypes: dict[str, pd.CategoricalDtype | type[np.integer]] | None = None,
-        output_columns: list[str] | None = None,
-    ) -> None:
-        super().__init__(
-            columns,
-            bins,
-            right=right,
-            include_lowest=include_lowest,
-            duplicates=duplicates,
-            dtypes=dtypes,
-            output_columns=output_columns,
-        )
 
     def _fit(self, ds: Dataset) -> dict[str, Any]:
         self._validate_bins_columns()

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataflow.preprocessor import Preprocessor, PreprocessorNotFittedException, check_columns
-from dataflow.preprocessors._columnwise import ColumnwisePreprocessor
+from dataflow.preprocessors._columnwise import ColumnwisePreprocessor, put_column
 from dataflow.preprocessors._stats import category_index, fit_value_counts
 
 if TYPE_CHECKING:
@@ -70,10 +70,7 @@ class _CategoryEncoder(ColumnwisePreprocessor):
         _check_no_nulls(table, self._columns)
         encoded = [encode(table.column(c), self.stats_[f"unique_values({c})"]) for c in self._columns]
         for name, values in zip(self._output_columns, encoded, strict=True):
-            if name in table.column_names:
-                table = table.set_column(table.column_names.index(name), name, values)
-            else:
-                table = table.append_column(name, values)
+            table = put_column(table, name, values)
         return table
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.preprocessor import Preprocessor, check_columns
+from dataflow.preprocessors._columnwise import put_column
 from dataflow.preprocessors.utils import simple_hash
 
 
@@ -50,9 +51,7 @@ class FeatureHasher(Preprocessor):
         for j, column in enumerate(self._columns):
             hashed[:, simple_hash(column, self._num_features)] += values[:, j].astype(dtype)
         vectors = pa.FixedSizeListArray.from_arrays(pa.array(hashed.ravel()), self._num_features)
-        if self._output_column in table.column_names:
-            return table.set_column(table.column_names.index(self._output_column), self._output_column, vectors)
-        return table.append_column(self._output_column, vectors)
+        return put_column(table, self._output_column, vectors)
 
     def get_input_columns(self) -> list[str]:
         return list(self._columns)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from dataflow.preprocessor import check_columns
+from dataflow.preprocessors._columnwise import put_column
 from dataflow.preprocessors._stats import ValueCounts, value_counts
 from dataflow.preprocessors.tokenizer import TokenizingPreprocessor
 from dataflow.preprocessors.utils import Tokenizer as TokenizationFn
@@ -44,10 +45,7 @@ class _CountingVectorizer(TokenizingPreprocessor):
             rows = [None if tokens is None else positions(tokens) for tokens in tokenized]
             vectors.append(count_rows(rows, self._width(column)))
         for name, values in zip(self._output_columns, vectors, strict=True):
-            if name in table.column_names:
-                table = table.set_column(table.column_names.index(name), name, values)
-            else:
-                table = table.append_column(name, values)
+            table = put_column(table, name, values)
         return table
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import string
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -12,6 +14,10 @@ from dataflow.preprocessors import (
     Categorizer,
     Chain,
     Concatenator,
+    CountVectorizer,
+    CustomKBinsDiscretizer,
+    FeatureHasher,
+    HashingVectorizer,
     LabelEncoder,
     MaxAbsScaler,
     MinMaxScaler,
@@ -19,12 +25,16 @@ from dataflow.preprocessors import (
     Normalizer,
     OneHotEncoder,
     OrdinalEncoder,
+    PowerTransformer,
     Preprocessor,
     PreprocessorNotFittedException,
     RobustScaler,
     SimpleImputer,
     StandardScaler,
+    Tokenizer,
+    UniformKBinsDiscretizer,
 )
+from dataflow.preprocessors.utils import simple_hash
 
 
 def _xs() -> dataflow.Dataset:
@@ -262,3 +272,201 @@ def test_serialize_round_trip(mode):
     assert restored.stats_ == encoder.stats_
     assert restored.fit_status() == Preprocessor.FitStatus.FITTED
     assert _col(restored.transform(_people()), "sex_hot") == [[0, 1], [1, 0], [0, 1], [1, 0]]
+
+
+# discretizers, power transform, tokenizer, vectorizers and hasher -------------------------
+# Values are Ray 2.60's, from its docstring examples or (where those are skipped) a probe of Ray.
+
+
+def _values() -> dataflow.Dataset:
+    return dataflow.from_pandas(
+        pd.DataFrame({"value_1": [0.2, 1.4, 2.5, 6.2, 9.7, 2.1], "value_2": [10, 15, 13, 12, 23, 25]})
+    )
+
+
+def _counts(ds: dataflow.Dataset, name: str) -> list:
+    """A list column's rows as Python lists, a null row as None."""
+    return [None if v is pd.NA else v for v in _col(ds, name)]
+
+
+def _corpus() -> dataflow.Dataset:
+    return dataflow.from_pandas(
+        pd.DataFrame({"corpus": ["Jimmy likes volleyball", "Bob likes volleyball too", "Bob also likes fruit jerky"]})
+    )
+
+
+def test_uniform_kbins_discretizer(mode):
+    d = UniformKBinsDiscretizer(columns=["value_1", "value_2"], bins=4)
+    out = d.fit_transform(_values()).to_pandas()
+    assert out["value_1"].tolist() == [0, 0, 0, 2, 3, 0]
+    assert out["value_2"].tolist() == [0, 1, 0, 0, 3, 3]
+    assert out["value_1"].dtype == np.int64
+    assert list(d.stats_) == ["value_1", "value_2"]
+    np.testing.assert_allclose(d.stats_["value_1"], [0.1905, 2.575, 4.95, 7.325, 9.7])
+    np.testing.assert_allclose(d.stats_["value_2"], [9.985, 13.75, 17.5, 21.25, 25.0])
+    assert repr(d) == (
+        "UniformKBinsDiscretizer(columns=['value_1', 'value_2'], bins=4, right=True, include_lowest=False, "
+        "duplicates='raise', dtypes=None, output_columns=['value_1', 'value_2'])"
+    )
+    per_column = UniformKBinsDiscretizer(columns=["value_1", "value_2"], bins={"value_1": 4, "value_2": 3})
+    out = per_column.fit_transform(_values()).to_pandas()
+    assert out["value_1"].tolist() == [0, 0, 0, 2, 3, 0]
+    assert out["value_2"].tolist() == [0, 0, 0, 0, 2, 2]
+    appended = UniformKBinsDiscretizer(columns=["value_1", "value_2"], bins=4, output_columns=["v1", "v2"])
+    out = appended.fit_transform(_values()).to_pandas()
+    assert list(out.columns) == ["value_1", "value_2", "v1", "v2"]
+    assert out["value_1"].tolist() == [0.2, 1.4, 2.5, 6.2, 9.7, 2.1]
+    assert out["v2"].tolist() == [0, 1, 0, 0, 3, 3]
+    labelled = UniformKBinsDiscretizer(
+        columns=["value_1"], bins=3, dtypes={"value_1": pd.CategoricalDtype(["lo", "mid", "hi"], ordered=True)}
+    )
+    assert labelled.fit_transform(_values()).to_pandas()["value_1"].tolist() == ["lo", "lo", "lo", "mid", "hi", "lo"]
+
+
+def test_uniform_kbins_discretizer_bad_bins(mode):
+    with pytest.raises(ValueError, match="all elements of `columns` must be present"):
+        UniformKBinsDiscretizer(columns=["value_1", "value_2"], bins={"value_1": 4}).fit(_values())
+    with pytest.raises(TypeError, match=r"must be an integer or a dict of integers, got 2\.5"):
+        UniformKBinsDiscretizer(columns=["value_1"], bins=2.5).fit(_values())
+    with pytest.raises(ValueError, match="Column value_1 has no values to bin"):
+        UniformKBinsDiscretizer(columns=["value_1"], bins=2).fit(_values().filter(lambda r: r["value_2"] > 100))
+
+
+def test_custom_kbins_discretizer(mode):
+    d = CustomKBinsDiscretizer(columns=["value_1", "value_2"], bins=[0, 1, 4, 10, 25])
+    assert d.fit_status() == Preprocessor.FitStatus.NOT_FITTABLE
+    out = d.transform(_values()).to_pandas()
+    assert out["value_1"].tolist() == [0, 1, 1, 2, 2, 1]
+    assert out["value_2"].tolist() == [2, 3, 3, 3, 3, 3]
+    assert repr(d) == (
+        "CustomKBinsDiscretizer(columns=['value_1', 'value_2'], bins=[0, 1, 4, 10, 25], right=True, "
+        "include_lowest=False, duplicates='raise', dtypes=None, output_columns=['value_1', 'value_2'])"
+    )
+    per_column = CustomKBinsDiscretizer(
+        columns=["value_1", "value_2"], bins={"value_1": [0, 1, 4], "value_2": [0, 18, 35, 70]}
+    )
+    out = per_column.transform(_values()).to_pandas()
+    assert [None if np.isnan(v) else v for v in out["value_1"]] == [0.0, 1.0, 1.0, None, None, 1.0]
+    assert out["value_2"].tolist() == [0, 0, 0, 0, 1, 1]
+    with pytest.raises(ValueError, match="all elements of `columns` must be present"):
+        CustomKBinsDiscretizer(columns=["a", "b"], bins={"a": [0, 1]})
+
+
+def test_power_transformer(mode):
+    data = dataflow.from_pandas(pd.DataFrame({"X1": [-1.5, 0.0, 2.0, 3.5], "X2": [0.5, 1.0, 2.5, 4.0]}))
+    cases = [
+        ("yeo-johnson", 1.5, "X1", [-1.162278, 0.0, 2.797435, 5.697294]),
+        ("yeo-johnson", 1.5, "X2", [0.558078, 1.218951, 3.6986, 6.786893]),
+        ("yeo-johnson", 0, "X1", [-2.625, 0.0, 1.098612, 1.504077]),
+        ("yeo-johnson", 2, "X1", [-0.916291, 0.0, 4.0, 9.625]),
+        ("box-cox", 0.5, "X2", [-0.585786, 0.0, 1.162278, 2.0]),
+        ("box-cox", 0, "X2", [-0.693147, 0.0, 0.916291, 1.386294]),
+    ]
+    for method, power, column, expected in cases:
+        t = PowerTransformer(columns=[column], power=power, method=method, output_columns=["out"])
+        np.testing.assert_allclose(t.transform(data).to_pandas()["out"], expected, rtol=1e-6)
+    t = PowerTransformer(columns=["X1", "X2"], power=1.5)
+    assert repr(t) == "PowerTransformer(columns=['X1', 'X2'], power=1.5, method='yeo-johnson', output_columns=['X1', 'X2'])"
+    with pytest.raises(ValueError, match=r"Method nope is not supported.Supported values are: \['yeo-johnson', 'box-cox'\]"):
+        PowerTransformer(columns=["X1"], power=1, method="nope")
+
+
+def _strip_punctuation(s: str) -> list[str]:
+    for character in string.punctuation:
+        s = s.replace(character, "")
+    return s.split()
+
+
+def test_tokenizer(mode):
+    text = dataflow.from_pandas(pd.DataFrame({"text": ["Hello, world!", "foo bar\nbaz", None]}))
+    tokenizer = Tokenizer(columns=["text"])
+    assert _col(tokenizer.transform(text), "text") == [["Hello,", "world!"], ["foo", "bar\nbaz"], None]
+    assert repr(tokenizer) == "Tokenizer(columns=['text'], tokenization_fn=simple_split_tokenizer, output_columns=['text'])"
+    custom = Tokenizer(columns=["text"], tokenization_fn=_strip_punctuation, output_columns=["tokens"])
+    out = custom.transform(text)
+    assert _col(out, "tokens") == [["Hello", "world"], ["foo", "bar", "baz"], None]
+    assert _col(out, "text")[0] == "Hello, world!"
+    assert "tokenization_fn=_strip_punctuation" in repr(custom)
+
+
+# bucket of each token for 1000 features, computed by Ray 2.60's simple_hash
+RAY_BUCKETS_OF_1000 = {
+    "I": 540, "like": 535, "dislike": 223, "Python": 763, "Jimmy": 466, "likes": 683, "volleyball": 798,
+    "Bob": 185, "too": 96, "also": 643, "fruit": 492, "jerky": 312, "": 549, "h\u00e9llo": 377,
+    "\u65e5\u672c": 586, "1": 315, "None": 777, "3.5": 214,
+}  # fmt: skip
+
+
+def test_simple_hash_matches_ray():
+    assert {token: simple_hash(token, 1000) for token in RAY_BUCKETS_OF_1000} == RAY_BUCKETS_OF_1000
+    assert (simple_hash(1, 1000), simple_hash(3.5, 1000), simple_hash(None, 1000), simple_hash(True, 1000)) == (
+        315, 214, 777, 640,
+    )  # fmt: skip
+
+
+def test_hashing_vectorizer(mode):
+    v = HashingVectorizer(["corpus"], num_features=8)
+    assert v.fit_status() == Preprocessor.FitStatus.NOT_FITTABLE
+    out = v.transform(_corpus())
+    # Ray 2.60's output (its docstring's example is skipped and shows other values)
+    assert _col(out, "corpus") == [[0, 0, 1, 1, 0, 0, 1, 0], [1, 1, 0, 1, 0, 0, 1, 0], [1, 1, 0, 2, 1, 0, 0, 0]]
+    assert out.schema().types[0] == pa.list_(pa.int64())
+    assert repr(v) == (
+        "HashingVectorizer(columns=['corpus'], num_features=8, tokenization_fn=simple_split_tokenizer, "
+        "output_columns=['corpus'])"
+    )
+    docs = dataflow.from_pandas(pd.DataFrame({"corpus": ["a b a", None, "b c"]}))
+    appended = HashingVectorizer(["corpus"], num_features=4, output_columns=["hashed"]).transform(docs)
+    assert _counts(appended, "hashed") == [[0, 1, 0, 2], None, [0, 1, 1, 0]]
+
+
+def test_count_vectorizer(mode):
+    v = CountVectorizer(["corpus"])
+    out = v.fit_transform(_corpus())
+    assert _col(out, "corpus") == [[1, 1, 0, 1, 0, 0, 0, 0], [1, 1, 1, 0, 1, 0, 0, 0], [1, 0, 1, 0, 0, 1, 1, 1]]
+    assert out.schema().types[0] == pa.list_(pa.int64())
+    counts = v.stats_["token_counts(corpus)"]
+    assert list(counts.items()) == [
+        ("likes", 3), ("volleyball", 2), ("Bob", 2), ("Jimmy", 1), ("too", 1), ("also", 1), ("fruit", 1), ("jerky", 1),
+    ]  # fmt: skip
+    assert repr(v) == (
+        "CountVectorizer(columns=['corpus'], tokenization_fn=simple_split_tokenizer, max_features=None, "
+        "output_columns=['corpus'])"
+    )
+    top = CountVectorizer(["corpus"], max_features=3, output_columns=["counts"])
+    out = top.fit_transform(_corpus())
+    assert _col(out, "counts") == [[1, 1, 0], [1, 1, 1], [1, 0, 1]]
+    assert _col(out, "corpus")[0] == "Jimmy likes volleyball"
+    assert dict(top.stats_["token_counts(corpus)"]) == {"likes": 3, "volleyball": 2, "Bob": 2}
+    docs = dataflow.from_pandas(pd.DataFrame({"corpus": ["a b a", None, "b c"]}))
+    with_null = CountVectorizer(["corpus"])
+    assert _counts(with_null.fit_transform(docs), "corpus") == [[2, 1, 0], None, [0, 1, 1]]
+    assert dict(with_null.stats_["token_counts(corpus)"]) == {"a": 2, "b": 2, "c": 1}
+
+
+def test_feature_hasher(mode):
+    frequencies = pd.DataFrame({"I": [1, 1], "like": [1, 0], "dislike": [0, 1], "Python": [1, 1]})
+    h = FeatureHasher(columns=["I", "like", "dislike", "Python"], num_features=8, output_column="hashed")
+    out = h.fit_transform(dataflow.from_pandas(frequencies))
+    # Ray 2.60's output (its docstring's example is skipped and shows other values)
+    assert _col(out, "hashed") == [[0, 0, 0, 1, 1, 0, 0, 1], [0, 0, 0, 1, 1, 0, 0, 1]]
+    assert _col(out, "I") == [1, 1]
+    assert out.schema().types[-1] == pa.list_(pa.int64(), 8)
+    assert h.get_output_columns() == ["hashed"]
+    assert repr(h) == "FeatureHasher(columns=['I', 'like', 'dislike', 'Python'], num_features=8, output_column='hashed')"
+    batch = h.transform_batch(frequencies)
+    assert [list(v) for v in batch["hashed"]] == [[0, 0, 0, 1, 1, 0, 0, 1], [0, 0, 0, 1, 1, 0, 0, 1]]
+
+
+def test_new_preprocessors_serialize_round_trip(mode):
+    vectorizer = CountVectorizer(["corpus"], max_features=3).fit(_corpus())
+    restored = Preprocessor.deserialize(vectorizer.serialize())
+    assert type(restored) is CountVectorizer
+    assert restored.stats_ == vectorizer.stats_
+    assert _col(restored.transform(_corpus()), "corpus") == [[1, 1, 0], [1, 1, 1], [1, 0, 1]]
+    discretizer = UniformKBinsDiscretizer(columns=["value_1"], bins=4).fit(_values())
+    restored = Preprocessor.deserialize(discretizer.serialize())
+    assert restored.fit_status() == Preprocessor.FitStatus.FITTED
+    assert restored.transform(_values()).to_pandas()["value_1"].tolist() == [0, 0, 0, 2, 3, 0]
+    hasher = Preprocessor.deserialize(HashingVectorizer(["corpus"], num_features=8).serialize())
+    assert _col(hasher.transform(_corpus()), "corpus")[0] == [0, 0, 1, 1, 0, 0, 1, 0]

@@ -115,8 +115,11 @@ def test_a_ray_preprocessor_dataflow_lacks_says_so():
     import dataflow.preprocessors as preprocessors
 
     assert preprocessors.StandardScaler.__module__ == "dataflow.preprocessors.scaler"
-    with pytest.raises(AttributeError, match=r"ray\.data\.preprocessors\.Tokenizer is a Ray Data API that dataflow does not provide"):
-        preprocessors.Tokenizer
+    with pytest.raises(
+        AttributeError,
+        match=r"ray\.data\.preprocessors\.TorchVisionPreprocessor is a Ray Data API that dataflow does not provide",
+    ):
+        preprocessors.TorchVisionPreprocessor
     with pytest.raises(AttributeError, match=r"^module 'dataflow.preprocessors' has no attribute 'Scaler'$"):
         preprocessors.Scaler
 

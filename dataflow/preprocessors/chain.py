@@ -43,10 +43,12 @@ class Chain(Preprocessor):
         self._preprocessors[-1].fit(ds)
         return self
 
-    def fit_transform(self, ds: Dataset, **_: Any) -> Dataset:
-        """Fit and transform with each member in turn."""
+    def fit_transform(self, ds: Dataset, **transform_options: Any) -> Dataset:
+        """Fit and transform with each member in turn; ``transform_num_cpus`` and the other
+        options of ``Preprocessor.fit_transform`` go to every member's transform (Ray's
+        ``Chain.fit_transform`` takes none)."""
         for preprocessor in self._preprocessors:
-            ds = preprocessor.fit_transform(ds)
+            ds = preprocessor.fit_transform(ds, **transform_options)
         return ds
 
     def _transform(self, ds: Dataset, **options: Any) -> Dataset:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 import dataflow
+from dataflow.errors import ResourceError
 from dataflow.preprocessors import (
     Categorizer,
     Chain,
@@ -219,6 +220,9 @@ def test_chain_fits_in_sequence(mode):
     np.testing.assert_allclose(np.stack(out["X"]), expected, atol=1e-6)
     again = Preprocessor.deserialize(chain.serialize()).transform(ds).to_pandas()
     assert again["Y"].tolist() == [0, 1, 0]
+    # the transform options reach every member's transform: none is dropped
+    with pytest.raises(ResourceError, match=r"StandardScaler.*num_cpus=1000"):
+        Chain(StandardScaler(columns=["X0"]), LabelEncoder("Y")).fit_transform(ds, transform_num_cpus=1000).take_all()
 
 
 def test_transform_batch_keeps_the_batch_kind():

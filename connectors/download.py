@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from connectors import io_stats
-from connectors.filesystem import _scheme, path_for, resolve_filesystem
+from connectors.filesystem import _scheme, path_for, read_file_bytes, resolve_filesystem
 from connectors.retry import Retrier
 
 log = logging.getLogger("dataflow")
@@ -45,7 +45,7 @@ def download_all(uris: Sequence[str | None], filesystem: Any, on_error: str, thr
         if isinstance(fs, BaseException):
             return fs
         try:
-            data = retrier.call(lambda: _read_whole(fs, path), path=str(uris[index]), action="download")
+            data = read_file_bytes(fs, path, retrier, str(uris[index]), decompress=False)
         except Exception as err:  # reported below: as null (with a warning) or raised
             return err
         io_stats.record(bytes_read=len(data), files_read=1)
@@ -70,11 +70,6 @@ def download_all(uris: Sequence[str | None], filesystem: Any, on_error: str, thr
     values = [None if isinstance(v, BaseException) else v for v in fetched]
     large = sum(len(v) for v in values if v is not None) >= 2**31
     return pa.array(values, type=pa.large_binary() if large else pa.binary())
-
-
-def _read_whole(fs: Any, path: str) -> bytes:
-    with fs.open_input_stream(path) as stream:
-        return stream.read()  # type: ignore[no-any-return]
 
 
 def _targets(uris: Sequence[str | None], filesystem: Any) -> list[tuple[Any, str] | None]:

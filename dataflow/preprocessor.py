@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from engine.block_format import to_batch, to_block
+
 if TYPE_CHECKING:
     from dataflow.dataset import Dataset
 
@@ -204,25 +206,10 @@ def check_columns(names: list[str], columns: list[str], what: str) -> None:
 
 
 def _convert(batch: Any, kind: str) -> Any:
-    """``batch`` (pandas, pyarrow or a dict of numpy arrays) as ``kind``."""
-    if kind == "pandas":
-        if isinstance(batch, pd.DataFrame):
-            return batch
-        if isinstance(batch, pa.Table):
-            return batch.to_pandas()
-        return pd.DataFrame({name: list(v) if np.ndim(v) > 1 else v for name, v in batch.items()})
-    if kind == "pyarrow":
-        if isinstance(batch, pa.Table):
-            return batch
-        return pa.Table.from_pandas(_convert(batch, "pandas"), preserve_index=False).replace_schema_metadata(None)
-    frame = _convert(batch, "pandas")
-    return {name: _column_to_numpy(frame[name]) for name in frame.columns}
-
-
-def _column_to_numpy(series: pd.Series) -> np.ndarray:
-    values = series.to_numpy()
-    if values.dtype == object and len(values) and all(isinstance(v, (list, np.ndarray)) for v in values):
-        lengths = {len(v) for v in values}
-        if len(lengths) == 1:
-            return np.stack([np.asarray(v) for v in values])
-    return values
+    """``batch`` (pandas, pyarrow or a dict of numpy arrays) as ``kind``, through the engine's
+    own batch conversions (``to_block`` / ``to_batch``, what ``map_batches`` uses); a batch
+    already of that kind as it is."""
+    if (kind == "pandas" and isinstance(batch, pd.DataFrame)) or (kind == "pyarrow" and isinstance(batch, pa.Table)):
+        return batch
+    table = to_block(batch).replace_schema_metadata(None)
+    return to_batch(table, kind, arrow_backed_pandas=False)

@@ -262,7 +262,6 @@ class TaskScope:
     first attempt would have."""
 
     task_index: int
-    attempt: int = 0
     state: dict[Any, Any] = field(default_factory=dict)
 
 
@@ -275,7 +274,7 @@ def current_task() -> TaskScope | None:
 
 
 def _run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:
-    scope = _SCOPE.set(TaskScope(spec.task_index, spec.attempt))
+    scope = _SCOPE.set(TaskScope(spec.task_index))
     try:
         return _run_task_in_scope(spec, transform, store)
     finally:

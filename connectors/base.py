@@ -40,6 +40,18 @@ class BlockMetadata:
         object.__setattr__(self, "input_files", tuple(self.input_files or ()))
 
 
+def as_table(block: Any, what: str) -> pa.Table:
+    """``block`` (a pyarrow Table or RecordBatch, or a pandas DataFrame, as Ray takes) as a
+    Table; a ``TypeError`` saying what ``what`` yielded otherwise."""
+    if isinstance(block, pa.Table):
+        return block
+    if isinstance(block, pa.RecordBatch):
+        return pa.Table.from_batches([block])
+    if type(block).__module__.split(".")[0] == "pandas":
+        return pa.Table.from_pandas(block, preserve_index=False)
+    raise TypeError(f"{what} must yield pyarrow Tables, RecordBatches or pandas DataFrames, got {type(block).__name__}")
+
+
 class ReadTask:
     """A picklable unit of reading: calling it yields Arrow tables.
 
@@ -66,14 +78,8 @@ class ReadTask:
 
     def __call__(self) -> Iterator[Block]:
         left = self.per_task_row_limit
-        for block in self.read_fn():
-            if isinstance(block, pa.RecordBatch):
-                block = pa.Table.from_batches([block])
-            elif type(block).__module__.split(".")[0] == "pandas":  # Ray takes pandas blocks too
-                block = pa.Table.from_pandas(block, preserve_index=False)
-            if not isinstance(block, pa.Table):
-                msg = f"a ReadTask must yield pyarrow Tables, RecordBatches or pandas DataFrames, got {type(block).__name__}"
-                raise TypeError(msg)
+        for item in self.read_fn():
+            block = as_table(item, "a ReadTask")
             if left is not None:
                 if left <= 0:
                     return

@@ -251,14 +251,18 @@ class FileDatasource(Datasource):
             min_task_bytes=MIN_TASK_BYTES,
             split_files=self._split_files(),
         ):
-            displays = tuple(self._files.display(p.entry.path) for p in group)
-            metadata = BlockMetadata(
-                num_rows=None,
-                size_bytes=sum(p.size for p in group),
-                input_files=tuple(dict.fromkeys(displays)),
-                schema=None,
-            )
+            metadata = self._task_metadata(group)
             yield ReadTask(functools.partial(self._read_pieces, tuple(group), part_schema), metadata)
+
+    def _task_metadata(self, group: Sequence[FilePiece]) -> BlockMetadata:
+        """What is known of a read task's output before it runs: its files and their bytes."""
+        displays = tuple(self._files.display(p.entry.path) for p in group)
+        return BlockMetadata(
+            num_rows=None,
+            size_bytes=sum(p.size for p in group),
+            input_files=tuple(dict.fromkeys(displays)),
+            schema=None,
+        )
 
     def _read_pieces(
         self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None

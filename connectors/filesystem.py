@@ -134,7 +134,7 @@ class FileSet:
             relative = _split(_relative(path, root))
             if any(part.startswith((".", "_")) for part in relative):
                 continue
-            if self.extensions is None or _has_extension(relative[-1], self.extensions):
+            if self.extensions is None or has_extension(relative[-1], self.extensions):
                 yield FileEntry(path, size, root)
 
     def _walk(self, root: str) -> Iterator[tuple[str, int | None]]:
@@ -316,7 +316,7 @@ def open_input_stream(
 
     Opening is retried; reads are the caller's (``iter_stream`` retries them too).
     """
-    return retrier.call(lambda: _open_stream(fs, path, decompress, args), path=display, action="open")
+    return retrier.call(lambda: open_stream(fs, path, decompress, args), path=display, action="open")
 
 
 def iter_stream(
@@ -328,8 +328,12 @@ def iter_stream(
     *,
     decompress: bool = True,
     args: StreamArgs = NO_STREAM_ARGS,
+    opener: Callable[[], pa.NativeFile] | None = None,
 ) -> Iterator[T]:
     """The items ``parse`` makes of ``path``'s stream (see ``open_input_stream``), as they are needed.
+
+    ``opener``, when given, opens the file instead (on every attempt), as a connector that
+    opens its own files wants.
 
     A transient I/O error reopens the file and skips the items already yielded
     (``Retrier.iterate``), so ``parse`` must be deterministic. A ``ValueError`` (pyarrow's
@@ -342,7 +346,7 @@ def iter_stream(
         return ErrorKind.PERMANENT if isinstance(exc, ValueError) else classify(exc)
 
     def open_items() -> _StreamItems[T]:
-        stream = _open_stream(fs, path, decompress, args)
+        stream = opener() if opener is not None else open_stream(fs, path, decompress, args)
         try:
             return _StreamItems(parse(stream), stream)
         except BaseException:
@@ -374,7 +378,9 @@ class _StreamItems(Generic[T]):
             self._stream.close()
 
 
-def _open_stream(fs: pafs.FileSystem, path: str, decompress: bool, args: StreamArgs = NO_STREAM_ARGS) -> pa.NativeFile:
+def open_stream(fs: pafs.FileSystem, path: str, decompress: bool, args: StreamArgs = NO_STREAM_ARGS) -> pa.NativeFile:
+    """``path`` opened once as a forward-only stream (no retries), decompressed as ``args`` and
+    ``decompress`` say (see ``StreamArgs.codec``)."""
     inner = _fsspec_of(fs)
     if inner is not None:
         # through fsspec itself, to bound its read-ahead (pyarrow's handler opens with the default)
@@ -492,7 +498,8 @@ def _parent(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
-def _has_extension(name: str, extensions: tuple[str, ...]) -> bool:
+def has_extension(name: str, extensions: tuple[str, ...]) -> bool:
+    """Whether file ``name`` ends in one of ``extensions``, compressed (``.csv.gz``) or not."""
     lower = name.lower()
     for suffix in ("", *COMPRESSION_SUFFIXES):
         stem = lower.removesuffix(suffix) if suffix else lower

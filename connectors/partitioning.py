@@ -248,3 +248,54 @@ class PathPartitionFilter:
     def __call__(self, paths: list[str]) -> list[str]:
         """The paths that pass (Ray's call form)."""
         return [path for path in paths if self.apply(path)]
+
+
+class PathPartitionParser:
+    """Ray Data's ``PathPartitionParser``: a file path's partition values, as a dict.
+
+    ``PathPartitionParser(Partitioning("hive"))(path)`` gives ``{key: value}`` for the
+    ``key=value`` folders of ``path`` (``{}`` for a file in none, or outside ``base_dir``);
+    ``"dir"`` partitioning maps the folders below ``base_dir`` onto ``field_names``. Values are
+    strings, or of the type ``field_types`` gives (Ray's casts: ``int``, ``float``, ``bool`` as
+    ``value.lower() == "true"``; a pyarrow type is cast by Arrow).
+    """
+
+    def __init__(self, partitioning: Partitioning) -> None:
+        if not isinstance(partitioning, Partitioning):
+            raise TypeError(f"PathPartitionParser takes a Partitioning, got {type(partitioning).__name__}")
+        self._scheme = partitioning
+
+    @staticmethod
+    def of(
+        style: str = "hive",
+        base_dir: str | None = None,
+        field_names: list[str] | None = None,
+        field_types: dict[str, Any] | None = None,
+        filesystem: Any = None,
+    ) -> PathPartitionParser:
+        """Ray's flattened constructor."""
+        return PathPartitionParser(Partitioning(style, base_dir, field_names, field_types, filesystem))
+
+    @property
+    def scheme(self) -> Partitioning:
+        """The partitioning it parses."""
+        return self._scheme
+
+    def __call__(self, path: str) -> dict[str, Any]:
+        values: dict[str, Any] = dict(self._scheme.parse(_listing_path(path), path))
+        for name, kind in self._scheme.field_types.items():
+            if values.get(name) is not None:
+                values[name] = _cast_partition_value(values[name], kind)
+        return values
+
+
+def _cast_partition_value(value: str, kind: Any) -> Any:
+    if kind is int:
+        return int(value)
+    if kind is float:
+        return float(value)
+    if kind is bool:
+        return value.lower() == "true"
+    if isinstance(kind, pa.DataType):
+        return pc.cast(pa.array([value]), kind)[0].as_py()
+    return value

@@ -144,6 +144,8 @@ def init(
 
 
 _CONNECTOR_NAMES = {
+    "BlockBasedFileDatasink": "connectors.file_based_sinks",
+    "RowBasedFileDatasink": "connectors.file_based_sinks",
     "FilenameProvider": "connectors.file_datasink",
     "SaveMode": "connectors.file_datasink",
     "FileShuffleConfig": "connectors.file_selection",
@@ -175,6 +177,7 @@ def shutdown() -> None:
 
 __all__ = [
     "ActorPoolStrategy",
+    "BlockBasedFileDatasink",
     "BlockMetadata",
     "DataContext",
     "DataIterator",
@@ -195,6 +198,7 @@ __all__ = [
     "Preprocessor",
     "ReadTask",
     "ResumeMismatchError",
+    "RowBasedFileDatasink",
     "SaveMode",
     "Schema",
     "TaskPoolStrategy",

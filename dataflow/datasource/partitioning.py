@@ -1,13 +1,12 @@
 """Ray's ``ray.data.datasource.partitioning``: ``Partitioning`` (``"hive"`` and ``"dir"``
-styles), ``PartitionStyle`` and ``PathPartitionFilter``; ``PathPartitionParser`` raises an
-``AttributeError`` saying it is not provided."""
+styles), ``PartitionStyle``, ``PathPartitionFilter`` and ``PathPartitionParser``."""
 
 from __future__ import annotations
 
-from connectors.partitioning import Partitioning, PartitionStyle, PathPartitionFilter
+from connectors.partitioning import Partitioning, PartitionStyle, PathPartitionFilter, PathPartitionParser
 from dataflow.ray_api import module_getattr
 
-__all__ = ["PartitionStyle", "Partitioning", "PathPartitionFilter"]
+__all__ = ["PartitionStyle", "Partitioning", "PathPartitionFilter", "PathPartitionParser"]
 
 __getattr__ = module_getattr(
     "dataflow.datasource.partitioning", "ray.data.datasource.partitioning",

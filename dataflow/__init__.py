@@ -17,6 +17,7 @@ Modules, in the order a dataset meets them:
 * ``compile``     logical plan -> engine operators
 * ``iterator``    DataIterator: fetch -> rebatch -> shuffle -> format -> prefetch
 * ``splitting``   split / split_at_indices / train_test_split: materialized parts sharing blocks
+* ``random_access`` to_random_access_dataset: rows by key from sorted blocks, mapped once
 * ``sources``     which datasources and files a plan reads (``input_files``)
 * ``ray_api``     Ray Data's public names; the error for those dataflow does not provide
 * ``context``     DataContext and options(); the environment is read there only

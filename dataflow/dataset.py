@@ -14,7 +14,7 @@ import os
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pyarrow as pa
 
@@ -51,6 +51,9 @@ from engine.errors import ColumnNotFoundError
 from engine.runner import ExecutionHandle
 from engine.stats import ExecutionStats
 from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
+
+if TYPE_CHECKING:
+    from dataflow.random_access import RandomAccessDataset
 
 
 class Dataset:
@@ -673,6 +676,21 @@ class Dataset:
 
         batch = to_batch(self.to_arrow(), "numpy")
         return batch[column] if column is not None else batch
+
+    def to_random_access_dataset(self, key: str, num_workers: int | None = None) -> RandomAccessDataset:
+        """Rows looked up by the value of ``key``: the dataset sorted by it and materialized,
+        its blocks mapped once into this process (``dataflow.random_access``).
+
+        ``get_async(k)`` returns a ``concurrent.futures.Future`` of the row (a dict, as ``take``
+        gives) or None; call ``.result()`` where Ray's code calls ``ray.get``. ``multiget(keys)``
+        returns the rows in the keys' order. Of rows with equal keys, the first in the dataset's
+        order is found. ``num_workers`` threads (default 4, Ray's per node) serve the lookups,
+        where Ray starts actors. A key column the dataset lacks raises ``ColumnNotFoundError``
+        (a ``ValueError``, as Ray's).
+        """
+        from dataflow.random_access import RandomAccessDataset
+
+        return RandomAccessDataset(self, key, num_workers)
 
     def materialize(self) -> MaterializedDataset:
         """Run the plan once and keep its blocks; the result can be iterated many times."""

@@ -455,6 +455,31 @@ class Dataset:
             local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
         )
 
+    def iter_jax_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int = 256,
+        dtypes: Any = None,
+        collate_fn: Any = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        synchronize_batches: bool = False,
+        paddings: Any = None,
+    ) -> Iterator[Any]:
+        """Stream batches as dicts of ``jax.Array``s, each sharded along its rows over every JAX
+        device (``batch_size`` rows per host, a multiple of the local device count).
+
+        ``dtypes`` and ``paddings`` (for a short last batch) are one value or one per column; see
+        ``dataflow.jax_batches.iter_jax_batches`` for collate_fn and ``synchronize_batches``.
+        """
+        return self.iterator().iter_jax_batches(
+            prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, collate_fn=collate_fn,
+            drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed, synchronize_batches=synchronize_batches, paddings=paddings,
+        )
+
     def to_torch_iterable(self, *, batch_size: int | None = 256, **kwargs: Any) -> Any:
         """A ``torch.utils.data.IterableDataset`` of batches, sharded across DataLoader workers and ranks.
 

@@ -5,6 +5,8 @@
 
 ``iter_torch_batches`` continues after format with collate (tensors) -> pin -> to device; those
 stages live in ``dataflow.torch_batches``, the one module that imports torch (on first use).
+``iter_jax_batches`` continues with check and pad -> synchronize hosts -> shard over the devices,
+in ``dataflow.jax_batches``, the one module that imports jax (on first use).
 
 Each stage is a generator. Blocks are released back to the engine as soon as every row of
 them has been handed on, so a slow consumer holds at most its prefetch window.
@@ -126,8 +128,9 @@ class DataIterator:
         self._skip_rows = rows
         self._epoch = int(state.get("epoch", 0)) - 1
 
-    def _counted(self, items: Iterator[Any]) -> Iterator[Any]:
+    def _counted(self, items: Iterator[Any], *, sized: bool = False) -> Iterator[Any]:
         """``items`` handed to the caller, counted for ``state_dict`` as the caller takes them.
+        ``sized``: ``items`` are ``(item, rows)`` pairs (a padded batch holds more rows than it read).
 
         Closing this generator closes ``items`` at once, on the caller's thread: the stages below
         restore per-thread state (torch's thread count) and release blocks in their ``finally``,
@@ -135,7 +138,11 @@ class DataIterator:
         """
         try:
             for item in items:
-                self._rows_consumed += _rows_of(item)
+                if sized:
+                    item, rows = item
+                else:
+                    rows = _rows_of(item)
+                self._rows_consumed += rows
                 yield item
         finally:
             close = getattr(items, "close", None)
@@ -241,6 +248,29 @@ class DataIterator:
             collate_fn=collate_fn, drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
             local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
         ))
+
+    def iter_jax_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int = 256,
+        dtypes: Any = None,
+        collate_fn: Any = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        synchronize_batches: bool = False,
+        paddings: Any = None,
+    ) -> Iterator[Any]:
+        """Batches as dicts of ``jax.Array``s sharded over every JAX device along the rows (one
+        array when ``collate_fn`` returns one); see ``dataflow.jax_batches.iter_jax_batches``."""
+        from dataflow.jax_batches import iter_jax_batches
+
+        return self._counted(iter_jax_batches(
+            self, prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, collate_fn=collate_fn,
+            drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
+            local_shuffle_seed=local_shuffle_seed, synchronize_batches=synchronize_batches, paddings=paddings,
+        ), sized=True)
 
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         """Rows as dicts."""

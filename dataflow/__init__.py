@@ -151,6 +151,7 @@ _CONNECTOR_NAMES = {
     "SaveMode": "connectors.file_datasink",
     "FileShuffleConfig": "connectors.file_selection",
     "PathPartitionFilter": "connectors.partitioning",
+    "from_dask": "dataflow.dask_interop",
     "ResumeMismatchError": "connectors.resumable_write",
     "Preprocessor": "dataflow.preprocessor",  # (it imports pandas: ~0.25 s, not at ``import dataflow``)
 }
@@ -209,6 +210,7 @@ __all__ = [
     "from_arrow",
     "from_blocks",
     "from_huggingface",
+    "from_dask",
     "from_items",
     "from_numpy",
     "from_pandas",

@@ -481,6 +481,56 @@ class Dataset:
             local_shuffle_seed=local_shuffle_seed, synchronize_batches=synchronize_batches, paddings=paddings,
         )
 
+    def iter_tf_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int | None = 256,
+        dtypes: Any = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+    ) -> Iterator[Any]:
+        """Stream batches as dicts of TensorFlow tensors (``dataflow.tf_batches.iter_tf_batches``).
+
+        Deprecated in Ray Data in favour of ``to_tf``, and here too: it warns as Ray's does.
+        """
+        warnings.warn(
+            "`iter_tf_batches` is deprecated and will be removed after May 2025. Use `to_tf` instead.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.iterator().iter_tf_batches(
+            prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size, local_shuffle_seed=local_shuffle_seed,
+        )
+
+    def to_tf(
+        self,
+        feature_columns: str | list[str],
+        label_columns: str | list[str],
+        *,
+        additional_columns: str | list[str] | None = None,
+        prefetch_batches: int = 1,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        feature_type_spec: Any = None,
+        label_type_spec: Any = None,
+        additional_type_spec: Any = None,
+    ) -> Any:
+        """A ``tf.data.Dataset`` of ``(features, labels)`` batches (``(features, labels,
+        additional)`` with ``additional_columns``): one tensor per part named by a string, a dict
+        of them for a list; type specs from the schema unless given (``dataflow.tf_batches.to_tf``)."""
+        return self.iterator().to_tf(
+            feature_columns, label_columns, additional_columns=additional_columns,
+            prefetch_batches=prefetch_batches, batch_size=batch_size, drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size, local_shuffle_seed=local_shuffle_seed,
+            feature_type_spec=feature_type_spec, label_type_spec=label_type_spec,
+            additional_type_spec=additional_type_spec,
+        )
+
     def to_torch_iterable(self, *, batch_size: int | None = 256, **kwargs: Any) -> Any:
         """A ``torch.utils.data.IterableDataset`` of batches, sharded across DataLoader workers and ranks.
 

@@ -10,6 +10,9 @@ in ``dataflow.jax_batches``, the one module that imports jax (on first use).
 
 Each stage is a generator. Blocks are released back to the engine as soon as every row of
 them has been handed on, so a slow consumer holds at most its prefetch window.
+
+``iter_tf_batches`` and ``to_tf`` turn the numpy batches into TensorFlow tensors in
+``dataflow.tf_batches``, the one module that imports tensorflow (on first use).
 """
 
 from __future__ import annotations
@@ -105,6 +108,51 @@ class DataIterator:
             drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
             local_shuffle_seed=local_shuffle_seed, unsqueeze_label_tensor=unsqueeze_label_tensor,
             unsqueeze_feature_tensors=unsqueeze_feature_tensors,
+        )
+
+    def iter_tf_batches(
+        self,
+        *,
+        prefetch_batches: int = 1,
+        batch_size: int | None = 256,
+        dtypes: Any = None,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+    ) -> Iterator[Any]:
+        """Batches as dicts of TensorFlow tensors (see ``dataflow.tf_batches.iter_tf_batches``)."""
+        from dataflow.tf_batches import iter_tf_batches
+
+        return iter_tf_batches(
+            self, prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size, local_shuffle_seed=local_shuffle_seed,
+        )
+
+    def to_tf(
+        self,
+        feature_columns: str | list[str],
+        label_columns: str | list[str],
+        *,
+        additional_columns: str | list[str] | None = None,
+        prefetch_batches: int = 1,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        local_shuffle_buffer_size: int | None = None,
+        local_shuffle_seed: int | None = None,
+        feature_type_spec: Any = None,
+        label_type_spec: Any = None,
+        additional_type_spec: Any = None,
+    ) -> Any:
+        """A ``tf.data.Dataset`` of ``(features, labels)`` batches, type specs from the schema
+        unless given (see ``dataflow.tf_batches.to_tf``)."""
+        from dataflow.tf_batches import to_tf
+
+        return to_tf(
+            self, feature_columns, label_columns, additional_columns=additional_columns,
+            prefetch_batches=prefetch_batches, batch_size=batch_size, drop_last=drop_last,
+            local_shuffle_buffer_size=local_shuffle_buffer_size, local_shuffle_seed=local_shuffle_seed,
+            feature_type_spec=feature_type_spec, label_type_spec=label_type_spec,
+            additional_type_spec=additional_type_spec,
         )
 
     # resuming an epoch -----------------------------------------------------------------------

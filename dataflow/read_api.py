@@ -717,6 +717,22 @@ def from_torch(dataset: Any, *, local_read: bool = False, override_num_blocks: i
     return _in_memory(ArrowDatasource(tables, override_num_blocks, "FromTorch"))
 
 
+def from_tf(dataset: Any) -> MaterializedDataset:
+    """A ``tf.data.Dataset``'s elements, one row each, as ``ray.data.from_tf``: the dataset is
+    read here, in this process, through ``as_numpy_iterator()``, and its elements become rows
+    as ``from_items`` makes them. A dict element (``tfds`` datasets) gives one column per key,
+    arrays of one shape a tensor column and strings ``binary``; any other element (a
+    ``(features, label)`` tuple) is kept in column ``item``, as a Python object for a tuple of
+    arrays. For small datasets: everything is held in memory at once. tensorflow is not
+    imported here (the dataset brings it).
+    """
+    as_numpy_iterator = getattr(dataset, "as_numpy_iterator", None)
+    if as_numpy_iterator is None:
+        msg = f"from_tf takes a tf.data.Dataset, got {type(dataset).__name__}"
+        raise TypeError(msg)
+    return from_items(list(as_numpy_iterator()))
+
+
 def from_huggingface(
     dataset: Any, *, parallelism: int = -1, concurrency: int | None = None, override_num_blocks: int | None = None
 ) -> Dataset:

@@ -151,8 +151,8 @@ _CONNECTOR_NAMES = {
     "FilenameProvider": "connectors.file_datasink",
     "SaveMode": "connectors.file_datasink",
     "FileShuffleConfig": "connectors.file_selection",
-    "PathPartitionFilter": "connectors.partitioning",
     "from_dask": "dataflow.dask_interop",
+    "PathPartitionFilter": "connectors.partitioning",
     "ResumeMismatchError": "connectors.resumable_write",
     "Preprocessor": "dataflow.preprocessor",  # (it imports pandas: ~0.25 s, not at ``import dataflow``)
 }
@@ -210,8 +210,8 @@ __all__ = [
     "col",
     "from_arrow",
     "from_blocks",
-    "from_huggingface",
     "from_dask",
+    "from_huggingface",
     "from_items",
     "from_numpy",
     "from_pandas",

@@ -747,6 +747,15 @@ class Dataset:
 
         return pl.from_arrow(self.to_arrow())
 
+    def to_dask(self, meta: Any = None, verify_meta: bool = True) -> Any:
+        """The rows as a Dask DataFrame, one partition per block (``dataflow.dask_interop``):
+        the dataset runs once and its blocks are held in this process, so any Dask scheduler
+        computes it (Ray requires its own, set globally). ``meta`` overrides the partitions'
+        empty frame; ``verify_meta`` has Dask check every partition against it."""
+        from dataflow.dask_interop import to_dask
+
+        return to_dask(self, meta, verify_meta)
+
     def to_numpy(self, column: str | None = None) -> Any:
         from engine.block_format import to_batch
 
@@ -797,15 +806,6 @@ class Dataset:
         """
         if ray_remote_args is not None or concurrency is not None:
             if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
-    def to_dask(self, meta: Any = None, verify_meta: bool = True) -> Any:
-        """The rows as a Dask DataFrame, one partition per block (``dataflow.dask_interop``):
-        the dataset runs once and its blocks are held in this process, so any Dask scheduler
-        computes it (Ray requires its own, set globally). ``meta`` overrides the partitions'
-        empty frame; ``verify_meta`` has Dask check every partition against it."""
-        from dataflow.dask_interop import to_dask
-
-        return to_dask(self, meta, verify_meta)
-
                 msg = f"ray_remote_args must be a dict, got {type(ray_remote_args).__name__}"
                 raise TypeError(msg)
             if getattr(datasink, "min_bytes_per_write", None) or getattr(datasink, "resumes", False):
@@ -1346,6 +1346,42 @@ class Dataset:
         """Name this dataset (and what is derived from it from now on); ``stats()`` shows it."""
         self._dataset_name = name
 
+    def has_serializable_lineage(self) -> bool:
+        """Whether ``serialize_lineage`` can save this dataset: its plan reads only from outside
+        this process (``read_*``, ``range``), not from blocks held here (``from_*``,
+        ``materialize()``, ``split`` parts), as Ray's."""
+        return not any(isinstance(node, InputBlocks) for node in walk(self._plan))
+
+    def serialize_lineage(self) -> bytes:
+        """The plan as bytes, with no data, to rebuild the dataset elsewhere (another process
+        or machine) with ``Dataset.deserialize_lineage``; it then runs from its sources again.
+        Functions are pickled by value (cloudpickle). Raises ``ValueError`` when the plan reads
+        blocks held in this process (see ``has_serializable_lineage``)."""
+        import cloudpickle
+
+        if not self.has_serializable_lineage():
+            msg = (
+                "Lineage-based serialization is not supported for this dataset: its plan reads "
+                "blocks held in this process (from a from_*() call, materialize() or split()), which "
+                "will not exist where it is deserialized. Only datasets read with the read_*() APIs "
+                "(and range()) support it. Write the data to persistent storage with a write_*() "
+                "method and serialize a dataset that reads it back."
+            )
+            raise ValueError(msg)
+        lineage = Dataset(self._plan)
+        lineage._dataset_name = self._dataset_name
+        return cloudpickle.dumps(lineage)
+
+    @staticmethod
+    def deserialize_lineage(serialized_ds: bytes) -> Dataset:
+        """The dataset ``serialize_lineage`` saved (nothing runs until it is consumed)."""
+        import pickle
+
+        ds = pickle.loads(serialized_ds)
+        if not isinstance(ds, Dataset):
+            raise TypeError(f"the bytes hold a {type(ds).__name__}, not a Dataset saved by serialize_lineage()")
+        return ds
+
     @staticmethod
     def copy(ds: Dataset, _deep_copy: bool = False, _as: type | None = None) -> Dataset:
         """Another Dataset object for the same plan, as Ray's ``Dataset.copy(ds)`` (a static
@@ -1396,42 +1432,6 @@ class Dataset:
 
     def __getattr__(self, name: str) -> Any:
         # only reached for a name the dataset lacks: say so when it is one of Ray Data's
-    def has_serializable_lineage(self) -> bool:
-        """Whether ``serialize_lineage`` can save this dataset: its plan reads only from outside
-        this process (``read_*``, ``range``), not from blocks held here (``from_*``,
-        ``materialize()``, ``split`` parts), as Ray's."""
-        return not any(isinstance(node, InputBlocks) for node in walk(self._plan))
-
-    def serialize_lineage(self) -> bytes:
-        """The plan as bytes, with no data, to rebuild the dataset elsewhere (another process
-        or machine) with ``Dataset.deserialize_lineage``; it then runs from its sources again.
-        Functions are pickled by value (cloudpickle). Raises ``ValueError`` when the plan reads
-        blocks held in this process (see ``has_serializable_lineage``)."""
-        import cloudpickle
-
-        if not self.has_serializable_lineage():
-            msg = (
-                "Lineage-based serialization is not supported for this dataset: its plan reads "
-                "blocks held in this process (from a from_*() call, materialize() or split()), which "
-                "will not exist where it is deserialized. Only datasets read with the read_*() APIs "
-                "(and range()) support it. Write the data to persistent storage with a write_*() "
-                "method and serialize a dataset that reads it back."
-            )
-            raise ValueError(msg)
-        lineage = Dataset(self._plan)
-        lineage._dataset_name = self._dataset_name
-        return cloudpickle.dumps(lineage)
-
-    @staticmethod
-    def deserialize_lineage(serialized_ds: bytes) -> Dataset:
-        """The dataset ``serialize_lineage`` saved (nothing runs until it is consumed)."""
-        import pickle
-
-        ds = pickle.loads(serialized_ds)
-        if not isinstance(ds, Dataset):
-            raise TypeError(f"the bytes hold a {type(ds).__name__}, not a Dataset saved by serialize_lineage()")
-        return ds
-
         raise ray_api.attribute_error(self, name, ray_api.RAY_DATASET_API)
 
     def explain(self) -> str:

@@ -1,6 +1,7 @@
 """Dask DataFrames in and out: Ray's ``Dataset.to_dask`` and ``from_dask``.
 
-``to_dask`` runs the dataset once and makes one Dask partition of each of its blocks, converted
+``to_dask`` runs the dataset once and makes one Dask partition of each of its blocks, in the
+order ``to_pandas`` would give them (the dataset's order under ``preserve_order``), converted
 to pandas as ``to_pandas`` converts (Ray 2.60's dtypes) when Dask computes that partition. The
 blocks are held in this process, in the graph, so the DataFrame works with any Dask scheduler:
 the default threads, processes, or a ``distributed`` cluster (which ships each partition's

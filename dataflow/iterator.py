@@ -18,6 +18,7 @@ them has been handed on, so a slow consumer holds at most its prefetch window.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -258,7 +259,7 @@ class DataIterator:
         tables = self.iter_tables(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed)
         arrow_backed = DataContext.get_current().enable_arrow_backed_pandas_conversion
         batches = (to_batch(t, batch_format, arrow_backed) for t in tables)
-        return self._counted(prefetch(batches, prefetch_batches))
+        return self._counted(prefetch(batches, prefetch_batches, adaptive=True))
 
     def iter_tables(
         self,
@@ -448,10 +449,23 @@ PREFETCH_JOIN_S = 10.0
 (it is inside its current item); past that the thread finishes on its own."""
 
 
-def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
-    """Run ``items`` on a background thread, ``depth`` ahead of the consumer (0: inline)."""
+INLINE_BELOW_S = 100e-6
+"""A consumer whose own step between two batches averages less than this gains at most that
+much from a batch made ahead of it, and pays a hand-off between threads for every one: an
+adaptive ``prefetch`` then lets it make its batches itself."""
+
+
+def prefetch(items: Iterator[Any], depth: int, adaptive: bool = False) -> Iterator[Any]:
+    """Run ``items`` on a background thread, ``depth`` ahead of the consumer (0: inline).
+
+    ``adaptive``: only while the consumer is slow (see ``_SharedSource``); for items any thread
+    may make (batches in a plain format, not ones a device copy was started for).
+    """
     if depth <= 0:
         yield from items
+        return
+    if adaptive:
+        yield from _adaptive_prefetch(items, depth)
         return
     window = _Window(depth)
 
@@ -481,3 +495,122 @@ def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
     finally:
         window.close()
         thread.join(PREFETCH_JOIN_S)
+
+
+def _adaptive_prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    source = _SharedSource(items, depth)
+    thread = threading.Thread(target=source.run_ahead, name="dataflow-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = source.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        source.close()
+        thread.join(PREFETCH_JOIN_S)
+
+
+class _Failed:
+    """The error ``items`` raised, as the last item."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _SharedSource:
+    """``items``, advanced by one thread at a time: the consumer, or a thread that makes up to
+    ``depth`` items ahead while the consumer is away.
+
+    Whoever holds ``_pull_lock`` advances ``items`` and, when it is the prefetch thread, puts
+    the item in ``_buffer`` before letting go, so items come out in order. The consumer takes
+    the buffered item if there is one and otherwise makes the next itself, never waiting for a
+    hand-off it could do without. While the consumer comes back within ``INLINE_BELOW_S`` (a
+    moving average of its own time between items), the prefetch thread stands aside (it waits,
+    woken when that changes or at the end): two threads taking turns on every item would cost
+    more than the overlap saves. Nothing waits on a timer.
+    """
+
+    def __init__(self, items: Iterator[Any], depth: int) -> None:
+        self._items = items
+        self._depth = depth
+        self._pull_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._buffer: deque[Any] = deque()
+        self._done = False
+        """The last item (the end or an error) was made."""
+        self._closed = False
+        self._inline = False
+        self._away_s = 0.0
+        """Moving average of the consumer's time between taking an item and asking again."""
+        self._returned_at: float | None = None
+
+    def _pull(self) -> Any:
+        """The next item (holding ``_pull_lock``); the end and errors are final items."""
+        try:
+            return next(self._items)
+        except StopIteration:
+            return _END
+        except BaseException as err:  # raised on the consumer's thread, where it belongs
+            return _Failed(err)
+
+    def get(self) -> Any:
+        now = time.perf_counter()
+        if self._returned_at is not None:
+            self._away_s = 0.75 * self._away_s + 0.25 * (now - self._returned_at)
+            inline = self._away_s < INLINE_BELOW_S
+            if inline != self._inline:
+                with self._cond:
+                    self._inline = inline
+                    self._cond.notify_all()
+        with self._pull_lock:
+            with self._cond:
+                buffered = bool(self._buffer)
+                item = None
+                if buffered:  # room for the prefetch thread's next item
+                    item = self._buffer.popleft()
+                    self._cond.notify_all()
+            if not buffered:
+                item = self._pull()
+                if item is _END or isinstance(item, _Failed):
+                    with self._cond:
+                        self._done = True
+                        self._cond.notify_all()
+        self._returned_at = time.perf_counter()
+        return item
+
+    def run_ahead(self) -> None:
+        """The prefetch thread: make items while there is room and the consumer is slow."""
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(
+                        lambda: self._closed or self._done or (not self._inline and len(self._buffer) < self._depth)
+                    )
+                    if self._closed or self._done:
+                        return
+                with self._pull_lock:
+                    with self._cond:
+                        if self._closed or self._done or self._inline or len(self._buffer) >= self._depth:
+                            continue
+                    item = self._pull()
+                    with self._cond:
+                        self._buffer.append(item)
+                        self._done = item is _END or isinstance(item, _Failed)
+                        self._cond.notify_all()
+        finally:
+            with self._pull_lock:
+                close = getattr(self._items, "close", None)
+                if close is not None:
+                    close()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._buffer.clear()
+            self._cond.notify_all()

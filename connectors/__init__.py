@@ -8,6 +8,8 @@ Modules, in the order a row meets them on its way in and out:
 * ``retry``           error classes (throttled / transient / permanent), backoff, AIMD limiter.
 * ``partitioning``    hive ``key=value`` folders <-> typed columns.
 * ``file_datasource`` listing -> tasks by bytes (driver); file -> tables (workers).
+* ``file_based_source``, ``file_based_sinks``, ``file_metadata``: Ray's bases for a custom
+  file format (``_read_stream``, ``write_block_to_file``, ``write_row_to_file``) on that machinery.
 * ``parquet_format``, ``csv_format``, ``json_format``, ``text_format``, ``binary_format``,
   ``image_format``, ``numpy_format``, ``orc_format``, ``webdataset_format``, ``tfrecords_format``:
   one format each (source, and sink where there is one); ``protobuf_wire`` is the wire format

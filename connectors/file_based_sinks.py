@@ -10,8 +10,10 @@ succeeded, ``_SUCCESS`` last, and removed again when the job fails; ``mode`` (``
 ``open_output_stream``: ``compression``, ``buffer_size``, ``metadata``) mean what they mean in
 Ray.
 
-Each file is written into memory first and uploaded as one retried request, so a failed
-upload is retried with the same bytes (Ray reruns ``write_*_to_file`` instead).
+Each file is written into memory first and uploaded as one retried request (opened with the
+sink's ``open_output_stream``), so a failed upload is retried with the same bytes (Ray reruns
+``write_*_to_file`` instead). An error in ``write_*_to_file`` reaches the caller as itself,
+naming the method and the file or row it was writing.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from connectors import io_stats
 from connectors.base import Block, TaskContext, as_table
 from connectors.file_datasink import FileDatasink, FilenameProvider, SaveMode, WriteResult, combine
 from connectors.retry import Retrier
+from engine.transform import UDFFailure
 
 
 class _RayFileDatasink(FileDatasink):
@@ -60,8 +63,19 @@ class _RayFileDatasink(FileDatasink):
         self.try_create_dir = try_create_dir
 
     def open_output_stream(self, path: str) -> pa.NativeFile:
-        """``path`` opened for writing with ``open_stream_args`` (Ray's)."""
+        """``path`` opened for writing with ``open_stream_args`` (Ray's); every file of the
+        sink is opened with it, so a subclass may override it."""
         return self._fs.open_output_stream(path, **self.open_stream_args)
+
+    def _open_output(self, path: str) -> pa.NativeFile:
+        return self.open_output_stream(path)
+
+    def _write_with(self, method: str, write: Any, target: Any, file: pa.NativeFile, where: str) -> None:
+        """``write(target, file)``, a subclass's method: its error names the method and the file."""
+        try:
+            write(target, file)
+        except Exception as err:
+            raise UDFFailure(f"{type(self).__name__}.{method}", err, f"(writing {where})") from err
 
 
 class BlockBasedFileDatasink(_RayFileDatasink):
@@ -81,7 +95,9 @@ class BlockBasedFileDatasink(_RayFileDatasink):
         from dataflow.block import BlockAccessor
 
         out = pa.BufferOutputStream()
-        self.write_block_to_file(BlockAccessor(combine(tables)), out)
+        block = BlockAccessor(combine(tables))
+        self._write_with("write_block_to_file", self.write_block_to_file, block, out,
+                         f"a file of {block.num_rows()} rows into {self._display(self._root)}")
         return out.getvalue()
 
 
@@ -114,8 +130,10 @@ class RowBasedFileDatasink(_RayFileDatasink):
         size = 0
         for row_index, row in enumerate(iter_rows(table)):
             out = pa.BufferOutputStream()
-            self.write_row_to_file(row, out)
-            size += self._upload((f"{base}_{0:06}_{row_index:06}{ext}", out.getvalue()), retrier, files, ctx)
+            name = f"{base}_{0:06}_{row_index:06}{ext}"
+            self._write_with("write_row_to_file", self.write_row_to_file, row, out,
+                             f"row {row_index} of write task {ctx.task_index} as {self._display(self._root)}/{name}")
+            size += self._upload((name, out.getvalue()), retrier, files, ctx)
         io_stats.record(files_written=len(files), rows_written=table.num_rows)
         return WriteResult(tuple(files), table.num_rows, size)
 

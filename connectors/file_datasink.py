@@ -658,12 +658,16 @@ class FileDatasink(Datasink):
 
         def put() -> None:
             self._fs.create_dir(parent, recursive=True)
-            with self._fs.open_output_stream(target, **self._open_args) as out:
+            with self._open_output(target) as out:
                 out.write(data)
 
         retrier.call(put, path=self._display(target), action="write")
         files.append(relative)
         return data.size
+
+    def _open_output(self, path: str) -> pa.NativeFile:
+        """``path`` (a staged file) opened for writing, with ``arrow_open_stream_args``."""
+        return self._fs.open_output_stream(path, **self._open_args)
 
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
         """The bytes of one file holding ``tables`` (all with one schema); per format."""

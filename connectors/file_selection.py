@@ -56,6 +56,9 @@ class SelectedFiles(FileSet):
     partition_filter: PathPartitionFilter | None = None
     shuffle: str | FileShuffleConfig | None = None
     skip_paths: frozenset[str] = frozenset()
+    inner: FileSet | None = None
+    """The file set selected from when it lists its files its own way (a metadata provider's
+    listing, a table's log); None: the roots, walked."""
     """Files left out whatever they hold (Ray's ``skip_paths``), as the user or the listing writes them."""
     _executions: list[int] = field(default_factory=lambda: [-1], compare=False, hash=False, repr=False)
     """The index of the execution listing now (shared by copies of the datasource; the first is 0)."""
@@ -71,16 +74,23 @@ class SelectedFiles(FileSet):
         skip = _skip_set(skip_paths)
         if partition_filter is None and shuffle is None and not skip:
             return files
+        inner = None if type(files) is FileSet else files
         return SelectedFiles(files.filesystem, files.roots, files.uri_prefix, files.extensions,
                              ignore_missing=files.ignore_missing, partition_filter=partition_filter, shuffle=shuffle,
-                             skip_paths=skip)
+                             skip_paths=skip, inner=inner)
 
     def next_execution(self) -> None:
         """An execution starts listing: a reseeding shuffle takes its next order."""
         self._executions[0] += 1
 
+    def check(self, retrier: Any = None) -> None:
+        if self.inner is not None:
+            self.inner.check(retrier)
+            return
+        super().check(retrier)
+
     def iter_files(self) -> Iterator[FileEntry]:
-        files = super().iter_files()
+        files = self.inner.iter_files() if self.inner is not None else super().iter_files()
         if self.skip_paths:
             files = (entry for entry in files
                      if entry.path not in self.skip_paths and self.display(entry.path) not in self.skip_paths)

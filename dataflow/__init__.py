@@ -16,6 +16,9 @@ Modules, in the order a dataset meets them:
 * ``optimizer``   fuse maps, push projections and filters into reads, count from metadata
 * ``compile``     logical plan -> engine operators
 * ``iterator``    DataIterator: fetch -> rebatch -> shuffle -> format -> prefetch
+* ``torch_batches``, ``jax_batches``, ``tf_batches``: the iterator's batches as torch tensors,
+  jax Arrays, TensorFlow tensors (each framework imported on first use); ``dask_interop``:
+  ``to_dask`` / ``from_dask``
 * ``splitting``   split / split_at_indices / train_test_split: materialized parts sharing blocks
 * ``random_access`` to_random_access_dataset: rows by key from sorted blocks, mapped once
 * ``sources``     which datasources and files a plan reads (``input_files``)

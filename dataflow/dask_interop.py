@@ -14,6 +14,7 @@ makes one block of each, as Ray's does (the index is dropped, as ``from_pandas``
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -63,8 +64,10 @@ def to_dask(ds: Dataset, meta: Any = None, verify_meta: bool = True) -> Any:
         empty = meta if isinstance(meta, pd.DataFrame) else dd.utils.make_meta(meta)
         return dd.from_pandas(empty, npartitions=1)
     convert = dask.delayed(block_to_pandas, pure=True)
-    # each block enters the graph under a name of its own: Dask does not hash the data for a key
-    parts = [convert(dask.delayed(table, name=f"dataflow-block-{id(tables)}-{i}"), arrow_backed)
+    # each block enters the graph under a name of its own, unique to this call (two frames in
+    # one graph must never share a key), so Dask does not hash the data to make one
+    call = uuid.uuid4().hex
+    parts = [convert(dask.delayed(table, name=f"dataflow-block-{call}-{i}"), arrow_backed)
              for i, table in enumerate(tables)]
     return dd.from_delayed(parts, meta=meta, verify_meta=verify_meta)
 

@@ -183,7 +183,9 @@ class DataIterator:
 
         Closing this generator closes ``items`` at once, on the caller's thread: the stages below
         restore per-thread state (torch's thread count) and release blocks in their ``finally``,
-        which must not wait for a garbage collection that may run on another thread.
+        which must not wait for a garbage collection that may run on another thread. (A prefetch
+        thread closes the stages it runs when it stops, which the close waits for, up to
+        ``PREFETCH_JOIN_S``.)
         """
         try:
             for item in items:
@@ -587,27 +589,36 @@ class _SharedSource:
     def run_ahead(self) -> None:
         """The prefetch thread: make items while there is room and the consumer is slow."""
         try:
-            while True:
-                with self._cond:
-                    self._cond.wait_for(
-                        lambda: self._closed or self._done or (not self._inline and len(self._buffer) < self._depth)
-                    )
-                    if self._closed or self._done:
-                        return
-                with self._pull_lock:
-                    with self._cond:
-                        if self._closed or self._done or self._inline or len(self._buffer) >= self._depth:
-                            continue
-                    item = self._pull()
-                    with self._cond:
-                        self._buffer.append(item)
-                        self._done = item is _END or isinstance(item, _Failed)
-                        self._cond.notify_all()
+            self._run_ahead()
+        except BaseException as err:  # (not the source's: the thread's own) ends the items with it
+            with self._cond:
+                if not self._done:
+                    self._buffer.append(_Failed(err))
+                    self._done = True
+                self._cond.notify_all()
         finally:
             with self._pull_lock:
                 close = getattr(self._items, "close", None)
                 if close is not None:
                     close()
+
+    def _run_ahead(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: self._closed or self._done or (not self._inline and len(self._buffer) < self._depth)
+                )
+                if self._closed or self._done:
+                    return
+            with self._pull_lock:
+                with self._cond:
+                    if self._closed or self._done or self._inline or len(self._buffer) >= self._depth:
+                        continue
+                item = self._pull()
+                with self._cond:
+                    self._buffer.append(item)
+                    self._done = item is _END or isinstance(item, _Failed)
+                    self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:

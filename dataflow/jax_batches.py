@@ -173,7 +173,8 @@ def _batches(
 
 def _close(tables: Iterator[Any]) -> None:
     """End the epoch's stages now (the plan's run, its blocks), not when a traceback that holds
-    them is collected. A prefetch thread still inside them closes them when it leaves."""
+    them is collected. If a prefetch thread is still inside them (past its join's wait), closing
+    fails and is skipped: they close when the thread has let go of them and they are collected."""
     close = getattr(tables, "close", None)
     if close is not None:
         try:

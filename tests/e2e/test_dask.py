@@ -45,6 +45,12 @@ def test_to_dask_graph_carries_its_blocks_and_takes_meta(mode):
     assert dict(out.sort_values("a").iloc[3]) == {"a": 3, "b": "s3"}
 
 
+def test_frames_made_one_after_another_never_share_keys(mode):
+    """Each block's key is unique to its to_dask call: frames combined in one graph keep their rows."""
+    frames = [dataflow.from_items([{"v": i}]).to_dask() for i in range(200)]
+    assert sorted(dd.concat(frames).compute()["v"].tolist()) == list(range(200))
+
+
 def test_to_dask_of_an_empty_dataset_keeps_its_columns(mode):
     ddf = dataflow.range(10).filter(lambda r: r["id"] < 0).to_dask()
     assert list(ddf.columns) == ["id"] and len(ddf.compute()) == 0

@@ -119,6 +119,14 @@ def test_a_metadata_provider_that_lists_its_own_files(mode, tmp_path):
     (tmp_path / "_manifest").write_text("c.kv\na.kv\n")
     ds = dataflow.read_datasource(KeyValueDatasource(str(tmp_path), meta_provider=Manifest()))
     assert sorted(r["key"] for r in ds.take_all()) == ["a.kv", "c.kv"]
+    # a selection (shuffle, partition_filter) picks from the provider's listing, not from a walk
+    shuffled = KeyValueDatasource(str(tmp_path), meta_provider=Manifest(), shuffle="files")
+    assert sorted(r["key"] for r in dataflow.read_datasource(shuffled).take_all()) == ["a.kv", "c.kv"]
+    from dataflow.datasource import PathPartitionFilter
+
+    everything = PathPartitionFilter.of(lambda values: True)
+    filtered = KeyValueDatasource(str(tmp_path), meta_provider=Manifest(), partition_filter=everything)
+    assert sorted(r["key"] for r in dataflow.read_datasource(filtered).take_all()) == ["a.kv", "c.kv"]
     (tmp_path / "_manifest").write_text("")
     with pytest.raises(FileNotFoundError, match="named no files"):
         KeyValueDatasource(str(tmp_path), meta_provider=Manifest())
@@ -185,9 +193,35 @@ def test_a_failing_block_writer_leaves_nothing(mode, tmp_path):
             raise ZeroDivisionError("writer failed")
 
     out = tmp_path / "out"
-    with pytest.raises(ZeroDivisionError, match="writer failed"):
+    with pytest.raises(ZeroDivisionError, match="writer failed") as info:
         dataflow.range(100).write_datasink(Failing(str(out)))
+    assert "Failing.write_block_to_file" in str(info.value) and "a file of 100 rows" in str(info.value)
     assert not out.exists() or os.listdir(out) == []
+
+
+def test_a_failing_row_writer_names_the_row(mode, tmp_path):
+    class Failing(RowBasedFileDatasink):
+        def write_row_to_file(self, row, file):
+            if row["id"] == 3:
+                raise LookupError("no image for this row")
+            file.write(b"x")
+
+    with pytest.raises(LookupError, match="no image for this row") as info:
+        dataflow.range(5, override_num_blocks=1).write_datasink(Failing(str(tmp_path / "rows")))
+    assert "Failing.write_row_to_file" in str(info.value) and "row 3 of write task 0" in str(info.value)
+
+
+def test_the_sinks_open_their_files_with_open_output_stream(mode, tmp_path):
+    """Ray's sinks write every file through ``open_output_stream``; a subclass may override it."""
+
+    class Compressed(CSVDatasink):
+        def open_output_stream(self, path):
+            return pa.CompressedOutputStream(super().open_output_stream(path), "gzip")
+
+    out = tmp_path / "gz"
+    dataflow.range(50, override_num_blocks=1).write_datasink(Compressed(str(out)))
+    (name,) = [n for n in os.listdir(out) if n.endswith(".csv")]
+    assert gzip.decompress((out / name).read_bytes()).decode().splitlines()[:2] == ['"id"', "0"]
 
 
 class TextRowsDatasink(RowBasedFileDatasink):

@@ -70,7 +70,7 @@ def test_an_error_reaches_the_consumer_as_itself(slow):
 
 def test_an_early_stop_closes_the_source_and_the_thread():
     made_by: list[str] = []
-    before = {t.name for t in threading.enumerate()}
+    before = set(threading.enumerate())
     items = prefetch(source(10_000, made_by, delay_s=0.0005), 2, adaptive=True)
     for item in items:
         if item == 20:
@@ -78,7 +78,18 @@ def test_an_early_stop_closes_the_source_and_the_thread():
         time.sleep(0.002)
     items.close()
     assert made_by[-1] == "closed"
-    deadline = time.monotonic() + 5
-    while any(t.name == "dataflow-prefetch" for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not {t.name for t in threading.enumerate()} - before
+    assert not set(threading.enumerate()) - before  # the close waited for the thread
+
+
+def test_a_failure_of_the_prefetch_thread_itself_reaches_the_consumer(monkeypatch):
+    """Not only the source's errors: the thread's own end the items with an error, not early."""
+    from dataflow import iterator
+
+    def broken(self):
+        raise MemoryError("the prefetch thread could not go on")
+
+    monkeypatch.setattr(iterator._SharedSource, "_run_ahead", broken)
+    made_by: list[str] = []
+    with pytest.raises(MemoryError, match="could not go on"):
+        for _item in prefetch(source(100, made_by, delay_s=0.001), 1, adaptive=True):
+            time.sleep(0.002)

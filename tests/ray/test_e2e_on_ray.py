@@ -19,7 +19,8 @@ E2E = Path(__file__).parents[1] / "e2e"
 # cluster through the environment
 SUITES = ("test_api", "test_all_to_all", "test_errors", "test_split", "test_split_materialized",
           "test_iterator_resume", "test_torch", "test_custom_io", "test_ray_kwargs", "test_with_column",
-          "test_dataset_info", "test_on_error", "test_formats", "test_progress", "test_tracebacks", "test_mix")
+          "test_dataset_info", "test_on_error", "test_formats", "test_progress", "test_tracebacks", "test_mix",
+          "test_file_based_io", "test_random_access", "test_dask", "test_lineage", "test_tf")
 NOT_ON_THIS_CLUSTER = {
     # num_gpus=1 fits here: node2 has two GPUs (test_ray_runner checks a request no node fits)
     "test_errors__test_impossible_resources_fail_at_once": "the cluster has GPUs",

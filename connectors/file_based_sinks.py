@@ -53,19 +53,35 @@ class _RayFileDatasink(FileDatasink):
                          min_rows_per_file=min_rows_per_file, write_success_marker=True)
         self.set_output_options(try_create_dir, open_stream_args)
         self.unresolved_path = path
-        self.path = self._root
-        """The destination folder on ``filesystem`` (no scheme), as Ray's sinks name it."""
-        self.filesystem = self._fs
-        self.open_stream_args = dict(open_stream_args or {})
-        self.filename_provider = filename_provider
         self.dataset_uuid = dataset_uuid
         self.file_format = file_format
-        self.try_create_dir = try_create_dir
+
+    # Ray's attribute names, over the state FileDatasink keeps
+    @property
+    def path(self) -> str:
+        """The destination folder on ``filesystem`` (no scheme), as Ray's sinks name it."""
+        return self._root
+
+    @property
+    def filesystem(self) -> Any:
+        return self._fs
+
+    @property
+    def open_stream_args(self) -> dict[str, Any]:
+        return self._open_args
+
+    @property
+    def filename_provider(self) -> FilenameProvider | None:
+        return self._filename_provider
+
+    @property
+    def try_create_dir(self) -> bool:
+        return self._try_create_dir
 
     def open_output_stream(self, path: str) -> pa.NativeFile:
         """``path`` opened for writing with ``open_stream_args`` (Ray's); every file of the
         sink is opened with it, so a subclass may override it."""
-        return self._fs.open_output_stream(path, **self.open_stream_args)
+        return self._fs.open_output_stream(path, **self._open_args)
 
     def _open_output(self, path: str) -> pa.NativeFile:
         return self.open_output_stream(path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from engine.block_format import to_batch
@@ -74,3 +75,23 @@ class DefaultCollateFn(ArrowBatchCollateFn):
 def collate_input(collate_fn: Any, table: pa.Table) -> Any:
     """``table`` in the format ``collate_fn`` takes: its class's, or the numpy dict for a function."""
     return to_batch(table, getattr(collate_fn, "batch_format", "numpy") if isinstance(collate_fn, CollateFn) else "numpy")
+
+
+def stack_cells(array: np.ndarray, what: str, makes: str, shapes_hint: str, values_hint: str) -> np.ndarray:
+    """An object column (``what``: how errors name it) whose cells are equal-shape numeric
+    arrays, stacked into one array; anything else is a ``TypeError`` saying it does not make
+    ``makes`` (``one tensor``, ``one jax.Array``), with ``shapes_hint`` for cells of different
+    shapes and ``values_hint`` for other values. For the frameworks' batch conversions."""
+    cells = list(array)
+    if cells and all(isinstance(c, np.ndarray) and c.dtype != object for c in cells):
+        try:
+            return np.stack(cells)
+        except ValueError:
+            shapes = sorted({c.shape for c in cells})
+            msg = (
+                f"{what} holds arrays of different shapes ({', '.join(map(str, shapes[:4]))}"
+                f"{'...' if len(shapes) > 4 else ''}), which do not make {makes}; {shapes_hint}"
+            )
+            raise TypeError(msg) from None
+    kind = type(cells[0]).__name__ if cells else "nothing"
+    raise TypeError(f"{what} holds {kind} values (strings, ragged lists or nulls), {values_hint}")

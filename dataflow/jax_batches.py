@@ -34,7 +34,7 @@ except ImportError as err:  # pragma: no cover - depends on what is installed
     msg = "iter_jax_batches needs JAX: pip install 'dataflow[jax]' (or pip install jax)"
     raise ImportError(msg) from err
 
-from dataflow.collate_fn import CollateFn, collate_input
+from dataflow.collate_fn import CollateFn, collate_input, stack_cells
 from dataflow.iterator import DataIterator, prefetch
 from engine.block_format import to_batch
 
@@ -228,7 +228,12 @@ def numeric_batch(batch: Any, collated: bool = False) -> NumpyBatch:
 def numeric_column(name: str | None, values: Any, collated: bool = False) -> np.ndarray:
     array = values if isinstance(values, np.ndarray) else np.asarray(values)
     if array.dtype == object:
-        array = _stack_cells(name, array)
+        array = stack_cells(
+            array, "the array collate_fn returned" if name is None else f"column {name!r}", "one jax.Array",
+            "resize or pad them in a map or map_batches, or build the batch with collate_fn",
+            "which is not a valid JAX array type (only numeric types are); drop it (select_columns / "
+            "drop_columns) or convert it with collate_fn",
+        )
     if array.dtype.kind in "biufc" or array.dtype.type.__module__ == "ml_dtypes":  # bfloat16, float8_*
         return array
     what = "the array collate_fn returned" if name is None else f"column {name!r}"
@@ -236,29 +241,6 @@ def numeric_column(name: str | None, values: Any, collated: bool = False) -> np.
         "drop it (select_columns / drop_columns) or convert it with collate_fn"
     )
     msg = f"{what} has dtype {array.dtype}, which is not a valid JAX array type (only numeric types are); {fix}"
-    raise TypeError(msg)
-
-
-def _stack_cells(name: str | None, array: np.ndarray) -> np.ndarray:
-    """An object column whose cells are equal-shape numeric arrays, stacked; anything else is an error."""
-    what = "the array collate_fn returned" if name is None else f"column {name!r}"
-    cells = list(array)
-    if cells and all(isinstance(c, np.ndarray) and c.dtype != object for c in cells):
-        try:
-            return np.stack(cells)
-        except ValueError:
-            shapes = sorted({c.shape for c in cells})
-            msg = (
-                f"{what} holds arrays of different shapes ({', '.join(map(str, shapes[:4]))}"
-                f"{'...' if len(shapes) > 4 else ''}), which do not make one jax.Array; resize or pad them "
-                "in a map or map_batches, or build the batch with collate_fn"
-            )
-            raise TypeError(msg) from None
-    kind = type(cells[0]).__name__ if cells else "nothing"
-    msg = (
-        f"{what} holds {kind} values (strings, ragged lists or nulls), which is not a valid JAX array type "
-        "(only numeric types are); drop it (select_columns / drop_columns) or convert it with collate_fn"
-    )
     raise TypeError(msg)
 
 

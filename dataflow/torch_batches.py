@@ -42,7 +42,7 @@ import torch.distributed
 import torch.utils.data
 
 from connectors.base import Datasource
-from dataflow.collate_fn import collate_input
+from dataflow.collate_fn import collate_input, stack_cells
 from dataflow.iterator import DataIterator, check_batch_size, prefetch
 from engine.block_format import to_batch
 
@@ -109,7 +109,13 @@ def column_tensor(name: str, array: Any, dtype: torch.dtype | None, private: boo
     if not isinstance(array, np.ndarray):
         array = np.asarray(array)
     if array.dtype == object:
-        array = _stack_cells(name, array)
+        array = stack_cells(
+            array, f"column {name!r}", "one tensor",
+            "resize or pad them in a map or map_batches (read_images(size=...) for images), or build the "
+            "batch with collate_fn",
+            "which do not make one tensor; drop it (select_columns / drop_columns) or build the batch "
+            "yourself with collate_fn",
+        )
     try:
         tensor = tensor_view(array)
     except TypeError as err:
@@ -121,28 +127,6 @@ def column_tensor(name: str, array: Any, dtype: torch.dtype | None, private: boo
     if dtype is not None and tensor.dtype != dtype:
         return tensor.to(dtype)  # a cast makes new memory: nothing to protect
     return tensor if private else tensor.clone()
-
-
-def _stack_cells(name: str, array: np.ndarray) -> np.ndarray:
-    """An object column whose cells are equal-shape numeric arrays, stacked; anything else is an error."""
-    cells = list(array)
-    if cells and all(isinstance(c, np.ndarray) and c.dtype != object for c in cells):
-        try:
-            return np.stack(cells)
-        except ValueError:
-            shapes = sorted({c.shape for c in cells})
-            msg = (
-                f"column {name!r} holds arrays of different shapes ({', '.join(map(str, shapes[:4]))}"
-                f"{'...' if len(shapes) > 4 else ''}), which do not make one tensor; resize or pad them "
-                "in a map or map_batches (read_images(size=...) for images), or build the batch with collate_fn"
-            )
-            raise TypeError(msg) from None
-    kind = type(cells[0]).__name__ if cells else "nothing"
-    msg = (
-        f"column {name!r} holds {kind} values (strings, ragged lists or nulls), which do not make one "
-        "tensor; drop it (select_columns / drop_columns) or build the batch yourself with collate_fn"
-    )
-    raise TypeError(msg)
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:

@@ -2,7 +2,9 @@
 
 The data, made in each side's process before any clock: N rows (default 1,000,000; 100,000 with
 ``--small``) of ``key`` (a seeded permutation of 0..N-1, so the input is not sorted), ``value``
-(= key / 2) and ``payload`` (float64), as one Arrow table cut into 16 blocks. Three cases, each
+(= key / 2) and ``payload`` (float64), given as 16 Arrow tables (Ray keeps them as 16 blocks;
+dataflow groups inputs this small into fewer, 9 at 1M rows: ``input_blocks`` in its result, and
+``sorted_blocks``, the blocks its lookups search). Three cases, each
 timed per run (median of ``--runs``):
 
 * ``build``:  ``from_arrow(table).to_random_access_dataset("key", num_workers=2)`` (the sort and
@@ -117,6 +119,8 @@ def run_dataflow(args: dict) -> dict:
         return source.to_random_access_dataset("key", num_workers=2)
 
     result = _cases(build, lambda rad, k: rad.get_async(k).result(), lambda rad, keys: rad.multiget(keys), args)
+    with build() as rad:  # what was measured: the source's blocks and the sorted ones searched
+        result.update(input_blocks=source.num_blocks(), sorted_blocks=len(rad._blocks))
     bc.maybe_shutdown(dataflow)
     return result
 

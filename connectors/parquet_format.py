@@ -17,7 +17,8 @@ read exactly once and no footer is read on the driver. Each task then, per file:
    a dropped connection never duplicates or loses rows. Without a filter or partition
    columns, and when the file's columns are the dataset's, the row groups are read with
    ``ParquetFile`` rather than through a dataset fragment: the same checks and checksums at
-   half the CPU per file, which is most of a small file's cost.
+   half the CPU per file, which is most of a small file's cost; a file of at most
+   ``WHOLE_FILE_BYTES`` read by one task is fetched in one read and parsed from memory.
 
 ``count_rows()`` adds up ``num_rows`` from the footers (read in a thread pool) without reading any
 data; with a filter it is None. ``schema()`` reads one footer.
@@ -53,6 +54,10 @@ if TYPE_CHECKING:
     import pyarrow.dataset as pads
 
 PARQUET_EXTENSIONS = (".parquet", ".parq", ".pq")
+WHOLE_FILE_BYTES = 4 << 20
+"""A file this small, read whole by one task, is fetched in one read and parsed from memory:
+half the CPU of a 17 KB file's footer and page reads (~190 against ~335 us on a local disk),
+one request instead of three on S3."""
 
 
 @functools.cache
@@ -375,7 +380,10 @@ class ParquetDatasource(FileDatasource):
         ~450 us), the same checks, checksums and results. A file whose columns differ from the
         dataset's (a ``schema=`` that reconciles files) takes the fragment's path, which casts."""
         with fs.open_input_file(piece.entry.path) as handle:  # (retried with the row groups)
-            parquet = pq.ParquetFile(handle, pre_buffer=True, page_checksum_verification=True)
+            source: Any = handle
+            if piece.count == 1 and piece.entry.size is not None and piece.entry.size <= WHOLE_FILE_BYTES:
+                source = pa.BufferReader(handle.read())  # one read, not one per footer and page
+            parquet = pq.ParquetFile(source, pre_buffer=source is handle, page_checksum_verification=True)
             physical = parquet.schema_arrow
             self._check_schema(physical, expected, display)
             columns = self._projected_file_columns()

@@ -14,7 +14,7 @@ import pytest
 from connector_testing import read_all
 
 import dataflow
-from connectors import io_stats
+from connectors import io_stats, parquet_format
 from connectors.base import TaskContext
 from connectors.errors import FileFormatError, PathNotFoundError, SchemaMismatchError
 from connectors.parquet_format import ParquetDatasink, ParquetDatasource
@@ -189,7 +189,14 @@ def test_corrupt_file_names_the_file(tmp_path: Path, damage: str) -> None:
     assert info.value.path == str(tmp_path / "bad.parquet")
 
 
-def test_flipped_byte_is_caught_by_page_checksums(tmp_path: Path) -> None:
+@pytest.mark.parametrize("whole_file", [True, False], ids=["read-whole", "footer-and-pages"])
+def test_flipped_byte_is_caught_by_page_checksums(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, whole_file: bool
+) -> None:
+    """A small file is parsed from one read of its bytes, a bigger one from its footer and page
+    reads: both verify the page checksums."""
+    if not whole_file:
+        monkeypatch.setattr(parquet_format, "WHOLE_FILE_BYTES", 0)
     table = pa.table({"x": pa.array(range(5000), pa.int64())})
     _write(table, tmp_path / "out", compression="none")
     [name] = [n for n in os.listdir(tmp_path / "out") if n != "_SUCCESS"]
@@ -199,6 +206,20 @@ def test_flipped_byte_is_caught_by_page_checksums(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(FileFormatError, match=name):
         read_all(ParquetDatasource(str(path)))
+
+
+def test_small_files_read_whole_give_the_rows_of_footer_and_page_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = pa.table({"id": pa.array(range(3000), pa.int64()), "name": [f"n{i}" for i in range(3000)]})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=700)
+    pq.write_table(table.slice(0, 10), tmp_path / "b.parquet")
+    assert os.path.getsize(tmp_path / "a.parquet") <= parquet_format.WHOLE_FILE_BYTES
+    whole = read_all(ParquetDatasource(str(tmp_path), columns=["name", "id"]))
+    monkeypatch.setattr(parquet_format, "WHOLE_FILE_BYTES", 0)
+    paged = read_all(ParquetDatasource(str(tmp_path), columns=["name", "id"]))
+    assert whole.equals(paged) and whole.num_rows == 3010
+    assert whole.column_names == ["name", "id"]
 
 
 def test_schema_mismatch_between_files_names_the_file_and_column(tmp_path: Path) -> None:

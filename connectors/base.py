@@ -91,6 +91,38 @@ class ReadTask:
         return f"ReadTask({self.metadata})"
 
 
+class SharedSource:
+    """A datasource that many read tasks call, pickled once: each task's spec carries the
+    same bytes instead of pickling the source again (its filesystem, schema and options: ~30 us
+    of the driver's CPU per task for Parquet), and each worker task unpickles its own copy, so
+    no task sees state another left behind.
+
+    The bytes are made on the first pickle: the source must not change after its read tasks
+    are handed out (``get_read_tasks`` fixes what they need first)."""
+
+    __slots__ = ("_data", "source")
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self._data: bytes | None = None
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.source, method)(*args)
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        if self._data is None:
+            from engine.serialization import dumps_for_worker
+
+            self._data = dumps_for_worker(self.source)
+        return (_shared_source_from_bytes, (self._data,))
+
+
+def _shared_source_from_bytes(data: bytes) -> SharedSource:
+    import pickle
+
+    return SharedSource(pickle.loads(data))
+
+
 class Datasource:
     """Base class for sources. Subclass and implement ``get_read_tasks``.
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from connectors.base import BlockMetadata, Datasource, ReadTask
+from connectors.base import BlockMetadata, Datasource, ReadTask, SharedSource
 from connectors.errors import AccessDeniedError, FileFormatError, PathNotFoundError, RetriesExhaustedError
 from connectors.file_selection import FileShuffleConfig, SelectedFiles
 from connectors.filesystem import FileEntry, FileSet, PathArg, StreamArgs, resolve_files
@@ -244,6 +244,7 @@ class FileDatasource(Datasource):
         if first is None:
             return
         part_schema = self._partition_schema(first)
+        shared = SharedSource(self)
         for group in plan_pieces(
             _chain([first], files),
             parallelism,
@@ -252,7 +253,7 @@ class FileDatasource(Datasource):
             split_files=self._split_files(),
         ):
             metadata = self._task_metadata(group)
-            yield ReadTask(functools.partial(self._read_pieces, tuple(group), part_schema), metadata)
+            yield ReadTask(functools.partial(shared.call, "_read_pieces", tuple(group), part_schema), metadata)
 
     def _task_metadata(self, group: Sequence[FilePiece]) -> BlockMetadata:
         """What is known of a read task's output before it runs: its files and their bytes."""

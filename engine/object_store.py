@@ -123,28 +123,29 @@ class SharedMemoryStore(BlockStore):
         disk when ``spill`` or when shared memory is full. A ``sliced`` block is always a file:
         every task reading a slice of it would carry all its bytes."""
         block_id = self._next_id()
-        if not spill and not sliced and table.nbytes <= INLINE_BLOCK_BYTES:
-            return BlockRef(block_id, None, table.num_rows, table.nbytes, data=ipc_stream_bytes(table))
+        nbytes = table.nbytes  # (once: pyarrow walks every column, ~2 us each, to compute it)
+        if not spill and not sliced and nbytes <= INLINE_BLOCK_BYTES:
+            return BlockRef(block_id, None, table.num_rows, nbytes, data=ipc_stream_bytes(table))
         if not spill:
             path = os.path.join(self.shm_dir, block_id + ".arrow")
             try:
-                self._write_file(path, table)
-                return BlockRef(block_id, path, table.num_rows, table.nbytes, False)
+                self._write_file(path, table, nbytes)
+                return BlockRef(block_id, path, table.num_rows, nbytes, False)
             except OSError as err:
                 if err.errno not in (errno.ENOSPC, errno.ENOMEM):
                     raise
         os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.spill_dir, block_id + ".arrow")
         try:
-            write_ipc_file(path, table)
+            write_ipc_file(path, table, nbytes)
         except OSError as err:
             _unlink_quietly(path)
             msg = f"object store is full and spilling to {self.spill_dir} failed: {err}"
             raise ObjectStoreFullError(msg) from err
-        return BlockRef(block_id, path, table.num_rows, table.nbytes, True)
+        return BlockRef(block_id, path, table.num_rows, nbytes, True)
 
     @staticmethod
-    def _write_file(path: str, table: pa.Table) -> None:
+    def _write_file(path: str, table: pa.Table, nbytes: int | None = None) -> None:
         """Write the block with write(2), not through a mapping.
 
         tmpfs answers a full store with ENOSPC from write(2) (a store through a mapping would
@@ -153,7 +154,7 @@ class SharedMemoryStore(BlockStore):
         (which zeroes every page) plus writes through a mapping.
         """
         try:
-            write_ipc_file(path, table)
+            write_ipc_file(path, table, nbytes)
         except BaseException:
             _unlink_quietly(path)
             raise
@@ -198,8 +199,9 @@ def ipc_stream_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def write_ipc_file(path: str, table: pa.Table) -> None:
-    """``table`` as an Arrow IPC file at ``path``, with write(2).
+def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None) -> None:
+    """``table`` as an Arrow IPC file at ``path``, with write(2); ``nbytes``: its ``nbytes``
+    when the caller has it.
 
     A table of at most ``SMALL_BLOCK_BYTES`` is serialized in memory and written with one
     call: the IPC writer's own writes (magic, schema, batch, footer) are a system call each,
@@ -207,10 +209,11 @@ def write_ipc_file(path: str, table: pa.Table) -> None:
     streams to the file, without a second copy in memory, in batches of at most
     ``IPC_BATCH_BYTES``.
     """
-    if table.nbytes > SMALL_BLOCK_BYTES:
+    nbytes = table.nbytes if nbytes is None else nbytes
+    if nbytes > SMALL_BLOCK_BYTES:
         rows = None
-        if table.nbytes > IPC_BATCH_BYTES:
-            rows = max(1, table.num_rows * IPC_BATCH_BYTES // table.nbytes)
+        if nbytes > IPC_BATCH_BYTES:
+            rows = max(1, table.num_rows * IPC_BATCH_BYTES // nbytes)
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=rows)
         return

@@ -467,19 +467,20 @@ def _shape_output(blocks: Iterator[pa.Table], target_bytes: int) -> Iterator[pa.
     for block in blocks:
         if block.num_rows == 0 and block.num_columns == 0:
             continue
-        if block.nbytes > target_bytes and block.num_rows > 1:
+        nbytes = block.nbytes  # (once: pyarrow walks every column to compute it)
+        if nbytes > target_bytes and block.num_rows > 1:
             yield from _flush(pending)
             pending, size = [], 0
-            pieces = -(-block.nbytes // target_bytes)
+            pieces = -(-nbytes // target_bytes)
             step = -(-block.num_rows // pieces)
             for start in range(0, block.num_rows, step):
                 yield slice_rows(block, start, step)
             continue
-        if pending and (size + block.nbytes > target_bytes or block.schema != pending[0].schema):
+        if pending and (size + nbytes > target_bytes or block.schema != pending[0].schema):
             yield from _flush(pending)
             pending, size = [], 0
         pending.append(block)
-        size += block.nbytes
+        size += nbytes
     yield from _flush(pending)
 
 

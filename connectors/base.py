@@ -48,7 +48,9 @@ def as_table(block: Any, what: str) -> pa.Table:
     if isinstance(block, pa.RecordBatch):
         return pa.Table.from_batches([block])
     if type(block).__module__.split(".")[0] == "pandas":
-        return pa.Table.from_pandas(block, preserve_index=False)
+        from engine.block_format import frame_to_table
+
+        return frame_to_table(block)
     raise TypeError(f"{what} must yield pyarrow Tables, RecordBatches or pandas DataFrames, got {type(block).__name__}")
 
 

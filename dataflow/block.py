@@ -24,7 +24,9 @@ class BlockAccessor:
         if isinstance(block, pa.RecordBatch):
             block = pa.Table.from_batches([block])
         elif type(block).__module__.split(".")[0] == "pandas":
-            block = pa.Table.from_pandas(block, preserve_index=False)
+            from engine.block_format import frame_to_table
+
+            block = frame_to_table(block)
         if not isinstance(block, pa.Table):
             msg = f"a block is a pyarrow Table (or a pandas DataFrame), got {type(block).__name__}"
             raise TypeError(msg)

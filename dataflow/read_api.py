@@ -110,7 +110,9 @@ def range_tensor(
 def from_blocks(blocks: Sequence[Any]) -> MaterializedDataset:
     """A materialized dataset of exactly these blocks (Arrow tables or pandas DataFrames), one
     each and in this order: Ray's ``from_blocks``, for tests that need a given block layout."""
-    tables = [b if isinstance(b, pa.Table) else pa.Table.from_pandas(b, preserve_index=False) for b in blocks]
+    from engine.block_format import frame_to_table
+
+    tables = [b if isinstance(b, pa.Table) else frame_to_table(b) for b in blocks]
     with options(preserve_order=True):
         return read_datasource(ArrowDatasource(tables, max(len(tables), 1), "FromBlocks")).materialize()
 
@@ -137,7 +139,7 @@ def items_to_table(items: Sequence[Any]) -> pa.Table:
 
     objects = DataContext.get_current().enable_fallback_to_arrow_object_ext_type
     if items and all(isinstance(i, dict) for i in items):
-        return rows_to_block(list(items), objects)
+        return rows_to_block(list(items), objects, missing_as_null=True)  # (data, not a UDF: absent is null)
     return to_block({"item": list(items)}, objects)
 
 
@@ -153,7 +155,9 @@ def from_items(
 def from_pandas(dfs: Any, *, override_num_blocks: int | None = None) -> MaterializedDataset:
     """A dataset of one pandas DataFrame or a list of them (the index is dropped)."""
     frames = dfs if isinstance(dfs, (list, tuple)) else [dfs]
-    tables = [pa.Table.from_pandas(df, preserve_index=False) for df in frames]
+    from engine.block_format import frame_to_table
+
+    tables = [frame_to_table(df) for df in frames]
     return _in_memory(ArrowDatasource(tables, override_num_blocks, "FromPandas"))
 
 

@@ -155,7 +155,7 @@ def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
         return pa.Table.from_arrays(columns, names=[str(n) for n in names])
     module = type(batch).__module__.split(".")[0]
     if module == "pandas":
-        return pa.Table.from_pandas(batch, preserve_index=False)
+        return frame_to_table(batch, objects)
     if module == "polars":
         return batch.to_arrow()  # type: ignore[no-any-return]
     msg = (
@@ -163,6 +163,28 @@ def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
         f"DataFrame; got {type(batch).__name__}"
     )
     raise UDFOutputError(msg)
+
+
+def frame_to_table(frame: Any, objects: bool | None = None) -> pa.Table:
+    """A pandas DataFrame as a table (its index dropped). An ``object`` column whose cells are
+    numpy arrays (a tensor column of a pandas batch, images a UDF made) becomes a tensor column,
+    as Ray casts such columns to its tensor type whenever it builds a block; pyarrow alone makes
+    lists of 1-d cells and cannot convert n-d ones."""
+    arrays = [name for name, column in frame.items() if column.dtype == object and _holds_arrays(column)]
+    if not arrays:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    plain = pa.Table.from_pandas(frame.drop(columns=arrays), preserve_index=False)
+    columns = [column_from_values(str(name), list(frame[name]), objects) if name in arrays else plain.column(str(name))
+               for name in frame.columns]
+    return pa.Table.from_arrays(columns, names=[str(n) for n in frame.columns], metadata=plain.schema.metadata)
+
+
+def _holds_arrays(column: Any) -> bool:
+    """Whether the first cell of a pandas column that is not None is a numpy array."""
+    for value in column:
+        if value is not None:
+            return isinstance(value, np.ndarray)
+    return False
 
 
 def table_to_pandas(table: pa.Table, arrow_backed: bool = True) -> Any:
@@ -265,8 +287,13 @@ def iter_rows(table: pa.Table) -> Iterable[dict[str, Any]]:
         yield from rows_of(slice_rows(table, start, 16384))
 
 
-def rows_to_block(rows: list[Any], objects: bool | None = None) -> pa.Table:
-    """Rows (dicts) back into a table; one pass per column when every row has the same keys."""
+def rows_to_block(rows: list[Any], objects: bool | None = None, *, missing_as_null: bool = False) -> pa.Table:
+    """Rows (dicts) back into a table; one pass per column when every row has the same keys.
+
+    Every row must have the first row's keys, in any order (Ray's ``TableBlockBuilder``
+    raises the same ``ValueError``): a row function that returns other keys for some rows has
+    a bug that nulls would hide. ``missing_as_null``: a reader's records, where an absent
+    field is a null."""
     if not rows:
         return pa.table({})
     first = rows[0]
@@ -285,5 +312,12 @@ def rows_to_block(rows: list[Any], objects: bool | None = None) -> pa.Table:
         if not isinstance(r, Mapping):
             msg = f"a row function must return a dict, got {type(r).__name__}"
             raise UDFOutputError(msg)
+        if not missing_as_null and r.keys() != first.keys():
+            msg = (
+                "Current row has different columns compared to previous rows. "
+                f"Columns of current row: {sorted(map(str, r.keys()))}, "
+                f"Columns of previous rows: {sorted(map(str, keys))}."
+            )
+            raise ValueError(msg)
         all_keys.update(dict.fromkeys(r))
     return to_block({k: [r.get(k) for r in rows] for k in all_keys}, objects)  # missing keys are nulls

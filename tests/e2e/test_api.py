@@ -320,6 +320,26 @@ def test_pandas_batches_have_rays_arrow_backed_dtypes(mode):
         ctx.enable_arrow_backed_pandas_conversion = True
 
 
+def _images(df):
+    return pd.DataFrame({"img": [np.full((2, 3), i, dtype=np.float32) for i in df["id"]]})
+
+
+def test_pandas_columns_of_arrays_become_tensor_columns_as_rays(mode):
+    """Ray casts an object column of numpy arrays to its tensor type whenever it builds a block
+    from a DataFrame: an identity pandas UDF keeps a tensor column, n-d cells a UDF makes
+    convert (pyarrow alone cannot), and ``from_pandas`` takes them too."""
+    tensors = dataflow.range_tensor(4, shape=(2, 2)).map_batches(lambda df: df, batch_format="pandas")
+    assert isinstance(tensors.schema().types[0], pa.FixedShapeTensorType)
+    np.testing.assert_array_equal(tensors.take_batch(4)["data"], np.arange(4).repeat(4).reshape(4, 2, 2))
+    images = dataflow.range(5, override_num_blocks=2).map_batches(_images, batch_format="pandas").take_batch(5)
+    assert images["img"].shape == (5, 2, 3) and images["img"].dtype == np.float32
+    np.testing.assert_array_equal(images["img"][:, 0, 0], np.arange(5))
+    frame = pd.DataFrame({"a": [1, 2], "t": [np.ones((2, 2)), np.zeros((2, 2))], "v": [np.ones(3), np.ones(2)]})
+    ds = dataflow.from_pandas(frame)
+    assert ds.columns() == ["a", "t", "v"] and ds.take_batch(2)["t"].shape == (2, 2, 2)
+    assert [len(v) for v in ds.take_batch(2)["v"]] == [3, 2]  # cells of other shapes: a ragged column
+
+
 def test_native_batch_format_and_constant_columns_as_ray(mode):
     ds = dataflow.range(3)
     assert isinstance(ds.take_batch(2, batch_format=None), pa.Table)  # None: the native format

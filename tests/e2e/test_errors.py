@@ -69,6 +69,26 @@ def test_bad_udf_return_names_the_udf(mode):
     assert isinstance(info.value, dataflow.errors.UDFOutputError)
 
 
+def _other_keys(row):
+    return {"a": "x"} if row["id"] > 5 else {"b": "x"}
+
+
+def _keys_in_any_order(row):
+    return {"a": 1, "b": 2} if row["id"] > 5 else {"b": 2, "a": 1}
+
+
+def test_rows_with_other_keys_raise_as_rays_instead_of_becoming_nulls(mode):
+    # Ray's TableBlockBuilder raises this ValueError (its test_map_with_mismatched_columns)
+    with pytest.raises(ValueError, match="Current row has different columns compared to previous rows") as info:
+        dataflow.range(10, override_num_blocks=1).map(_other_keys).materialize()
+    assert "Map(_other_keys)" in str(info.value)
+    with pytest.raises(ValueError, match="different columns"):
+        dataflow.range(10, override_num_blocks=1).flat_map(lambda r: [_other_keys(r)]).take_all()
+    assert dataflow.range(10, override_num_blocks=1).map(_keys_in_any_order).take_all() == [{"a": 1, "b": 2}] * 10
+    # data is not a UDF: from_items keeps an absent key as a null, as a reader's records do
+    assert dataflow.from_items([{"a": 1}, {"b": 2}]).take_all() == [{"a": 1, "b": None}, {"a": None, "b": 2}]
+
+
 def test_arguments_are_checked_when_called():
     with pytest.raises(TypeError, match="expects a function"):
         dataflow.range(3).map(5)

@@ -292,13 +292,13 @@ class DataIterator:
         pin_memory: bool = False,
     ) -> Iterator[Any]:
         """Batches as dicts of torch tensors (see ``dataflow.torch_batches.iter_torch_batches``)."""
-        from dataflow.torch_batches import iter_torch_batches
+        from dataflow.torch_batches import sized_torch_batches
 
-        return self._counted(iter_torch_batches(
+        return self._counted(sized_torch_batches(
             self, prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, device=device,
             collate_fn=collate_fn, drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
             local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
-        ))
+        ), sized=True)
 
     def iter_jax_batches(
         self,

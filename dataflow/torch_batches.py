@@ -213,6 +213,29 @@ def iter_torch_batches(
 
     Arguments are checked here, when called, not at the first batch.
     """
+    sized = sized_torch_batches(
+        iterator, prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, device=device,
+        collate_fn=collate_fn, drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
+        local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
+    )
+    return (batch for batch, _ in sized)
+
+
+def sized_torch_batches(
+    iterator: DataIterator,
+    *,
+    prefetch_batches: int = 1,
+    batch_size: int | None = 256,
+    dtypes: Any = None,
+    device: Any = "auto",
+    collate_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
+    drop_last: bool = False,
+    local_shuffle_buffer_size: int | None = None,
+    local_shuffle_seed: int | None = None,
+    pin_memory: bool = False,
+) -> Iterator[tuple[Any, int]]:
+    """``iter_torch_batches`` as ``(batch, rows)`` pairs: what a ``collate_fn`` returns need not
+    have a length (a dataclass, a scalar loss weight), and a tuple ``(x, y)`` is not 2 rows."""
     check_batch_size(batch_size)
     if collate_fn is not None and dtypes is not None:
         msg = "collate_fn cannot be combined with dtypes: cast to the dtypes you want inside collate_fn"
@@ -246,7 +269,7 @@ def _batches(
     shuffle_buffer: int | None,
     shuffle_seed: int | None,
     depth: int,
-) -> Iterator[Any]:
+) -> Iterator[tuple[Any, int]]:
     private = {"blocks": True}
     engine: dict[str, Callable[[], float]] = {"busy_cpus": lambda: 0.0}
 
@@ -267,20 +290,21 @@ def _batches(
         keep_private = private["blocks"] or mover.pin or target.type != "cpu"
         return to_tensors(batch, dtypes, private=keep_private)
 
-    prepared = (mover.send(collate(table)) for table in tables)
+    prepared = ((*mover.send(collate(table)), table.num_rows) for table in tables)
     ahead = prefetch(prepared, depth)
-    capped = False
+    cap = _THREAD_CAP  # (held here: a loop left open until the interpreter exits is closed after
+    capped = False     # the module's globals are gone)
     try:
-        for batch, event in ahead:
+        for batch, event, rows in ahead:
             if not capped:  # the plan runs by now, so ``on_execute`` has been called
                 capped = True
-                _THREAD_CAP.enter()
-            _THREAD_CAP.adjust(engine["busy_cpus"]())
-            yield mover.receive(batch, event)
+                cap.enter()
+            cap.adjust(engine["busy_cpus"]())
+            yield mover.receive(batch, event), rows
     finally:
         ahead.close()  # stops the prefetch thread before the thread count is restored
         if capped:
-            _THREAD_CAP.exit()
+            cap.exit()
 
 
 def _cores() -> int:
@@ -343,7 +367,10 @@ class _TorchThreadCap:
             return
         state.users -= 1
         if state.users == 0 and state.saved is not None:
-            if torch.get_num_threads() == state.set_to:
+            # a loop left open until the interpreter exits is closed after modules are torn
+            # down: torch's functions are None by then, and there is no thread left to restore
+            get_num_threads = getattr(torch, "get_num_threads", None)
+            if get_num_threads is not None and get_num_threads() == state.set_to:
                 torch.set_num_threads(state.saved)
             state.saved = state.set_to = None
 

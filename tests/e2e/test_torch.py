@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -170,6 +171,26 @@ def test_iter_torch_batches_collate_fn_gets_numpy(mode):
     assert isinstance(out[0][1], list) and out[0][1][0].shape == (40,)
     with pytest.raises(ValueError, match="dtypes"):
         dataflow.range(3).iter_torch_batches(collate_fn=collate, dtypes=torch.float32)
+
+
+@dataclasses.dataclass
+class _Batch:
+    x: torch.Tensor
+
+
+def test_collate_fn_may_return_anything_and_rows_are_counted_from_the_batch(mode):
+    """Ray does not take the length of what ``collate_fn`` returns: a dataclass, a 0-d tensor,
+    or a tuple ``(x, y)``, which holds its batch's rows, not 2."""
+    ds = dataflow.range(10)
+    boxed = list(ds.iter_torch_batches(batch_size=4, collate_fn=lambda b: _Batch(torch.tensor(b["id"]))))
+    assert [b.x.tolist() for b in boxed] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    sums = list(ds.iter_torch_batches(batch_size=4, collate_fn=lambda b: torch.tensor(b["id"]).sum()))
+    assert [s.item() for s in sums] == [6, 22, 17]
+    it = ds.iterator()
+    pairs = it.iter_torch_batches(batch_size=4, collate_fn=lambda b: (torch.tensor(b["id"]), torch.tensor(b["id"])))
+    next(pairs)
+    assert it.state_dict()["rows_consumed"] == 4
+    pairs.close()
 
 
 class ArrowCollate(ArrowBatchCollateFn):

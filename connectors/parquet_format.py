@@ -252,13 +252,32 @@ class ParquetDatasource(FileDatasource):
         clone._columns = list(columns)
         return clone
 
-    def apply_filter(self, expr: Any) -> ParquetDatasource:
-        """A copy applying ``expr`` (and any filter already set) while reading."""
+    def apply_filter(self, expr: Any) -> ParquetDatasource | None:
+        """A copy applying ``expr`` (and any filter already set) while reading; None when
+        ``expr`` names a column the projection dropped. Arrow's scanner would filter on it all
+        the same, so ``select_columns(["a"]).filter(expr="b > 5")`` would run on Parquet and
+        fail naming ``b`` on any other source; left to the filter step, it fails on every one."""
         if not isinstance(expr, pc.Expression):
             raise TypeError(f"filter must be a pyarrow.compute.Expression, got {type(expr).__name__}")
+        if self._columns is not None and not self._can_filter_on_projection(expr):
+            return None
         clone = copy.copy(self)
         clone._filter = expr if self._filter is None else (self._filter & expr)
         return clone
+
+    def _can_filter_on_projection(self, expr: pc.Expression) -> bool:
+        """Whether ``expr`` evaluates on the projected columns alone (tried on no rows)."""
+        try:
+            schema = self.schema()
+        except Exception:  # no schema yet: the read reports its own error
+            return True
+        if schema is None:
+            return True
+        try:
+            schema.empty_table().filter(expr)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+            return False
+        return True
 
     def get_read_tasks(self, parallelism: int) -> Iterator[Any]:
         """Read tasks, planned from the listing; the dataset schema comes from one footer."""

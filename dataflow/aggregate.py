@@ -254,7 +254,7 @@ class Quantile(_BuiltIn):
         lo, hi = math.floor(index), math.ceil(index)
         if lo == hi:
             return ordered[int(index)]
-        return ordered[lo] * (hi - index) + ordered[hi] * (index - lo)
+        return round(ordered[lo] * (hi - index) + ordered[hi] * (index - lo), 5)  # (Ray rounds the interpolation)
 
 
 class Unique(_BuiltIn):

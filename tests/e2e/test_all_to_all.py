@@ -392,6 +392,8 @@ def test_whole_group_aggregations_and_custom_ones(mode):
         assert sorted(got[k]["list(id)"]) == sorted(ids)
     product = AggregateFn(init=lambda key: 0, accumulate_row=lambda a, r: a + r["id"], merge=lambda a, b: a + b, name="total")
     assert ds.aggregate(product) == {"total": sum(range(1400))}
+    # Ray rounds an interpolated quantile to 5 places (0.1 of 0..3 is 0.3, not 0.30000000000000004)
+    assert dataflow.range(4).aggregate(Quantile("id", q=0.1)) == {"quantile(id)": 0.3}
 
     class Range(AggregateFnV2):
         def __init__(self, on):

@@ -93,6 +93,21 @@ def test_a_missing_column_in_a_pushed_filter_is_named(tmp_path):
         dataflow.read_parquet(str(tmp_path)).filter(expr="zz > 1").take_all()
 
 
+def test_a_filter_on_a_column_projected_away_fails_on_parquet_as_in_memory(tmp_path):
+    """``select_columns(["a"]).filter(expr="b > 5")`` names ``b`` whatever the source: Arrow's
+    Parquet scanner could filter on the dropped column, so that filter is not pushed."""
+    table = pa.table({"a": list(range(10)), "b": [10 * i for i in range(10)]})
+    pq.write_table(table, tmp_path / "data.parquet")
+    with dataflow.options(execution_mode="local"):
+        for ds in (dataflow.read_parquet(str(tmp_path)).select_columns(["a"]), dataflow.read_parquet(str(tmp_path), columns=["a"]),
+                   dataflow.from_arrow(table).select_columns(["a"])):
+            with pytest.raises(UserCodeError, match="no column 'b'"):
+                ds.filter(expr="b > 50").take_all()
+        kept = dataflow.read_parquet(str(tmp_path)).select_columns(["a"]).filter(expr="a > 5")
+        assert kept.take_all() == [{"a": a} for a in range(6, 10)]
+        assert "Filter" not in kept.explain().split("Optimized Plan")[1]  # still pushed
+
+
 def test_rays_math_methods_and_string_concatenation(mode):
     ds = dataflow.from_items([{"a": -1.5, "i": 4, "s": "ab"}, {"a": 2.5, "i": -2, "s": "c"}])
     got = ds.with_columns({

@@ -186,39 +186,9 @@ class DeviceMover:
 # ----- iter_torch_batches --------------------------------------------------------------------
 
 
-def iter_torch_batches(
-    iterator: DataIterator,
-    *,
-    prefetch_batches: int = 1,
-    batch_size: int | None = 256,
-    dtypes: Any = None,
-    device: Any = "auto",
-    collate_fn: Callable[[dict[str, np.ndarray]], Any] | None = None,
-    drop_last: bool = False,
-    local_shuffle_buffer_size: int | None = None,
-    local_shuffle_seed: int | None = None,
-    pin_memory: bool = False,
-) -> Iterator[Any]:
-    """Batches of ``batch_size`` rows as ``{column: tensor}`` on ``device``, as Ray Data's.
-
-    * ``dtypes``: one ``torch.dtype`` for all columns or ``{column: dtype}``; others keep theirs.
-    * ``collate_fn(batch)`` receives the numpy dict (a ``pyarrow.Table`` or a ``DataFrame`` for an
-      ``ArrowBatchCollateFn`` or ``PandasBatchCollateFn`` of ``dataflow.collate_fn``) and returns
-      what the loop gets; tensors in its result (alone, or in a dict/list/tuple) are moved to ``device``. It cannot be combined
-      with ``dtypes`` (cast inside it), as in Ray Data.
-    * ``drop_last``, ``local_shuffle_buffer_size``, ``local_shuffle_seed``: as ``iter_batches``.
-    * ``device``: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N", a torch.device.
-    * ``pin_memory``: pin host memory before the copy (implied for a CUDA target; ignored without CUDA).
-    * ``prefetch_batches``: batches prepared ahead on a background thread (0: inline).
-
-    Arguments are checked here, when called, not at the first batch.
-    """
-    sized = sized_torch_batches(
-        iterator, prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, device=device,
-        collate_fn=collate_fn, drop_last=drop_last, local_shuffle_buffer_size=local_shuffle_buffer_size,
-        local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
-    )
-    return (batch for batch, _ in sized)
+def iter_torch_batches(iterator: DataIterator, **options: Any) -> Iterator[Any]:
+    """``sized_torch_batches`` without the row counts: what the loop gets."""
+    return (batch for batch, _ in sized_torch_batches(iterator, **options))
 
 
 def sized_torch_batches(
@@ -234,8 +204,22 @@ def sized_torch_batches(
     local_shuffle_seed: int | None = None,
     pin_memory: bool = False,
 ) -> Iterator[tuple[Any, int]]:
-    """``iter_torch_batches`` as ``(batch, rows)`` pairs: what a ``collate_fn`` returns need not
-    have a length (a dataclass, a scalar loss weight), and a tuple ``(x, y)`` is not 2 rows."""
+    """Batches of ``batch_size`` rows as ``{column: tensor}`` on ``device``, as Ray Data's.
+
+    * ``dtypes``: one ``torch.dtype`` for all columns or ``{column: dtype}``; others keep theirs.
+    * ``collate_fn(batch)`` receives the numpy dict (a ``pyarrow.Table`` or a ``DataFrame`` for an
+      ``ArrowBatchCollateFn`` or ``PandasBatchCollateFn`` of ``dataflow.collate_fn``) and returns
+      what the loop gets; tensors in its result (alone, or in a dict/list/tuple) are moved to ``device``. It cannot be combined
+      with ``dtypes`` (cast inside it), as in Ray Data.
+    * ``drop_last``, ``local_shuffle_buffer_size``, ``local_shuffle_seed``: as ``iter_batches``.
+    * ``device``: "auto" (CUDA if available, else CPU), "cpu", "cuda", "cuda:N", a torch.device.
+    * ``pin_memory``: pin host memory before the copy (implied for a CUDA target; ignored without CUDA).
+    * ``prefetch_batches``: batches prepared ahead on a background thread (0: inline).
+
+    Each comes with the rows it holds, ``(batch, rows)``: what a ``collate_fn`` returns need
+    not have a length (a dataclass, a scalar), and a tuple ``(x, y)`` is not 2 rows.
+    Arguments are checked here, when called, not at the first batch.
+    """
     check_batch_size(batch_size)
     if collate_fn is not None and dtypes is not None:
         msg = "collate_fn cannot be combined with dtypes: cast to the dtypes you want inside collate_fn"

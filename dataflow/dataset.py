@@ -448,7 +448,7 @@ class Dataset:
         """Stream batches as dicts of torch tensors, on ``device`` ("auto": CUDA if present, else CPU).
 
         Numeric and fixed-shape columns become tensors without a copy; see
-        ``dataflow.torch_batches.iter_torch_batches`` for dtypes, collate_fn and pinning.
+        ``dataflow.torch_batches.sized_torch_batches`` for dtypes, collate_fn and pinning.
         """
         return self.iterator().iter_torch_batches(
             prefetch_batches=prefetch_batches, batch_size=batch_size, dtypes=dtypes, device=device,

@@ -291,7 +291,7 @@ class DataIterator:
         local_shuffle_seed: int | None = None,
         pin_memory: bool = False,
     ) -> Iterator[Any]:
-        """Batches as dicts of torch tensors (see ``dataflow.torch_batches.iter_torch_batches``)."""
+        """Batches as dicts of torch tensors (see ``dataflow.torch_batches.sized_torch_batches``)."""
         from dataflow.torch_batches import sized_torch_batches
 
         return self._counted(sized_torch_batches(

@@ -84,22 +84,32 @@ def _user_error_class(original: type[BaseException]) -> type[UserCodeError]:
     return cls
 
 
+def safe_str(err: BaseException) -> str:
+    """``str(err)``, or a placeholder when the exception's own ``__str__`` raises (a message
+    format that wants other arguments): reporting an error must not raise another."""
+    try:
+        return str(err)
+    except Exception as inner:  # (whatever the user's __str__ raises)
+        return f"<{type(err).__name__}.__str__ raised {type(inner).__name__}: {inner}>"
+
+
 def make_user_error(
     udf_name: str,
     cause: BaseException | None,
     cause_type: str,
     remote_traceback: str,
     context: str = "",
+    cause_text: str = "",
 ) -> UserCodeError:
     """Build the exception the caller sees for a failed UDF.
 
     ``cause`` is the unpickled original exception when it could cross the process boundary; the
     result is then an instance of its class too. ``cause_type`` and ``remote_traceback`` are
-    always available as text.
+    always available as text, and ``cause_text`` the exception's message as the worker wrote it.
     """
     where = f" {context}" if context else ""
     message = (
-        f"{cause_type} in {udf_name}{where}: {cause if cause is not None else ''}\n\n"
+        f"{cause_type} in {udf_name}{where}: {safe_str(cause) if cause is not None else cause_text}\n\n"
         f"Traceback from the worker (engine frames removed):\n{remote_traceback.rstrip()}"
     )
     if cause is not None and not isinstance(cause, Exception):
@@ -116,13 +126,16 @@ def make_user_error(
             raise
         cause.add_note(message)
         return cause  # type: ignore[return-value]
-    if cause is not None:
-        for attr in ("errno", "strerror", "filename", "code"):
-            if hasattr(cause, attr):
-                try:
-                    setattr(err, attr, getattr(cause, attr))
-                except (AttributeError, TypeError):
-                    pass
+    if cause is not None:  # its attributes (errno, an HTTP status, a code) on the error caught
+        attrs = {attr: getattr(cause, attr) for attr in ("errno", "strerror", "filename", "code") if hasattr(cause, attr)}
+        attrs.update(getattr(cause, "__dict__", {}))
+        for attr, value in attrs.items():
+            if attr in ("udf_name", "remote_traceback") or attr.startswith("__"):
+                continue
+            try:
+                setattr(err, attr, value)
+            except (AttributeError, TypeError):
+                pass
     err.udf_name = udf_name
     err.remote_traceback = remote_traceback
     err.__cause__ = cause

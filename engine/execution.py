@@ -469,7 +469,7 @@ def _user_error(op: MapOperator, result: TaskResult) -> BaseException:
     context = err.context or f"(operator {op.name}{reading})"
     if err.attempts > 1:
         context += f" after {err.attempts} attempts (DataContext.retried_map_errors)"
-    return make_user_error(err.udf_name, cause, err.exc_type, err.rendered_traceback(), context)
+    return make_user_error(err.udf_name, cause, err.exc_type, err.rendered_traceback(), context, err.message)
 
 
 def check_resources(execution: Execution, options: ExecutionOptions) -> None:

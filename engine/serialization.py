@@ -97,10 +97,36 @@ def digest(data: bytes) -> str:
 
 
 def dumps_exception(exc: BaseException) -> bytes | None:
-    """Pickle an exception if it survives a round trip, else None (its text is sent anyway)."""
-    try:
-        data = dumps(exc)
-        pickle.loads(data)
-    except Exception:
-        return None
-    return data
+    """Pickle an exception if it survives a round trip, else None (its text is sent anyway).
+
+    An exception pickles as ``cls(*args)``, which fails for a class whose constructor takes
+    other arguments than its ``args`` (``HTTPError(status, url)`` that passes a message up):
+    such an exception goes as its class, ``args`` and attributes instead, rebuilt without
+    calling the constructor, so the caller still catches it by its class (with its
+    attributes when they pickle)."""
+    for candidate in (exc, _ByState(exc, with_attrs=True), _ByState(exc, with_attrs=False)):
+        try:
+            data = dumps(candidate)
+            pickle.loads(data)
+        except Exception:  # (anything a user's class does while pickled)
+            continue
+        return data
+    return None
+
+
+class _ByState:
+    """Pickles ``exc`` as its class, ``args`` and (``with_attrs``) ``__dict__``."""
+
+    def __init__(self, exc: BaseException, with_attrs: bool) -> None:
+        self.exc, self.with_attrs = exc, with_attrs
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        attrs = dict(getattr(self.exc, "__dict__", {})) if self.with_attrs else {}
+        return (_exception_from_state, (type(self.exc), self.exc.args, attrs))
+
+
+def _exception_from_state(cls: type[BaseException], args: tuple[Any, ...], attrs: dict[str, Any]) -> BaseException:
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(attrs)
+    return err

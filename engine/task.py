@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine import row_errors
+from engine.errors import safe_str
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.tracebacks import Frame, format_frames, user_frames
 from engine.transform import CONSTRUCTOR_RETRIES, TaskTransform, UDFFailure
@@ -371,7 +372,7 @@ def describe_error(err: BaseException) -> TaskError:
     return TaskError(
         udf_name=name,
         exc_type=type(original).__name__,
-        message=str(original),
+        message=safe_str(original),
         traceback=tb,
         exception=dumps_exception(original),
         user_code=user,

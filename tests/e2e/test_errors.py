@@ -161,3 +161,45 @@ def test_a_failed_job_keeps_nothing_of_the_caller_alive(mode, tmp_path):
     del ds
     gc.collect()
     assert alive() is None
+
+
+class _HTTPError(Exception):
+    def __init__(self, status, url):  # not the args it passes up: pickling alone cannot rebuild it
+        super().__init__(f"{status} for {url}")
+        self.status, self.url = status, url
+
+
+class _APIError(Exception):
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        self.status = status
+
+
+class _BadStr(Exception):
+    def __str__(self):
+        return "row %s failed: %s" % self.args  # raises TypeError with one argument
+
+
+def _raise_http(row):
+    raise _HTTPError(503, "http://example/api")
+
+
+def _raise_api(row):
+    raise _APIError("service unavailable", status=503)
+
+
+def _raise_bad_str(row):
+    raise _BadStr("only one")
+
+
+def test_user_exceptions_keep_their_class_and_attributes_whatever_their_constructor(mode):
+    with pytest.raises(_HTTPError) as info:
+        dataflow.range(3).map(_raise_http).take_all()
+    assert info.value.status == 503 and "503 for http://example/api" in str(info.value)
+    with pytest.raises(_APIError) as api:
+        dataflow.range(3).map(_raise_api).take_all()
+    assert api.value.status == 503 and "Map(_raise_api)" in str(api.value)
+    # a __str__ that raises is the UDF's error still, not a worker that died three times
+    with pytest.raises(_BadStr, match=r"Map\(_raise_bad_str\).*__str__ raised TypeError"):
+        dataflow.range(3).map(_raise_bad_str).take_all()
+    assert dataflow.range(3).count() == 3

@@ -161,6 +161,8 @@ class Execution:
         self.outcome: str | None = None
         """How it ended: "finished", "failed" or "cancelled" (None while it runs)."""
         self.cancelled = False
+        self.cancelled_at: float | None = None
+        """When it was cancelled (``time.monotonic()``)."""
         self.stopped = threading.Event()
         """Set once no task of this execution runs anymore (it finished, failed or was cancelled)."""
         self._last_wait_check = time.perf_counter()
@@ -417,6 +419,7 @@ class Execution:
         if self.cancelled:
             return
         self.cancelled = True
+        self.cancelled_at = time.monotonic()
         self.outcome = self.outcome or "cancelled"
         for op in self.ops:
             self._cancel_op(op)

@@ -36,7 +36,7 @@ from engine.operators.map import MapOperator, Resources
 from engine.options import ExecutionOptions
 from engine.resources import GpuLedger, ResourceLedger, visible_gpu_ids
 from engine.scheduler import Candidate, pick
-from engine.task import TaskResult
+from engine.task import OUTPUT_WRITE, TaskResult
 from engine.transport import MAX_MESSAGE_BYTES, CurveKeys, DriverSocket, Dropped, PeerUnreachable, StreamDriverSocket
 from engine.wakeup import WakeupPipe
 from engine.worker_pool import (
@@ -88,6 +88,10 @@ def _in_memory(ref: BlockRef) -> bool:
 
 MAX_LOOP_FAILURES = 100
 """Turns of the loop failing in a row before it gives up (and fails every execution)."""
+CANCELLED_TASK_GRACE_S = 2.0
+"""A task of a cancelled execution (its iterator abandoned, its limit reached) that still runs
+this long after the cancel has its worker killed and replaced: nobody wants its output, and the
+next job would wait for it (a 20 s UDF held a worker for 20 s). Writes are left to finish."""
 RSS_SAMPLE_S = 1.0
 """How often the resident memory of busy workers is read (while tasks run)."""
 
@@ -137,6 +141,8 @@ class StreamingExecutor:
         self._start_failures = 0
         self._deaths: dict[int, tuple[str, MapOperator | None, int]] = {}
         """pid -> (worker id, operator of its task, RSS) of dead workers until their exit status comes."""
+        self._quiet_deaths: set[int] = set()
+        """Workers killed on purpose (a cancelled job's task): their exit is not reported."""
         self._last_rss_sample = 0.0
         self._fs_fd: int | None = None
         """The zygote's pipe, while the loop watches it."""
@@ -439,6 +445,15 @@ class StreamingExecutor:
                         os.kill(handle.pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
+            if self._runs_on_cancelled(handle, now):
+                handle.cancel_killed = True
+                log.info("worker %s (pid %s) still runs a task of a cancelled job after %.0f s; replacing it",
+                         handle.worker_id, handle.pid, CANCELLED_TASK_GRACE_S)
+                self._quiet_deaths.add(handle.pid)
+                try:
+                    os.kill(handle.pid, signal.SIGKILL)  # type: ignore[arg-type]
+                except ProcessLookupError:
+                    pass
             late = now - handle.spawned_at > self.options.worker_start_timeout_s
             if handle.state == STARTING and handle.pid is not None and not handle.start_killed and late:
                 log.warning("worker %s (pid %s) did not start within %.0f s; killing it", handle.worker_id, handle.pid, self.options.worker_start_timeout_s)
@@ -447,6 +462,16 @@ class StreamingExecutor:
                 except ProcessLookupError:
                     pass
                 handle.start_killed = True
+
+    @staticmethod
+    def _runs_on_cancelled(handle: WorkerHandle, now: float) -> bool:
+        """Whether ``handle`` is a task worker whose running task's execution was cancelled
+        more than ``CANCELLED_TASK_GRACE_S`` ago (and the task is not a write)."""
+        if handle.kind != TASK_KIND or handle.task is None or handle.pid is None or handle.cancel_killed:
+            return False
+        execution, _, pending = handle.task
+        since = execution.cancelled_at
+        return since is not None and now - since > CANCELLED_TASK_GRACE_S and pending.spec.output != OUTPUT_WRITE
 
     def _on_message(self, worker_id: str, msg: Any) -> None:
         handle = self.pool.workers.get(worker_id)
@@ -578,6 +603,9 @@ class StreamingExecutor:
     def _on_exit(self, pid: int, code: int | None) -> None:
         """Say how a worker died (the zygote's answer to ``reap``): logged and in ``stats()``."""
         worker_id, op, rss = self._deaths.pop(pid, ("?", None, 0))
+        if pid in self._quiet_deaths:  # killed on purpose: its job was cancelled
+            self._quiet_deaths.discard(pid)
+            return
         line = describe_exit(worker_id, pid, op.name if op is not None else None, code, rss)
         worker_log.warning("dataflow: %s", line)
         if op is not None:

@@ -50,6 +50,8 @@ class WorkerHandle:
     """Resident bytes when last sampled while it ran a task."""
     timed_out: bool = False
     """Killed because its task ran past ``task_timeout_s``."""
+    cancel_killed: bool = False
+    """Killed because its task's execution was cancelled and the task ran on regardless."""
     last_accepted: int = -1
     """The highest block counter of its outputs the driver accepted: after its death, its files
     numbered above it are orphans (``StreamingExecutor._sweep_orphans``)."""

@@ -240,3 +240,23 @@ def test_an_exchanges_reduce_gets_the_store_part_of_the_steps_that_finished(fres
     assert len(spans) == 8
     overlapping = [(a, b) for a in spans for b in spans if a[1] != b[1] and a[2] < b[3] and b[2] < a[3]]
     assert overlapping, f"the reduce ran its groups one at a time: {sorted(spans, key=lambda s: s[2])}"
+
+
+def _slow_after_the_first(batch):
+    time.sleep(0.01 if batch["id"][0] == 0 else 60)
+    return batch
+
+
+def test_a_cancelled_jobs_long_task_gives_its_worker_back(streaming):
+    """Breaking out of a loop cancels the job; a task of it that runs on past the grace period
+    has its worker replaced, so the next job does not wait for output nobody wants."""
+    from engine.executor import CANCELLED_TASK_GRACE_S
+
+    executor = engine_session.current_session().executor
+    assert executor.wait_for_workers()
+    ds = dataflow.range(4, override_num_blocks=4).map_batches(_slow_after_the_first, batch_size=1)
+    for _ in ds.iter_batches(batch_size=1):
+        break
+    start = time.perf_counter()
+    assert dataflow.range(1000).map_batches(lambda b: b).count() == 1000
+    assert time.perf_counter() - start < CANCELLED_TASK_GRACE_S + 5.0

@@ -434,6 +434,7 @@ class StreamingExecutor:
             if limit is not None and handle.task is not None and handle.pid is not None:
                 if now - handle.task[2].started_at > limit:
                     handle.timed_out = True
+                    self._quiet_deaths.add(handle.pid)  # (said here; its death is not an OOM kill)
                     log.warning(
                         "task of %s on worker %s (pid %s) ran past task_timeout_s=%s; killing it",
                         handle.task[1].name,
@@ -690,7 +691,7 @@ class StreamingExecutor:
                 waits[id(op)] = WAIT_MEMORY
                 continue
             fits = self._ledger.fits(op.resources.num_cpus, op.resources.custom)
-            slot = self._free_slot(op) if fits else None
+            slot = self._free_slot(op, execution) if fits else None
             if slot is None:
                 slot = self._pipeline_slot(op)
             if slot is None:
@@ -724,14 +725,16 @@ class StreamingExecutor:
             return WAIT_ACTORS
         return WAIT_ACTORS_BUSY
 
-    def _free_slot(self, op: MapOperator) -> WorkerHandle | str | None:
+    def _free_slot(self, op: MapOperator, execution: Execution) -> WorkerHandle | str | None:
         if op.actor_pool is not None:
             idle = self.pool.idle(f"actor:{op.key}")
             return idle[0] if idle else None
         idle = self.pool.idle(TASK_KIND)
         if idle:
             return idle[0]
-        if self._inline.free() and op.next_input_bytes() <= INLINE_MAX_INPUT_BYTES:
+        timeout = op.task_timeout_s if op.task_timeout_s is not None else execution.options.task_timeout_s
+        # a task with a timeout runs where it can be killed: a thread of the driver cannot be
+        if self._inline.free() and op.next_input_bytes() <= INLINE_MAX_INPUT_BYTES and timeout is None:
             return INLINE
         return None
 

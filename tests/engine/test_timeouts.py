@@ -74,3 +74,14 @@ def test_a_per_operator_timeout_applies_to_that_operator_only(ready):
         ds.take_all()
     with pytest.raises(ValueError, match="task_timeout_s"):
         dataflow.range(10).map_batches(lambda b: b, task_timeout_s=0)
+
+
+def test_a_first_job_with_a_timeout_runs_where_it_can_be_killed(fresh_engine):
+    """The cold start runs a new session's first tasks in the driver, where a hung UDF cannot be
+    stopped: a task with a timeout waits for a worker instead, so the timeout holds."""
+    dataflow.init(num_cpus=2)
+    ds = dataflow.range(10).map_batches(_hangs_on(5), task_timeout_s=2.0)
+    start = time.perf_counter()
+    with pytest.raises(TaskTimeoutError, match=r"task_timeout_s=2\.0"):
+        ds.take_all()
+    assert time.perf_counter() - start < 20

@@ -121,6 +121,8 @@ class ParquetDatasource(FileDatasource):
         if filter is not None and not isinstance(filter, pc.Expression):
             raise TypeError(f"filter must be a pyarrow.compute.Expression, got {type(filter).__name__}")
         self._columns = list(columns) if columns is not None else None
+        if self._columns is not None and include_paths and "path" not in self._columns:
+            self._columns.append("path")  # as Ray's: include_paths adds it to the columns asked for
         self._filter = filter
         self._user_schema = schema
         self._file_schema_cache: pa.Schema | None = schema

@@ -127,6 +127,9 @@ def test_text_lines(tmp_path: Path) -> None:
     assert read_all(TextDatasource(str(tmp_path / "a.txt")))["text"].to_pylist() == ["one", "two", "three"]  # as Ray
     keep = read_all(TextDatasource(str(tmp_path / "a.txt"), drop_empty_lines=False))
     assert keep["text"].to_pylist() == ["one", "two", "", "  ", "three"]
+    # lines end at "\n" only (Ray's split("\n")): \r, \f and U+2028 inside a line stay in it
+    (tmp_path / "c.txt").write_bytes("a\u2028b\nc\x0cd\ne\rf\ng\r\n".encode())
+    assert read_all(TextDatasource(str(tmp_path / "c.txt")))["text"].to_pylist() == ["a\u2028b", "c\x0cd", "e\rf", "g"]
     (tmp_path / "b.txt").write_bytes(b"\xff\xfe bad utf-8")
     with pytest.raises(FileFormatError, match=r"b.txt"):
         read_all(TextDatasource(str(tmp_path / "b.txt")))

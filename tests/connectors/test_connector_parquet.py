@@ -84,6 +84,8 @@ def test_projection_and_include_paths(tmp_path: Path) -> None:
     assert set(out["path"].to_pylist()) == {str(tmp_path / "a.parquet")}
     with pytest.raises(ValueError, match=r"nope"):
         ParquetDatasource(str(tmp_path), columns=["nope"]).schema()
+    # as Ray's: include_paths adds ``path`` to the columns asked for
+    assert read_all(ParquetDatasource(str(tmp_path), columns=["name"], include_paths=True)).column_names == ["name", "path"]
 
 
 def test_only_derived_columns_keep_every_row(tmp_path: Path) -> None:

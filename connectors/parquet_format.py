@@ -429,6 +429,8 @@ class ParquetDatasource(FileDatasource):
                 continue  # a partition or path column
             want = expected.field(name).type
             if name not in physical.names:
+                if self._user_schema is not None:
+                    continue  # the schema the user gave: the fragment's read fills it with nulls
                 msg = f"the file has no column {name!r} ({want}) that the dataset's schema has"
                 raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=name)
             got = physical.field(name).type

@@ -239,6 +239,12 @@ def test_schema_mismatch_between_files_names_the_file_and_column(tmp_path: Path)
     )
     out = read_all(ParquetDatasource(str(tmp_path), schema=_table(1).schema))
     assert out.num_rows == 20 and out.schema.field("id").type == pa.int64()
+    # ... and a file without one of its columns reads it as nulls (the hint's promise)
+    pq.write_table(pa.table({"id": pa.array(range(10), pa.int64())}), tmp_path / "b.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"b.parquet.*no column 'name'.*schema="):
+        read_all(ParquetDatasource(str(tmp_path)))
+    out = read_all(ParquetDatasource(str(tmp_path), schema=_table(1).schema))
+    assert out.num_rows == 20 and out["name"].null_count == 10
 
 
 def test_plain_reads_match_the_dataset_path_whatever_the_column_order(tmp_path: Path) -> None:

@@ -96,15 +96,17 @@ def digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
-def dumps_exception(exc: BaseException) -> bytes | None:
+def dumps_exception(exc: BaseException, *, by_state: bool = True) -> bytes | None:
     """Pickle an exception if it survives a round trip, else None (its text is sent anyway).
 
     An exception pickles as ``cls(*args)``, which fails for a class whose constructor takes
     other arguments than its ``args`` (``HTTPError(status, url)`` that passes a message up):
     such an exception goes as its class, ``args`` and attributes instead, rebuilt without
     calling the constructor, so the caller still catches it by its class (with its
-    attributes when they pickle)."""
-    for candidate in (exc, _ByState(exc, with_attrs=True), _ByState(exc, with_attrs=False)):
+    attributes when they pickle). ``by_state=False``: only as itself (for a caller that sends
+    the exception object, not these bytes)."""
+    candidates = (exc, _ByState(exc, with_attrs=True), _ByState(exc, with_attrs=False)) if by_state else (exc,)
+    for candidate in candidates:
         try:
             data = dumps(candidate)
             pickle.loads(data)

@@ -62,7 +62,7 @@ def _is_piece(value: Any) -> bool:
 
 def _portable(err: BaseException) -> BaseException:
     """``err`` if it survives pickling, else a DataflowError carrying its text and traceback."""
-    if serialization.dumps_exception(err) is not None:
+    if serialization.dumps_exception(err, by_state=False) is not None:  # (sent as itself, below)
         return err
     text = "".join(traceback.format_exception(err)).rstrip()
     return DataflowError(f"the streaming_split coordinator failed: {type(err).__name__}: {err}\n\n{text}")

@@ -756,7 +756,9 @@ class StreamingExecutor:
         """Send ``op``'s next task to ``slot``; False (and the execution failed) when the task
         cannot be sent: a UDF or a read task that does not pickle is that job's error."""
         transform = None
-        if isinstance(slot, WorkerHandle) and op.digest not in slot.digests:
+        # the inline slot does not need the function pickled, but a worker will: a UDF that
+        # cannot be pickled fails the first job as it fails every later one
+        if slot == INLINE or (isinstance(slot, WorkerHandle) and op.digest not in slot.digests):
             try:
                 transform = op.transform_bytes
             except Exception as err:

@@ -104,3 +104,25 @@ def test_a_scripts_own_datasource_and_sink_run_on_workers(tmp_path):
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("ok")
+
+
+
+def test_an_unpicklable_udf_fails_the_first_job_as_it_fails_later_ones(fresh_engine):
+    """A new session runs its first tasks in the driver, where nothing needs pickling: the UDF
+    is pickled all the same, so a quick first test does not pass where the next run fails."""
+    import threading
+
+    import pytest
+
+    import dataflow
+
+    lock = threading.Lock()
+
+    def holds_a_lock(row):  # a local function: pickled by value, with the lock it closes over
+        with lock:
+            return row
+
+    dataflow.init(num_cpus=2)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="cannot pickle '_thread.lock'"):
+            dataflow.range(10).map(holds_a_lock).take_all()

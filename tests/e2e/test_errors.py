@@ -177,7 +177,7 @@ class _APIError(Exception):
 
 class _BadStr(Exception):
     def __str__(self):
-        return "row %s failed: %s" % self.args  # raises TypeError with one argument
+        return "row %s failed: %s" % self.args  # noqa: UP031 (raises TypeError with one argument)
 
 
 def _raise_http(row):

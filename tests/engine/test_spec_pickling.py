@@ -124,5 +124,5 @@ def test_an_unpicklable_udf_fails_the_first_job_as_it_fails_later_ones(fresh_eng
 
     dataflow.init(num_cpus=2)
     for _ in range(2):
-        with pytest.raises(TypeError, match="cannot pickle '_thread.lock'"):
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock'"):
             dataflow.range(10).map(holds_a_lock).take_all()

@@ -33,6 +33,7 @@ from connectors.partitioning import (
     typed_values,
 )
 from connectors.retry import Retrier, RetryPolicy, default_retry_policy
+from engine.block_format import concat_blocks
 
 MiB = 1 << 20
 DEFAULT_TASK_BYTES = 128 * MiB
@@ -148,7 +149,7 @@ def coalesce(tables: Iterable[pa.Table], max_bytes: int) -> Iterator[pa.Table]:
     for table in tables:
         nbytes = table.nbytes  # (once: ~2 us a column, each time it is asked)
         if pending and (pending_bytes + nbytes > max_bytes or not pending[0].schema.equals(table.schema)):
-            yield _concat(pending)
+            yield concat_blocks(pending)
             pending, pending_bytes = [], 0
         if nbytes >= max_bytes:
             yield from split_table(table, max_bytes, nbytes)
@@ -156,11 +157,7 @@ def coalesce(tables: Iterable[pa.Table], max_bytes: int) -> Iterator[pa.Table]:
         pending.append(table)
         pending_bytes += nbytes
     if pending:
-        yield _concat(pending)
-
-
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        yield concat_blocks(pending)
 
 
 class FileDatasource(Datasource):

@@ -88,6 +88,12 @@ def _in_memory(ref: BlockRef) -> bool:
 
 MAX_LOOP_FAILURES = 100
 """Turns of the loop failing in a row before it gives up (and fails every execution)."""
+def _timeout_of(execution: Execution, op: MapOperator) -> float | None:
+    """``op``'s own ``task_timeout_s``, else its execution's."""
+    own: float | None = op.task_timeout_s
+    return own if own is not None else execution.options.task_timeout_s  # type: ignore[no-any-return]
+
+
 CANCELLED_TASK_GRACE_S = 2.0
 """A task of a cancelled execution (its iterator abandoned, its limit reached) that still runs
 this long after the cancel has its worker killed and replaced: nobody wants its output, and the
@@ -421,8 +427,7 @@ class StreamingExecutor:
         if handle.task is None or handle.timed_out:
             return None
         execution, op, _ = handle.task
-        own: float | None = op.task_timeout_s
-        return own if own is not None else execution.options.task_timeout_s  # type: ignore[no-any-return]
+        return _timeout_of(execution, op)
 
     def _check_start_deadlines(self) -> None:
         """A worker that has not said Ready within ``worker_start_timeout_s`` is killed (its death
@@ -569,7 +574,7 @@ class StreamingExecutor:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)
             execution.task_discarded(op, pending.spec.task_id, [])
-            limit = op.task_timeout_s if op.task_timeout_s is not None else execution.options.task_timeout_s
+            limit = _timeout_of(execution, op)
             execution.fail(
                 TaskTimeoutError(
                     f"task {pending.spec.task_index} of {op.name} ran longer than task_timeout_s={limit} s "
@@ -732,9 +737,8 @@ class StreamingExecutor:
         idle = self.pool.idle(TASK_KIND)
         if idle:
             return idle[0]
-        timeout = op.task_timeout_s if op.task_timeout_s is not None else execution.options.task_timeout_s
         # a task with a timeout runs where it can be killed: a thread of the driver cannot be
-        if self._inline.free() and op.next_input_bytes() <= INLINE_MAX_INPUT_BYTES and timeout is None:
+        if self._inline.free() and op.next_input_bytes() <= INLINE_MAX_INPUT_BYTES and _timeout_of(execution, op) is None:
             return INLINE
         return None
 

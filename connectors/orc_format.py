@@ -39,6 +39,7 @@ from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import FileDatasource, FilePiece
 from connectors.filesystem import FileEntry, map_small_reads, open_input_file
 from connectors.retry import Retrier
+from engine.errors import ColumnNotFoundError
 
 ORC_EXTENSIONS = (".orc",)
 
@@ -90,7 +91,7 @@ class ORCDatasource(FileDatasource):
             return full
         missing = [c for c in self._columns if c not in full.names]
         if missing:
-            raise ValueError(f"columns {missing} are not in the data; available: {full.names}")
+            raise ColumnNotFoundError(f"columns {missing} are not in the data; available: {full.names}")
         return pa.schema([full.field(c) for c in self._columns])
 
     def count_rows(self) -> int | None:

@@ -49,6 +49,7 @@ from connectors.file_datasource import LOOKAHEAD, FileDatasource, FilePiece
 from connectors.filesystem import FileEntry, map_small_reads, open_input_file
 from connectors.partitioning import partition_expression
 from connectors.retry import Retrier
+from engine.errors import ColumnNotFoundError
 
 if TYPE_CHECKING:
     import pyarrow.dataset as pads
@@ -180,7 +181,7 @@ class ParquetDatasource(FileDatasource):
             return full
         missing = [c for c in self._columns if c not in full.names]
         if missing:
-            raise ValueError(f"columns {missing} are not in the data; available: {full.names}")
+            raise ColumnNotFoundError(f"columns {missing} are not in the data; available: {full.names}")
         return pa.schema([full.field(c) for c in self._columns], metadata=full.metadata)
 
     def count_rows(self) -> int | None:
@@ -256,12 +257,14 @@ class ParquetDatasource(FileDatasource):
 
     def apply_filter(self, expr: Any) -> ParquetDatasource | None:
         """A copy applying ``expr`` (and any filter already set) while reading; None when
-        ``expr`` names a column the projection dropped. Arrow's scanner would filter on it all
-        the same, so ``select_columns(["a"]).filter(expr="b > 5")`` would run on Parquet and
-        fail naming ``b`` on any other source; left to the filter step, it fails on every one."""
+        ``expr`` does not evaluate on the columns read: one the projection dropped (Arrow's
+        scanner would filter on it all the same, so ``select_columns(["a"]).filter(expr="b >
+        5")`` would run on Parquet and fail naming ``b`` on any other source) or one the files
+        lack (the scanner's error reads as a corrupt file). Left to the filter step, both fail
+        with a ``ColumnNotFoundError`` naming the column, on every source."""
         if not isinstance(expr, pc.Expression):
             raise TypeError(f"filter must be a pyarrow.compute.Expression, got {type(expr).__name__}")
-        if self._columns is not None and not self._can_filter_on_projection(expr):
+        if not self._can_filter_on_projection(expr):
             return None
         clone = copy.copy(self)
         clone._filter = expr if self._filter is None else (self._filter & expr)

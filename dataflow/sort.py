@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from engine.errors import ColumnNotFoundError
 from engine.exchange import FINE_PARTITIONS, concat, sort_with_positions
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ class SortKey:
         missing = [c for c in self.columns if c not in table.column_names]
         if missing:
             msg = f"sort key column {missing[0]!r} not found; the dataset has {table.column_names}"
-            raise ValueError(msg)
+            raise ColumnNotFoundError(msg)
 
 
 def _valid(column: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -371,6 +371,29 @@ def test_a_missing_column_is_rays_value_error_and_still_a_key_error(mode):
         dataflow.range(3).map(lambda r: r).groupby("nope").count().take_all()
 
 
+def test_a_missing_column_of_a_parquet_read_is_a_column_not_found_error(mode, tmp_path):
+    """Projection, sort and filter over Parquet named the column in a plain ValueError, and a
+    filter on a column the files lack was pushed into the scanner and read as a corrupt file."""
+    from dataflow.errors import ColumnNotFoundError
+
+    pq.write_table(pa.table({"a": [3, 1, 2], "b": ["x", "y", "z"]}), tmp_path / "f.parquet")
+    jobs = {
+        "columns=": lambda: dataflow.read_parquet(str(tmp_path), columns=["nope"]).take_all(),
+        "select_columns": lambda: dataflow.read_parquet(str(tmp_path)).select_columns(["a", "nope"]).take_all(),
+        "sort": lambda: dataflow.read_parquet(str(tmp_path)).sort("nope").take_all(),
+        "sort of range": lambda: dataflow.range(3).sort("nope").take_all(),
+        "filter": lambda: dataflow.read_parquet(str(tmp_path)).filter(expr="nope > 1").take_all(),
+    }
+    for name, job in jobs.items():
+        with pytest.raises(ColumnNotFoundError, match="'nope'") as info:
+            job()
+        assert isinstance(info.value, ValueError) and isinstance(info.value, KeyError), name
+        assert "not a readable Parquet file" not in str(info.value), name
+    # a filter on a column the files have is still pushed into the read and still right
+    ds = dataflow.read_parquet(str(tmp_path)).filter(expr="a > 1")
+    assert sorted(r["a"] for r in ds.take_all()) == [2, 3]
+
+
 def test_repeated_aggregation_names_get_rays_suffixes(mode, exchange):
     """Two aggregations of one name kept one column, holding the second's value."""
     ds = dataflow.from_items([{"k": 1, "f": 1.0}, {"k": 1, "f": None}])

@@ -198,7 +198,7 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema | None, display: str) -
 class AvroDatasource(FileDatasource):
     """Rows of Avro object container files (``.avro``); needs ``fastavro``."""
 
-    FILE_EXTENSIONS = (".avro",)
+    FILE_EXTENSIONS = None  # a folder: every file but hidden ones, as Ray's read_avro
 
     def __init__(self, paths: Any, **kwargs: Any) -> None:
         try:

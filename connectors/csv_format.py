@@ -41,7 +41,7 @@ class CSVDatasource(FileDatasource):
     ``block_bytes``: about how many bytes of table each block holds (see the module docstring).
     """
 
-    FILE_EXTENSIONS = (".csv",)
+    FILE_EXTENSIONS = None  # a folder: every file but hidden ones, as Ray's read_csv
     DEFAULT_PARTITIONING = "hive"
 
     def __init__(

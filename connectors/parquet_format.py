@@ -271,7 +271,9 @@ class ParquetDatasource(FileDatasource):
         return clone
 
     def _can_filter_on_projection(self, expr: pc.Expression) -> bool:
-        """Whether ``expr`` evaluates on the projected columns alone (tried on no rows)."""
+        """Whether ``expr`` evaluates on the columns read (tried on no rows). A filter on all the
+        files' columns that fails for another reason (a partition column, a string, compared
+        with a number) is still pushed: the read explains that error."""
         try:
             schema = self.schema()
         except Exception:  # no schema yet: the read reports its own error
@@ -280,8 +282,10 @@ class ParquetDatasource(FileDatasource):
             return True
         try:
             schema.empty_table().filter(expr)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, KeyError):
+        except KeyError:
             return False
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            return self._columns is None and "No match for FieldRef" not in str(exc)
         return True
 
     def get_read_tasks(self, parallelism: int) -> Iterator[Any]:

@@ -399,7 +399,7 @@ def iter_example_tables(
 class TFRecordDatasource(ProjectingFileDatasource):
     """``tf.train.Example`` records of TFRecord files, one row each; see the module docstring."""
 
-    FILE_EXTENSIONS = (".tfrecords", ".tfrecord")
+    FILE_EXTENSIONS = None  # a folder: every file but hidden ones, as Ray's read_tfrecords
 
     def __init__(
         self,

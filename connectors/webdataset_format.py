@@ -310,7 +310,7 @@ def iter_sample_tables(samples: Iterator[Sample], display: str, block_bytes: int
 class WebDatasetDatasource(ProjectingFileDatasource):
     """Samples of WebDataset tar shards, one row each; see the module docstring."""
 
-    FILE_EXTENSIONS = (".tar", ".tgz")
+    FILE_EXTENSIONS = None  # a folder: every file but hidden ones, as Ray's read_webdataset
 
     def __init__(
         self,

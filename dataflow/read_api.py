@@ -295,9 +295,11 @@ def read_csv(
 ) -> Dataset:
     """CSV files (a file, folder, glob or list; local or ``s3://``), one row per line.
 
-    ``read_options``/``parse_options``/``convert_options`` are ``pyarrow.csv``'s. Folders are read
-    for ``.csv`` files (compressed ``.csv.gz`` and the like included) unless ``file_extensions``
-    says otherwise. A row with the wrong number of fields fails naming the file and the line.
+    ``read_options``/``parse_options``/``convert_options`` are ``pyarrow.csv``'s. A folder is read
+    whole, as Ray's: every file but hidden ones (names starting with ``.`` or ``_``, such as
+    ``_SUCCESS``), whatever its extension; ``file_extensions=["csv"]`` reads only those (compressed
+    ``.csv.gz`` and the like included). A compressed file is decompressed by its extension. A row
+    with the wrong number of fields fails naming the file and the line.
     """
     from connectors.csv_format import CSVDatasource
 

@@ -38,10 +38,25 @@ def test_csv_round_trip_with_partitions_and_gzip(tmp_path: Path) -> None:
     (tmp_path / "k=1" / "a.csv").write_text("x,y\n1,a\n2,b\n")
     (tmp_path / "k=2").mkdir()
     (tmp_path / "k=2" / "b.csv.gz").write_bytes(gzip.compress(b"x,y\n3,c\n"))
-    (tmp_path / "k=2" / "notes.txt").write_text("skipped: not .csv")
+    (tmp_path / "_SUCCESS").write_text("")  # hidden: never read
     out = read_all(CSVDatasource(str(tmp_path)))
     rows = sorted(zip(out["x"].to_pylist(), out["y"].to_pylist(), out["k"].to_pylist()))
     assert rows == [(1, "a", "1"), (2, "b", "1"), (3, "c", "2")]
+
+
+def test_a_csv_folder_is_read_whole_unless_file_extensions_says_otherwise(tmp_path: Path) -> None:
+    """Ray's read_csv reads every file of a folder but hidden ones (Hadoop's part-00000 has no
+    extension); file_extensions=["csv"] picks the .csv files, compressed ones too."""
+    (tmp_path / "part-00000").write_text("x,y\n1,a\n")
+    (tmp_path / "b.csv.gz").write_bytes(gzip.compress(b"x,y\n2,b\n"))
+    (tmp_path / ".part-00000.crc").write_text("hidden")
+    out = read_all(CSVDatasource(str(tmp_path)))
+    assert sorted(zip(out["x"].to_pylist(), out["y"].to_pylist())) == [(1, "a"), (2, "b")]
+    (tmp_path / "notes.txt").write_text("x,y\n1,2,3\n")
+    with pytest.raises(FileFormatError, match=r"notes\.txt"):  # read as CSV, as Ray does: named
+        read_all(CSVDatasource(str(tmp_path)))
+    only = read_all(CSVDatasource(str(tmp_path), file_extensions=[".csv"]))
+    assert only["x"].to_pylist() == [2]
 
 
 def test_csv_column_numeric_at_first_then_strings_becomes_string(tmp_path: Path) -> None:

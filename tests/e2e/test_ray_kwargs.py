@@ -465,7 +465,7 @@ def test_hive_partition_columns_are_strings(mode, tmp_path):
     pq.write_table(pa.table({"x": [1]}), tmp_path / "year=2022" / "month=09" / "f.parquet")
     (tmp_path / "year=2022" / "month=09" / "f.csv").write_text("x\n1\n")
     assert dataflow.read_parquet(str(tmp_path)).take_all() == [{"x": 1, "year": "2022", "month": "09"}]
-    assert dataflow.read_csv(str(tmp_path)).take_all() == [{"x": 1, "year": "2022", "month": "09"}]
+    assert dataflow.read_csv(str(tmp_path), file_extensions=["csv"]).take_all() == [{"x": 1, "year": "2022", "month": "09"}]
     typed = dataflow.read_parquet(str(tmp_path), partitioning=pa.schema([("year", pa.int64()), ("month", pa.int64())]))
     assert typed.take_all() == [{"x": 1, "year": 2022, "month": 9}]
 

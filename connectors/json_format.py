@@ -302,7 +302,8 @@ def _finite_floats(table: pa.Table) -> pa.Table:
 class JSONDatasink(FileDatasink):
     """JSON Lines files (one object per row) under ``path``, staged and committed.
 
-    Bytes are written as base64, dates and times as ISO 8601 strings, decimals as strings. A NaN
+    Bytes are written as base64, dates and times as ISO 8601 strings, durations as ``H:MM:SS``
+    text, decimals as strings (the README lists how this differs from Ray's pandas writer). A NaN
     or infinite float is ``null`` (JSON has no NaN; Ray's pandas writer does the same), and the
     separators are compact, as Ray's.
     """

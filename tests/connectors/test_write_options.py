@@ -194,3 +194,27 @@ def test_csv_and_json_writer_arguments_as_rays(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"'indnt'.*DataFrame\.to_json"):  # the function's, in the task
         ds.write_json(str(tmp_path / "z"), pandas_json_args_fn=lambda: {"indnt": 2})
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists() and not (tmp_path / "z").exists()
+
+
+def test_json_default_encoder_and_rays_pandas_path_as_the_readme_says(tmp_path: Path) -> None:
+    """The README lists where the default JSON encoder differs from Ray's pandas writer; each
+    claim is pinned here, and the default output reads back as written."""
+    import datetime
+    import warnings
+
+    table = pa.table({
+        "ts": pa.array([datetime.datetime(2024, 1, 2, 3, 4, 5, 123456), None], pa.timestamp("us")),
+        "d": pa.array([datetime.date(2024, 1, 2), None]),
+        "b": pa.array([b"ab\xff", None]),
+        "i": pa.array([2**62, None]),
+    })
+    dataflow.from_arrow(table).write_json(str(tmp_path / "own"))
+    (own,) = _data_files(tmp_path / "own", ".json")
+    assert own.read_text().splitlines()[0] == '{"ts":"2024-01-02T03:04:05.123456","d":"2024-01-02","b":"YWL/","i":4611686018427387904}'
+    back = dataflow.read_json(str(own)).take_all()
+    assert back[0]["i"] == 2**62 and back[1] == {"ts": None, "d": None, "b": None, "i": None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pandas' notice that its default will become ISO
+        dataflow.from_arrow(table.select(["ts", "d"])).write_json(str(tmp_path / "pandas"), date_format="epoch")
+    (pandas_file,) = _data_files(tmp_path / "pandas", ".json")
+    assert pandas_file.read_text().splitlines()[0] == '{"ts":1704164645123,"d":1704153600000}'

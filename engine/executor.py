@@ -50,8 +50,10 @@ from engine.worker_pool import (
     WorkerPool,
     describe_exit,
     format_bytes,
+    how_it_exited,
     private_bytes,
     resident_bytes,
+    zombie_exit_code,
 )
 
 log = logging.getLogger("dataflow.engine")
@@ -537,6 +539,8 @@ class StreamingExecutor:
 
     def _on_death(self, handle: WorkerHandle) -> None:
         task = handle.task
+        # read before the zygote is asked to reap it: a zombie still holds its exit status
+        code = zombie_exit_code(handle.pid) if handle.pid is not None and task is not None else None
         never_started = handle.state == STARTING
         retired = handle.state == RETIRING
         if handle.pidfd is not None:
@@ -587,7 +591,8 @@ class StreamingExecutor:
             self._ledger.give(op.resources.num_cpus, op.resources.custom)
             if not execution.cancelled:
                 rss = f"; its memory (RSS) was {format_bytes(handle.rss)} shortly before" if handle.rss else ""
-                execution.task_lost(op, pending.spec.task_id, f"worker pid {handle.pid} exited{rss}")
+                how = how_it_exited(code) if code is not None else "exited"
+                execution.task_lost(op, pending.spec.task_id, f"worker pid {handle.pid} {how}{rss}")
             else:
                 execution.task_discarded(op, pending.spec.task_id, [])
             self._reap(execution)

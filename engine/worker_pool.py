@@ -222,22 +222,41 @@ def format_bytes(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 28 else f"{n / (1 << 20):.0f} MiB"
 
 
-def describe_exit(worker_id: str, pid: int, op_name: str | None, code: int | None, rss: int) -> str:
-    """One line on how a worker died: signal or exit code (``os.waitstatus_to_exitcode``'s
-    convention, -N for signal N; None when unknown), the operator it ran, its memory. A SIGKILL
-    nobody in dataflow sent is most often the kernel's OOM killer, and the line says so."""
+def zombie_exit_code(pid: int) -> int | None:
+    """How process ``pid`` ended (-N for signal N, else its exit code), read from the kernel
+    while it is a zombie not yet reaped by its parent (the zygote reaps a worker only when asked,
+    so at the moment the driver sees its pidfd fire this is known); None otherwise."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] != b"Z" or len(fields) < 50:  # field 52, exit_code, since Linux 3.5
+            return None
+        return os.waitstatus_to_exitcode(int(fields[-1]))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def how_it_exited(code: int | None) -> str:
+    """``code`` (``os.waitstatus_to_exitcode``'s convention, -N for signal N; None when unknown)
+    in words. A SIGKILL nobody in dataflow sent is most often the kernel's OOM killer: said."""
     if code is None:
-        how = "exited (how is unknown: its zygote is gone)"
-    elif code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        how = f"was killed by {name}"
-        if -code == signal.SIGKILL:
-            how += " (the kernel's OOM killer sends SIGKILL when memory runs out)"
-    else:
-        how = f"exited with code {code}"
+        return "exited (how is unknown: its zygote is gone)"
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    how = f"was killed by {name}"
+    if -code == signal.SIGKILL:
+        how += " (the kernel's OOM killer sends SIGKILL when memory runs out)"
+    return how
+
+
+def describe_exit(worker_id: str, pid: int, op_name: str | None, code: int | None, rss: int) -> str:
+    """One line on how a worker died (:func:`how_it_exited`), the operator it ran, its memory."""
+    how = how_it_exited(code)
     where = f" running a task of {op_name}" if op_name is not None else ""
     memory = f"; RSS {format_bytes(rss)} when last sampled" if rss else ""
     return f"worker {worker_id} (pid {pid}){where} {how}{memory}"

@@ -77,8 +77,9 @@ def _always_die():
 
 
 def test_a_task_that_always_kills_its_worker_fails_after_three_attempts(streaming):
-    with pytest.raises(WorkerDiedError, match="failed 3 times"):
+    with pytest.raises(WorkerDiedError, match="failed 3 times") as info:
         dataflow.range(100, override_num_blocks=4).map_batches(_always_die()).take_all()
+    assert "was killed by SIGKILL" in str(info.value)  # the error itself says how, not only the log
     # the engine is still usable afterwards
     assert dataflow.range(10).map(lambda r: r).count() == 10
 
@@ -96,8 +97,9 @@ def test_a_worker_killed_like_the_oom_killer_does_is_reported_as_such(streaming)
         return batch
 
     ds = dataflow.range(10, override_num_blocks=1).map_batches(hog)
-    with dataflow.options(max_task_attempts=2), pytest.raises(WorkerDiedError, match=r"RSS\) was"):
+    with dataflow.options(max_task_attempts=2), pytest.raises(WorkerDiedError, match=r"RSS\) was") as info:
         ds.take_all()
+    assert "killed by SIGKILL (the kernel's OOM killer" in str(info.value), info.value
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and "SIGKILL" not in ds.stats():
         time.sleep(0.05)

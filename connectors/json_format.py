@@ -238,7 +238,9 @@ def _lines_error(
     row = _ROW.search(message)
     column = _COLUMN.search(message)
     name = column.group(1) if column and column.group(1) else None
-    text = f"could not parse as JSON Lines: {message}"
+    # pyarrow's "in row N" counts from 0 in its block: the row in the file is said once, by path
+    said = _ROW.sub("", message).rstrip(" .") if row else message
+    text = f"could not parse as JSON Lines: {said}"
     misfits = _misfits(chunk, schema, read_options, parse_options) if schema is not None and name is None else []
     if schema is not None and (name is not None or misfits):
         name = name or misfits[0]

@@ -223,7 +223,7 @@ def test_json_bad_line_deep_in_a_file_names_its_row(tmp_path: Path) -> None:
     source = JSONDatasource(str(tmp_path / "bad.jsonl.gz"), block_bytes=64 * 1024)
     with pytest.raises(FileFormatError, match=r"bad\.jsonl\.gz, row 30001") as info:
         read_all(source)
-    assert info.value.row == 30_001
+    assert info.value.row == 30_001 and "in row" not in str(info.value)
 
 
 def test_json_nested_field_after_the_first_chunk_names_the_column(tmp_path: Path) -> None:

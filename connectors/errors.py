@@ -66,6 +66,11 @@ class PathNotFoundError(_Located, FileNotFoundError):
         FileNotFoundError.__init__(self, self._init_located(message, path, row, column))
 
 
+class NoPathExistsError(PathNotFoundError, ValueError):
+    """``ignore_missing_paths=True`` and none of the paths exist: Ray raises ``ValueError``
+    here; this one is that and still the ``FileNotFoundError`` it is."""
+
+
 class AccessDeniedError(_Located, PermissionError):
     """The storage refused access to a path; retrying will not help."""
 

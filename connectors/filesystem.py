@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from connectors.errors import PathNotFoundError
+from connectors.errors import NoPathExistsError, PathNotFoundError
 from connectors.retry import ErrorKind, Retrier
 
 T = TypeVar("T")
@@ -90,7 +90,15 @@ class FileSet:
             missing = [root for root in self.roots if next(self._iter_root(root), None) is None]
             if len(missing) < len(self.roots):
                 return
-            # nothing anywhere: say why for the first root, as without ignore_missing_paths
+            try:  # nothing anywhere: say why for the first root, as without ignore_missing_paths
+                self._check_roots(retrier)
+            except PathNotFoundError as exc:
+                msg = f"none of the paths exist (ignore_missing_paths=True); the first: {exc.detail}"
+                raise NoPathExistsError(msg, path=exc.path) from None
+            return
+        self._check_roots(retrier)
+
+    def _check_roots(self, retrier: Retrier) -> None:
         for root in self.roots:
             if _has_glob(root):
                 base = _glob_base(root)

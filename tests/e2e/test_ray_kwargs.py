@@ -776,8 +776,10 @@ def test_ignore_missing_paths_skips_what_is_not_there(mode, tmp_path):
     assert dataflow.read_csv([missing + "/*.csv", str(tmp_path / "c")], ignore_missing_paths=True).count() == 50
     with pytest.raises(FileNotFoundError, match="gone"):
         dataflow.read_csv([missing, str(tmp_path / "c")])
-    with pytest.raises(FileNotFoundError, match="gone"):  # nothing left to read at all
+    with pytest.raises(FileNotFoundError, match="gone") as info:  # nothing left to read at all
         dataflow.read_csv([missing], ignore_missing_paths=True)
+    assert isinstance(info.value, ValueError)  # Ray's "None of the provided paths exist" is one
+    assert "none of the paths exist (ignore_missing_paths=True)" in str(info.value)
 
 
 def test_write_task_arguments_with_writes_of_their_own_are_refused(mode, tmp_path):

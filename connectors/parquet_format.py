@@ -264,13 +264,13 @@ class ParquetDatasource(FileDatasource):
         with a ``ColumnNotFoundError`` naming the column, on every source."""
         if not isinstance(expr, pc.Expression):
             raise TypeError(f"filter must be a pyarrow.compute.Expression, got {type(expr).__name__}")
-        if not self._can_filter_on_projection(expr):
+        if not self._filter_evaluates_on_read(expr):
             return None
         clone = copy.copy(self)
         clone._filter = expr if self._filter is None else (self._filter & expr)
         return clone
 
-    def _can_filter_on_projection(self, expr: pc.Expression) -> bool:
+    def _filter_evaluates_on_read(self, expr: pc.Expression) -> bool:
         """Whether ``expr`` evaluates on the columns read (tried on no rows). A filter on all the
         files' columns that fails for another reason (a partition column, a string, compared
         with a number) is still pushed: the read explains that error."""

@@ -9,7 +9,9 @@ imports are not timed. Cases
 (``--cases``; ``N`` = 1 at the issue's sizes, 1/20 with ``--small``):
 
 * ``shuffle``, ``sort``, ``repartition`` (group a): 200k N rows, 4 files, columns ``key`` int64
-  (random in [0, 2^40)), ``f64`` float64, ``s`` 8-letter string.
+  (random in [0, 2^40)), ``f64`` float64, ``s`` 8-letter string; plain-encoded, or
+  dictionary-encoded with ``--dictionary`` (pyarrow's and Spark's default, so the shape of most
+  users' files).
   ``random_shuffle(seed=7)`` / ``sort("key")`` / ``repartition(8)``. One untimed run, then
   ``--runs`` timed runs (median). Target: dataflow faster than Daft on shuffle and sort.
 * ``sort_big``, ``groupby`` (group b): 4M N rows, 32 files, ~1.4 GB in memory: ``key`` int64
@@ -93,7 +95,7 @@ def _letters(rng, n: int, width: int):
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])
 
 
-def _write(folder: Path, files: int, rows: int, make) -> None:
+def _write(folder: Path, files: int, rows: int, make, dictionary: bool = False) -> None:
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -102,12 +104,13 @@ def _write(folder: Path, files: int, rows: int, make) -> None:
     for i in range(files):
         rng = np.random.default_rng([SEED, zlib.crc32(folder.name.encode()), i])
         table = make(rng, int(edges[i]), int(edges[i + 1] - edges[i]))
-        pq.write_table(table, folder / f"part-{i:03d}.parquet", compression="snappy", use_dictionary=False,
+        pq.write_table(table, folder / f"part-{i:03d}.parquet", compression="snappy", use_dictionary=dictionary,
                        row_group_size=1 << 20)
 
 
-def generate(root: Path, scale: float, groups: set[str]) -> dict:
-    """Write the inputs of the requested case groups under ``root``; return their paths and sizes."""
+def generate(root: Path, scale: float, groups: set[str], dictionary: bool = False) -> dict:
+    """Write the inputs of the requested case groups under ``root``; return their paths and sizes.
+    ``dictionary``: group a's files dictionary-encoded, as pyarrow and Spark write by default."""
     import numpy as np
     import pyarrow as pa
 
@@ -116,7 +119,7 @@ def generate(root: Path, scale: float, groups: set[str]) -> dict:
         n = int(200_000 * scale)
         _write(root / "a", 4, n, lambda rng, start, k: pa.table({
             "key": rng.integers(0, 1 << 40, k, dtype=np.int64), "f64": rng.standard_normal(k),
-            "s": _letters(rng, k, 8)}))
+            "s": _letters(rng, k, 8)}), dictionary)
         out["a"] = {"path": str(root / "a"), "rows": n}
     if "b" in groups:
         n, keys = int(4_000_000 * scale), int(1_000_000 * scale)
@@ -613,6 +616,8 @@ def main() -> int:
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="dataflow.init(num_cpus=...)")
     ap.add_argument("--tmp", type=Path, default=None, help="parent folder of the generated data (default: system temp)")
     ap.add_argument("--keep-data", action="store_true", help="do not delete the generated data")
+    ap.add_argument("--dictionary", action="store_true",
+                    help="write group a's files dictionary-encoded (pyarrow's default) instead of plain")
     args = ap.parse_args()
     scale = 1 / 20 if args.small else 1.0
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
@@ -628,7 +633,7 @@ def main() -> int:
     try:
         t0 = time.perf_counter()
         print(f"[all_to_all] generating data in {root} ...", file=sys.stderr, flush=True)
-        data = generate(root, scale, {GROUP[c] for c in cases})
+        data = generate(root, scale, {GROUP[c] for c in cases}, args.dictionary)
         gen_s = time.perf_counter() - t0
         for g in data.values():
             for key in ("path", "left", "right"):

@@ -207,15 +207,18 @@ class ParquetDatasource(FileDatasource):
         ratio = max(1.0, encoded / max(1, entries[0].size or 1))
         return int(sum(e.size or 0 for e in entries) * ratio)
 
-    def decoded_bytes_at_most(self, limit: int) -> int | None:
+    def decoded_bytes_at_most(self, limit: int, guess_dictionaries: bool = False) -> int | None:
         """The bytes the rows take decoded, from the footers, when that can be told and is at
         most ``limit``; None otherwise (the caller then assumes "large").
 
         Unlike ``estimate_inmemory_data_size`` this never guesses low: a fixed-width column
         counts its rows times its width, a plain-encoded string or binary column its
         uncompressed bytes plus an offset per value, and a dictionary-encoded or nested column
-        (a few encoded bytes can stand for gigabytes decoded) makes the answer None. Reads at
-        most ``MAX_SIZED_FILES`` footers, in parallel, and none when the files alone are larger.
+        (a few encoded bytes can stand for gigabytes decoded) makes the answer None. With
+        ``guess_dictionaries`` a dictionary-encoded string or binary column counts as a plain
+        one would (its uncompressed bytes, which hold each distinct value once, plus an offset
+        per value): a guess for "probably small", no longer a bound. Reads at most
+        ``MAX_SIZED_FILES`` footers, in parallel, and none when the files alone are larger.
         """
         entries = []
         for entry in self._files.iter_files():
@@ -237,7 +240,7 @@ class ParquetDatasource(FileDatasource):
                 if group.num_columns != len(schema):
                     return None  # nested columns: leaves do not map to fields one to one
                 for i in wanted:
-                    size = _decoded_column_bytes(schema.field(i).type, group.column(i), group.num_rows)
+                    size = _decoded_column_bytes(schema.field(i).type, group.column(i), group.num_rows, guess_dictionaries)
                     if size is None:
                         return None
                     total += size
@@ -480,13 +483,14 @@ MAX_SIZED_FILES = 64
 """Footers ``decoded_bytes_at_most`` reads at most (a small input has few files)."""
 
 
-def _decoded_column_bytes(typ: pa.DataType, column: Any, num_rows: int) -> int | None:
-    """One column chunk's decoded bytes, or None when the footer cannot tell."""
+def _decoded_column_bytes(typ: pa.DataType, column: Any, num_rows: int, guess_dictionaries: bool = False) -> int | None:
+    """One column chunk's decoded bytes, or None when the footer cannot tell (a dictionary-encoded
+    string column can tell a guess: see ``decoded_bytes_at_most``)."""
     width = _fixed_width(typ)
     if width is not None:
         return num_rows * width + (num_rows + 7) // 8  # values, and a validity bitmap
     plain_bytes = pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
-    if plain_bytes and not column.has_dictionary_page:
+    if plain_bytes and (guess_dictionaries or not column.has_dictionary_page):
         return int(column.total_uncompressed_size) + 8 * num_rows
     return None
 

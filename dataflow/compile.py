@@ -191,7 +191,7 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
         sampler = bound.sample if node.sampler and i == 0 else None
         if sampler is not None and isinstance(child, MapOperator) and child.output == OUTPUT_BLOCKS:
             child.output_sampler = sampler  # its tasks sample their blocks: the driver reads none
-        one_task = node.small_in_one_task and len(children) == 1 and node.num_tasks in (None, 1)
+        one_task = _may_fit_one_task(c, node) and len(children) == 1
         small = c.options.small_exchange_bytes if one_task else 0
         fed.append(c.add(PartitionOperator(
             f"{node.label}Map", PartitionTransform(f"{node.label}Map", bound), child,
@@ -212,6 +212,11 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     if node.orders_output:
         c.ordering.add(id(reduce))
     return c.add(reduce)
+
+
+def _may_fit_one_task(c: _Compiler, node: Exchange) -> bool:
+    """Whether the exchange may run as one task when its input is small."""
+    return bool(node.small_in_one_task and node.num_tasks in (None, 1) and c.options.small_exchange_bytes)
 
 
 def _whole_in_one_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
@@ -261,6 +266,13 @@ def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
         return None
     if (keys_only is None or schema is None or not set(columns) <= set(schema.names)
             or c.estimate(read.datasource) is None):  # (None past a few thousand files)
+        return None
+    sized = getattr(read.datasource, "decoded_bytes_at_most", None)
+    limit = c.options.small_exchange_bytes
+    if _may_fit_one_task(c, node) and sized is not None and sized(limit, guess_dictionaries=True) is not None:
+        # probably small, not provably (``_whole_in_one_read`` declined: dictionary-encoded
+        # strings): the plain path sees the bytes that arrive and gives them to one reduce
+        # task when they are small; reading the keys twice would cost more than it saves
         return None
     label = f"{node.label}Map"
     return c.add(SampledReadPartitionOperator(

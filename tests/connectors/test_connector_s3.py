@@ -174,3 +174,5 @@ def test_decoded_size_of_small_parquet_on_s3_is_bounded_from_its_footers(s3) -> 
     pq.write_table(pa.table({"s": ["same"] * 1000}), out)  # dictionary-encoded by default
     s3.put("dict/part.parquet", out.getvalue())
     assert ParquetDatasource("s3://test-bucket/dict").decoded_bytes_at_most(1 << 20) is None
+    guess = ParquetDatasource("s3://test-bucket/dict").decoded_bytes_at_most(1 << 20, guess_dictionaries=True)
+    assert guess is not None and 1000 * 8 <= guess < 1000 * 9  # an offset a value, and the encoded bytes

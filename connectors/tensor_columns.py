@@ -77,8 +77,6 @@ def _type(dtype: np.dtype, shape: tuple[int, ...]) -> pa.DataType:
     value = pa.from_numpy_dtype(dtype)
     if not shape:
         return value
-    if len(shape) == 1:
-        return pa.list_(value, shape[0])
     return pa.fixed_shape_tensor(value, shape)
 
 
@@ -107,9 +105,7 @@ def _decode_column(column: pa.ChunkedArray, dtype: np.dtype, shape: tuple[int, .
 
 def _tensors(values: np.ndarray) -> pa.Array:
     """One row per entry of the first axis, typed as ``_type`` says (the engine's tensor
-    columns: a scalar, a fixed-size list, or a fixed-shape tensor)."""
+    columns: a scalar or a fixed-shape tensor)."""
     if values.ndim == 1:
         return pa.array(values)
-    if values.ndim == 2:
-        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
-    return pa.FixedShapeTensorArray.from_numpy_ndarray(values)
+    return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))

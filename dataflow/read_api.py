@@ -146,10 +146,11 @@ def items_to_table(items: Sequence[Any]) -> pa.Table:
 def from_items(
     items: Sequence[Any], *, parallelism: int = -1, override_num_blocks: int | None = None
 ) -> MaterializedDataset:
-    """A dataset of Python values: dicts become rows, other values a column ``item``."""
+    """A dataset of Python values: dicts become rows, other values a column ``item``. No items:
+    no blocks and no schema (``schema()`` is None), as in Ray."""
     items = list(items)
     blocks = _num_blocks("from_items", parallelism, override_num_blocks)
-    return _in_memory(ArrowDatasource([items_to_table(items)], blocks, "FromItems"))
+    return _in_memory(ArrowDatasource([items_to_table(items)] if items else [], blocks, "FromItems"))
 
 
 def from_pandas(dfs: Any, *, override_num_blocks: int | None = None) -> MaterializedDataset:

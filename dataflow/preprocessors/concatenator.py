@@ -62,8 +62,7 @@ class Concatenator(Preprocessor):
         if stacked is None:
             vectors = pa.array([[]] * table.num_rows, pa.list_(pa.float64()))
         else:
-            width = stacked.shape[1]
-            vectors = pa.FixedSizeListArray.from_arrays(pa.array(stacked.ravel()), width)
+            vectors = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(stacked))  # Ray's tensor type
         return table.drop_columns(present).append_column(self._output_column_name, vectors)
 
     def _flatten_row(self, row: tuple) -> np.ndarray:

@@ -50,7 +50,7 @@ class FeatureHasher(Preprocessor):
         hashed = np.zeros((table.num_rows, self._num_features), dtype=dtype)
         for j, column in enumerate(self._columns):
             hashed[:, simple_hash(column, self._num_features)] += values[:, j].astype(dtype)
-        vectors = pa.FixedSizeListArray.from_arrays(pa.array(hashed.ravel()), self._num_features)
+        vectors = pa.FixedShapeTensorArray.from_numpy_ndarray(hashed)  # Ray's tensor type
         return put_column(table, self._output_column, vectors)
 
     def get_input_columns(self) -> list[str]:

@@ -124,6 +124,19 @@ def test_repr_runs_nothing(mode, columns):
     assert repr(ds).startswith("MapBatches(<lambda>)\n+- ")
 
 
+def test_embeddings_keep_the_tensor_type_through_parquet(mode, tmp_path):
+    """A column of one-dimensional arrays written to Parquet reads back as the same tensor type
+    (Arrow's canonical fixed_shape_tensor, which Ray Data and polars read as well)."""
+    import pyarrow.parquet as pq
+
+    dataflow.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4)).write_parquet(str(tmp_path / "emb"))
+    (written,) = (tmp_path / "emb").glob("*.parquet")
+    assert isinstance(pq.read_schema(written).field("data").type, pa.FixedShapeTensorType)
+    back = dataflow.read_parquet(str(tmp_path / "emb"))
+    assert repr(back.schema()).endswith("data    ArrowTensorTypeV2(shape=(4,), dtype=float)")
+    assert back.take_batch()["data"].tolist() == np.arange(12, dtype=np.float32).reshape(3, 4).tolist()
+
+
 def test_tensor_columns_print_with_rays_type_names(mode):
     fixed = dataflow.from_numpy(np.zeros((4, 2, 3)))
     assert repr(fixed.schema()) == "Column  Type\n------  ----\ndata    ArrowTensorTypeV2(shape=(2, 3), dtype=double)"
@@ -135,6 +148,17 @@ def test_tensor_columns_print_with_rays_type_names(mode):
         "      schema={data: ArrowTensorTypeV2(shape=(2, 3), dtype=double)}\n"
         "   )"
     )
+    # one dimension a row (a model's embeddings, a 2-d from_numpy): Ray's tensor type too, where
+    # a fixed_size_list column printed (and wrote) differently from Ray's
+    embeddings = dataflow.range(3).map_batches(lambda b: {"e": np.ones((len(b["id"]), 4), np.float32)})
+    want = "Column  Type\n------  ----\ne       ArrowTensorTypeV2(shape=(4,), dtype=float)"
+    assert repr(embeddings.materialize().schema()) == want
+    assert repr(dataflow.from_numpy(np.zeros((3, 2))).schema()).endswith("data    ArrowTensorTypeV2(shape=(2,), dtype=double)")
+    assert repr(dataflow.from_items([{"a": np.zeros(2)}, {"a": np.ones(2)}]).schema()).endswith("ArrowTensorTypeV2(shape=(2,), dtype=double)")
+    batch = embeddings.take_batch()
+    assert batch["e"].shape == (3, 4) and batch["e"].dtype == np.float32
+    assert [r["e"].tolist() for r in embeddings.take_all()] == [[1.0] * 4] * 3
+    assert dataflow.from_items([{"a": [1, 2]}]).schema().types == [pa.list_(pa.int64())]  # Python lists stay lists, as in Ray
     ragged = dataflow.from_items([{"a": np.zeros((2,))}, {"a": np.zeros((3,))}])
     assert repr(ragged.schema()) == "Column  Type\n------  ----\na       ArrowVariableShapedTensorType(ndim=1, dtype=double)"
     assert repr(ragged) == (
@@ -169,6 +193,16 @@ def test_range_tensor_prints_its_tensor_column_without_running(mode):
 
 def _with_text(row):
     return {"id": row["id"], "s": str(row["id"])}
+
+
+def test_from_items_of_nothing_is_empty_without_a_schema(mode):
+    """Ray 2.60: no blocks, ``schema()`` and ``columns()`` None; it was a block with a null-typed
+    ``item`` column."""
+    empty = dataflow.from_items([])
+    assert empty.schema() is None and empty.columns() is None and empty.num_blocks() == 0
+    assert repr(empty) == "MaterializedDataset(num_rows=0, schema=Unknown schema)"
+    assert empty.count() == 0 and empty.take_all() == [] and empty.map(lambda r: r).take_all() == []
+    assert len(empty.to_pandas()) == 0
 
 
 def test_a_run_tells_the_schema_and_row_count_as_in_ray(mode, tmp_path):

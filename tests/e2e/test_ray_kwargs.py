@@ -844,7 +844,7 @@ def test_read_parquet_tensor_column_schema_and_the_scanner_arguments(mode, tmp_p
     ds = dataflow.read_parquet(str(tmp_path), tensor_column_schema=spec)
     schema = ds.schema()
     assert schema.field("img").type == pa.fixed_shape_tensor(pa.float32(), (2, 3))
-    assert schema.field("vec").type == pa.list_(pa.int16(), 4)
+    assert schema.field("vec").type == pa.fixed_shape_tensor(pa.int16(), (4,))  # Ray: ArrowTensorTypeV2(shape=(4,))
     batch = ds.sort("id").take_batch(6)
     np.testing.assert_array_equal(batch["img"], images)
     np.testing.assert_array_equal(batch["vec"], vectors)

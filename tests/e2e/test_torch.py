@@ -101,7 +101,7 @@ def test_udf_gets_numeric_and_tensor_columns_as_numpy_views(mode):
             # a view of Arrow memory: numpy neither owns it nor may write it
             view = not arr.flags.owndata and not arr.flags.writeable
             if local:  # the driver's own table: the very same memory
-                view = view and np.shares_memory(arr, original["id"] if name == "id" else source.column("emb").chunk(0).flatten().to_numpy())
+                view = view and np.shares_memory(arr, original["id"] if name == "id" else source.column("emb").chunk(0).storage.flatten().to_numpy())
             flags.append(view)
         return {"ok": np.full(len(batch["id"]), all(flags))}
 

@@ -1441,6 +1441,18 @@ class Dataset:
         print(text)  # noqa: T201 - explain() prints, as in Ray Data
         return text
 
+    def __bool__(self) -> bool:
+        return True  # (not ``__len__``, which raises)
+
+    def __len__(self) -> int:
+        msg = "Use `ds.count()` to compute the length of a distributed Dataset. This may be an expensive operation."
+        raise AttributeError(msg)  # Ray's type and words: len() would run the whole plan
+
+    def __iter__(self) -> Iterator[Any]:
+        msg = ("`Dataset` objects aren't iterable. To iterate records, call `ds.iter_rows()` or "
+               "`ds.iter_batches()`.")
+        raise TypeError(msg)
+
     def __repr__(self) -> str:
         """Ray 2.60's: a table of the columns (and rows, when materialized) where the schema
         is known without running anything, else the steps above the source (``dataset_repr``)."""

@@ -347,3 +347,14 @@ def test_native_batch_format_and_constant_columns_as_ray(mode):
     assert ds.map_batches(lambda t: t.append_column("two", pa.array([2] * len(t))), batch_format=None).take(1) == [{"id": 0, "two": 2}]
     assert [r["c"] for r in ds.add_column("c", lambda df: 5).take_all()] == [5, 5, 5]  # broadcast, as Ray
     assert [r["c"] for r in ds.add_column("c", lambda df: "xyz").take_all()] == ["xyz"] * 3  # not its letters
+
+
+def test_len_and_iteration_say_what_to_call_as_rays_do(mode):
+    """Ray 2.60: ``len(ds)`` is an AttributeError pointing at ``count()`` (it would run the whole
+    plan), iterating a Dataset a TypeError pointing at ``iter_rows()``; a Dataset is still true."""
+    ds = dataflow.range(3)
+    with pytest.raises(AttributeError, match=r"Use `ds.count\(\)` to compute the length"):
+        len(ds)
+    with pytest.raises(TypeError, match=r"call `ds.iter_rows\(\)` or `ds.iter_batches\(\)`"):
+        list(ds)
+    assert ds and ds.materialize()  # truth does not ask for the length

@@ -640,16 +640,15 @@ _TORCH_CHUNK = 4096
 
 
 def _torch_value(value: Any) -> Any:
-    """A torch sample with tensors as numpy arrays and PIL images as ``uint8`` arrays."""
+    """A torch sample as Ray 2.60's ``from_torch`` stores it: a tensor as a numpy array (a 0-d
+    one as its value), a PIL image as a ``uint8`` array, anything else as it is. A tuple, list
+    or dict holding tensors (``TensorDataset``'s ``(features, label)``) thus stays a Python
+    object with its tensors in it, as Ray keeps it: Arrow cannot hold a tensor inside one."""
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch.Tensor
         array = value.detach().cpu().numpy()
         return array.item() if array.ndim == 0 else array
     if type(value).__module__.startswith("PIL."):
         return np.asarray(value)
-    if isinstance(value, dict):
-        return {k: _torch_value(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_torch_value(v) for v in value) if type(value) in (tuple, list) else value
     return value
 
 
@@ -696,12 +695,12 @@ def from_torch(dataset: Any, *, local_read: bool = False, override_num_blocks: i
     """A torch ``Dataset``'s samples, one row each, in column ``item`` (as ``ray.data.from_torch``).
 
     The samples are read here, in this process (``dataset[i]`` for a map-style dataset, iteration
-    for an iterable one). Tensors become NumPy arrays (same-shape ones a tensor column, scalars
-    plain values; a tuple of same-shape tensors a list of arrays), PIL images ``uint8`` arrays
-    and dicts struct values. A sample Arrow cannot hold, such as an ``(image, label)`` tuple,
-    is kept as a pickled Python object, as Ray keeps it (``engine.python_objects``): its rows
-    give the tuple back, with the image as a numpy array. ``local_read`` (Ray's: read on this
-    node) is how dataflow always reads it.
+    for an iterable one). A tensor sample becomes a NumPy array (same-shape ones a tensor
+    column, 0-d ones plain values), a PIL image a ``uint8`` array; a tuple, list or dict that
+    holds tensors stays a Python object with its tensors, as in Ray (``row["item"][0]`` is a
+    ``torch.Tensor``); one of plain values becomes a list or struct. Python objects are pickled
+    into an extension column (``engine.python_objects``) and given back as they were.
+    ``local_read`` (Ray's: read on this node) is how dataflow always reads it.
     """
     if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
         samples: Any = (dataset[i] for i in builtins.range(len(dataset)))

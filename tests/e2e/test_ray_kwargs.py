@@ -490,8 +490,15 @@ def test_to_pandas_dtypes_are_ray_s(mode):
 def test_from_torch_keeps_tensor_values(mode):
     torch = pytest.importorskip("torch")
     rows = dataflow.from_torch(torch.utils.data.TensorDataset(torch.arange(6.0).reshape(2, 3))).take_all()
-    assert len(rows[0]["item"]) == 1 and isinstance(rows[0]["item"][0], np.ndarray)
-    np.testing.assert_array_equal(rows[1]["item"][0], [3.0, 4.0, 5.0])
+    # Ray 2.60: a (tensor,) tuple stays a tuple of torch tensors (a Python object), not numpy
+    assert isinstance(rows[0]["item"], tuple) and isinstance(rows[0]["item"][0], torch.Tensor)
+    assert rows[1]["item"][0].tolist() == [3.0, 4.0, 5.0]
+    pairs = dataflow.from_torch(torch.utils.data.TensorDataset(torch.zeros(2, 1, 2, 2), torch.arange(2))).take_all()
+    image, label = pairs[1]["item"]
+    assert image.shape == (1, 2, 2) and isinstance(image, torch.Tensor) and label.item() == 1
+    assert dataflow.from_torch(torch.utils.data.TensorDataset(torch.arange(2))).take(1)[0]["item"][0].item() == 0
+    named = dataflow.from_torch([{"x": torch.ones(2), "y": 1}]).take_all()[0]["item"]
+    assert isinstance(named["x"], torch.Tensor) and named["y"] == 1
     plain = dataflow.from_torch([torch.ones(2, 2) for _ in range(3)]).take(1)
     assert isinstance(plain[0]["item"], np.ndarray) and plain[0]["item"].shape == (2, 2)
 

@@ -31,6 +31,8 @@ def normalize(batch: dict) -> dict:
     import numpy as np
 
     emb = batch["emb"]
+    if emb.dtype == object:  # Ray Data gives a list column as an array of 1-d arrays (dataflow: 2-d)
+        emb = np.stack(emb)
     return {"emb": emb / np.linalg.norm(emb, axis=1, keepdims=True)}
 
 

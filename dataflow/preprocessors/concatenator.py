@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.preprocessor import Preprocessor
+from engine.block_format import tensor_array
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class Concatenator(Preprocessor):
         if stacked is None:
             vectors = pa.array([[]] * table.num_rows, pa.list_(pa.float64()))
         else:
-            vectors = pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(stacked))  # Ray's tensor type
+            vectors = tensor_array(stacked)  # Ray's tensor type (numbers; other values a fixed-size list)
         return table.drop_columns(present).append_column(self._output_column_name, vectors)
 
     def _flatten_row(self, row: tuple) -> np.ndarray:

@@ -9,6 +9,7 @@ import pyarrow as pa
 from dataflow.preprocessor import Preprocessor, check_columns
 from dataflow.preprocessors._columnwise import put_column
 from dataflow.preprocessors.utils import simple_hash
+from engine.block_format import tensor_array
 
 
 class FeatureHasher(Preprocessor):
@@ -50,7 +51,7 @@ class FeatureHasher(Preprocessor):
         hashed = np.zeros((table.num_rows, self._num_features), dtype=dtype)
         for j, column in enumerate(self._columns):
             hashed[:, simple_hash(column, self._num_features)] += values[:, j].astype(dtype)
-        vectors = pa.FixedShapeTensorArray.from_numpy_ndarray(hashed)  # Ray's tensor type
+        vectors = tensor_array(hashed)  # Ray's tensor type
         return put_column(table, self._output_column, vectors)
 
     def get_input_columns(self) -> list[str]:

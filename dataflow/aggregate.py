@@ -3,7 +3,8 @@
 Built-ins (``Count``, ``Sum``, ``Min``, ``Max``, ``Mean``, ``Std``, ``AbsMax``) are
 decomposable: each map task reduces its rows to partial states per group with Arrow's hash
 aggregation, so only one row per group and block crosses the exchange, and reducers combine the
-states and finish them. The rest (``Quantile``, ``Unique``, ``AsList``, ``CountDistinct``,
+states and finish them. A map task whose keys are mostly distinct (``mostly_distinct``) sends
+its rows instead, and the reduce side makes each a state of one row (``row_states``). The rest (``Quantile``, ``Unique``, ``AsList``, ``CountDistinct``,
 ``ValueCounter``, ``ApproximateQuantile`` and ``ApproximateTopK`` (exact here: no sketch
 library needed), a user's ``AggregateFnV2`` or ``AggregateFn``) see whole groups: rows are partitioned by key and
 each group is aggregated where it lands. Output columns are named as Ray names them
@@ -381,10 +382,10 @@ def _partial_specs(i: int, agg: AggregateFnV2, on: str | None) -> list[tuple[Any
     raise TypeError(msg)
 
 
-def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
-    """One row per group of ``table`` with every aggregation's states (the map side)."""
-    _check_columns(table, keys, aggs)
-    columns_of = [agg.on for agg in aggs]
+def _prepared(table: pa.Table, aggs: Sequence[AggregateFnV2]) -> tuple[pa.Table, list[Any]]:
+    """``table`` with the derived columns the aggregations' states read (NaN as null, booleans as
+    numbers, absolute values, zero flags) and the column each aggregation reads."""
+    columns_of: list[Any] = [agg.on for agg in aggs]
     for i, agg in enumerate(aggs):
         if getattr(agg, "skips_nan", False) and agg.ignore_nulls and pa.types.is_floating(table.schema.field(agg.on).type):
             table = table.append_column(f"__nonan{i}", nan_as_null(table.column(agg.on)))
@@ -397,6 +398,13 @@ def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
             table = table.append_column(f"__abs{i}", pc.abs(table.column(agg.on)))
         if agg.partial_kind == "zero_pct":
             table = table.append_column(f"__zero{i}", pc.cast(pc.equal(table.column(columns_of[i]), 0), pa.int64()))
+    return table, columns_of
+
+
+def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
+    """One row per group of ``table`` with every aggregation's states (the map side)."""
+    _check_columns(table, keys, aggs)
+    table, columns_of = _prepared(table, aggs)
     specs = [spec for i, agg in enumerate(aggs) for spec in _partial_specs(i, agg, columns_of[i])]
     grouped = table.group_by(list(keys), use_threads=False).aggregate(
         [(column, func, opts) if opts is not None else (column, func) for column, func, opts, _ in specs]
@@ -406,6 +414,56 @@ def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
     for j, (*_, state) in enumerate(specs):
         columns[state] = grouped.column(len(keys) + j)
     return pa.table(columns)
+
+
+def row_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
+    """``partial_states`` of every row as a group of its own: the same columns and types, one
+    row per input row, computed without grouping (a state of one row is its value, a count of
+    one is 1 or 0, a variance 0). The map side's choice when almost every key of its block is
+    distinct, so grouping would cost a hash aggregation and shrink little: the reduce side
+    makes the rows it gets states this way."""
+    schema = partial_states(table.slice(0, 0), keys, aggs).schema  # the types, and any error, of the grouped path
+    table, columns_of = _prepared(table, aggs)
+    columns: dict[str, Any] = {k: table.column(k) for k in keys}
+    for i, agg in enumerate(aggs):
+        for column, func, opts, state in _partial_specs(i, agg, columns_of[i]):
+            columns[state] = _one_row_state(table, column, func, opts)
+    return pa.table(columns).cast(schema)
+
+
+def _one_row_state(table: pa.Table, column: Any, func: str, opts: Any) -> Any:
+    """The state ``func`` (a hash aggregation of ``_partial_specs``) gives a group of one row."""
+    if func == "count_all":
+        return pa.array(np.ones(table.num_rows, dtype=np.int64))
+    values = table.column(column)
+    if func == "count":
+        return pc.cast(pc.is_null(values) if opts == pc.CountOptions(mode="only_null") else pc.is_valid(values), pa.int64())
+    if func == "variance":
+        return pc.if_else(pc.is_valid(values), 0.0, pa.scalar(None, pa.float64()))
+    return values  # sum, min, max of one value: the value (null if it is null)
+
+
+MOSTLY_DISTINCT = 2 / 3
+"""Map-side grouping is skipped when a block's effective number of keys (``mostly_distinct``)
+is at least this fraction of its rows: for keys drawn evenly, grouping would then shrink the
+block by about a fifth at most, less than it costs."""
+_KEY_SAMPLE = 8192
+
+
+def mostly_distinct(hashes: np.ndarray) -> bool:
+    """Whether the keys (as 64-bit hashes) are mostly distinct, estimated from the repeated keys
+    in a sample of 8,192 rows drawn with replacement (fixed seed): ``C(k, 2) / pairs`` is the
+    inverse Simpson index of the sample, the effective number of keys (heavy keys count for
+    more, so a skewed block is still grouped on the map side); exact on blocks no bigger than
+    the sample."""
+    n = len(hashes)
+    if n <= _KEY_SAMPLE:  # exactly: n ** 2 / sum(count ** 2) keys
+        _, counts = np.unique(hashes, return_counts=True)
+        return n > 0 and n >= MOSTLY_DISTINCT * int((counts * counts).sum())
+    sample = hashes[np.random.default_rng(n).integers(0, n, _KEY_SAMPLE)]
+    _, counts = np.unique(sample, return_counts=True)
+    pairs = int((counts * (counts - 1) // 2).sum())
+    return _KEY_SAMPLE * (_KEY_SAMPLE - 1) // 2 >= MOSTLY_DISTINCT * n * pairs
 
 
 def _state_skip(agg: AggregateFnV2) -> pc.ScalarAggregateOptions:
@@ -564,8 +622,15 @@ def sort_by_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
     return table.take(sort_indices(table, SortKey.of(list(keys))))
 
 
+ROWS_NOT_STATES = b"dataflow.aggregate_rows"
+"""Schema metadata of a map output that holds the aggregated rows themselves (the columns the
+aggregations read), not their partial states: the reduce side makes them states of one row."""
+
+
 class PartialAggPartitioner:
-    """Map side of a decomposable aggregation: partial states, hash-partitioned by key."""
+    """Map side of a decomposable aggregation, hash-partitioned by key: the partial states of
+    each group of the block, or, when its keys are mostly distinct (grouping would shrink it
+    little), the rows themselves, which the reduce side turns into states."""
 
     def __init__(self, keys: Sequence[str], aggs: Sequence[AggregateFnV2], num_partitions: int) -> None:
         self.keys, self.aggs, self.num_partitions = tuple(keys), tuple(aggs), num_partitions
@@ -576,9 +641,16 @@ class PartialAggPartitioner:
     def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
         from dataflow.shuffle import key_hashes, spread
 
-        states = partial_states(table, self.keys, self.aggs)
         if not self.keys:
+            states = partial_states(table, self.keys, self.aggs)
             return states, np.zeros(states.num_rows, dtype=np.intp)
+        _check_columns(table, self.keys, self.aggs)
+        hashes = key_hashes(table, self.keys)
+        if mostly_distinct(hashes):  # the rows themselves: narrower than their states
+            needed = needed_columns(self.keys, self.aggs)
+            rows = table.select(needed) if needed is not None else table
+            return rows.replace_schema_metadata({ROWS_NOT_STATES: b"1"}), spread(hashes, self.num_partitions)
+        states = partial_states(table, self.keys, self.aggs)
         return states, spread(key_hashes(states, self.keys), self.num_partitions)
 
 
@@ -593,6 +665,12 @@ class AggregateReducer:
     def for_execution(self) -> AggregateReducer:
         return self
 
+    def prepare(self, table: pa.Table) -> pa.Table:
+        """One map output as partial states (rows the map side did not group become states)."""
+        if self.partial and table.schema.metadata and ROWS_NOT_STATES in table.schema.metadata:
+            return row_states(table.replace_schema_metadata(None), self.keys, self.aggs)
+        return table
+
     def merge(self, table: pa.Table, group_keys: Sequence[str]) -> pa.Table:
         """Several map tasks' outputs as one (a pushed merge): states merged per group."""
         return merge_states(table, group_keys, self.aggs) if self.partial else table
@@ -600,7 +678,7 @@ class AggregateReducer:
     def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
         if not sides[0]:
             return
-        table = concat(sides[0])
+        table = concat([self.prepare(t) for t in sides[0]])
         if self.partial:
             yield sort_by_keys(combine_states(table, self.keys, self.aggs), self.keys)
         else:

@@ -47,7 +47,9 @@ class Reducer(Protocol):
 
     def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
         """Output blocks for one reduce task: ``sides[s]`` are the inputs from input ``s``
-        (one per map block, in map order); ``index`` is the task's position in the output."""
+        (one per map block, in map order); ``index`` is the task's position in the output.
+        A reducer may also have ``merge(table, group_keys)``, which a pushed merge applies to
+        several map outputs, and ``prepare(table)``, which it applies to each one first."""
         ...
 
 
@@ -118,10 +120,12 @@ class ReduceTransform(TaskTransform):
         map outputs as one partitioned block, groups merged where the reducer knows how."""
         _, counts, num_partitions, _ = params
         merge = getattr(self.reducer, "merge", None)
+        prepare = getattr(self.reducer, "prepare", None)
         keys = getattr(self.reducer, "keys", ())
         combine = (lambda table: merge(table, [*keys, MERGE_PART])) if merge is not None else None
         try:
-            yield merge_partitioned(list(blocks), list(counts), num_partitions, combine)
+            tables = [prepare(t) for t in blocks] if prepare is not None else list(blocks)
+            yield merge_partitioned(tables, list(counts), num_partitions, combine)
         except Exception as err:
             raise UDFFailure(self.name, err) from err
 

@@ -312,6 +312,34 @@ def test_groupby_aggregations_match_python(mode, exchange):
         assert g["std(v)"] == pytest.approx(statistics.stdev(vals))
 
 
+def test_groupby_of_mostly_distinct_keys_matches_python(mode, exchange):
+    """Blocks whose keys are almost all distinct skip grouping on the map side (a state per
+    row), blocks of repeated keys group; one reducer merges both kinds: same answers."""
+    def row(r):
+        i = r["id"]
+        v = None if i % 11 == 0 else (math.nan if i % 13 == 0 else float(i % 17) - 8.0)
+        return {"k": (i if i < 12_000 else i % 40) if i % 101 else None, "v": v}
+
+    ds = dataflow.range(24_000, override_num_blocks=6).map(row)
+    groups: dict = {}
+    for r in ds.take_all():
+        groups.setdefault(r["k"], []).append(r["v"])
+    got = {r["k"]: r for r in ds.groupby("k").aggregate(Count(), Sum("v"), Min("v"), Max("v"), Mean("v"), Std("v")).take_all()}
+    assert len(got) == len(groups)
+    for k, vals in groups.items():
+        g, present = got[k], [v for v in vals if v is not None and not math.isnan(v)]
+        assert g["count()"] == len(vals)
+        if not present:
+            assert g["sum(v)"] is None and g["mean(v)"] is None and g["std(v)"] is None
+            continue
+        assert (g["sum(v)"], g["min(v)"], g["max(v)"]) == (sum(present), min(present), max(present))
+        assert g["mean(v)"] == pytest.approx(statistics.mean(present))
+        if len(present) > 1:
+            assert g["std(v)"] == pytest.approx(statistics.stdev(present))
+        else:
+            assert math.isnan(g["std(v)"])
+
+
 def test_groupby_shortcuts_several_keys_and_names(mode):
     ds = _rows(2000)
     out = ds.groupby(["k", "s"]).sum("v").take_all()
@@ -744,6 +772,8 @@ def test_map_outputs_are_merged_while_the_map_tasks_run(mode):
             "RandomShuffle": ds.random_shuffle(seed=5),
             "Sort": ds.sort(["s", "v"], descending=[False, True]),
             "Aggregate[k]": ds.groupby("k").aggregate(Count(), Sum("v"), Min("v"), Mean("v"), Std("v"), AbsMax("v")),
+            # every key distinct: the map side ships rows, not states, and the merges make them states
+            "Aggregate[id]": ds.groupby("id").aggregate(Count(), Sum("v"), Mean("v"), Std("v", ddof=0)),
         }
         got, merges = {}, {}
         for name, step in steps.items():
@@ -758,5 +788,7 @@ def test_map_outputs_are_merged_while_the_map_tasks_run(mode):
         assert r["min(v)"] == min(values) and r["abs_max(v)"] == max(abs(v) for v in values)
         assert r["mean(v)"] == pytest.approx(statistics.mean(values), rel=1e-9)
         assert r["std(v)"] == pytest.approx(statistics.stdev(values), rel=1e-9)
+    assert sorted((r["id"], r["count()"], r["sum(v)"], r["mean(v)"], r["std(v)"]) for r in got["Aggregate[id]"]) == [
+        (x["id"], 1, x["v"], x["v"], 0.0) for x in rows]
     if mode == "streaming":  # the in-process executor runs every map task first: nothing to merge
         assert all(n >= 1 for n in merges.values()), merges

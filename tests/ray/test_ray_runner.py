@@ -155,6 +155,9 @@ def test_all_to_all_steps(on_ray):
     assert sorted(ids) == list(range(30_000)) and ids == [r["id"] for r in ds.random_shuffle(seed=5).take_all()]
     counts = {r["k"]: r["count()"] for r in ds.groupby("k").count().take_all()}
     assert counts == {k: len(range(k, 30_000, 11)) for k in range(11)}
+    with dataflow.options(small_exchange_bytes=0):  # partitioned; every key distinct: rows cross, not states
+        sums = {r["id"]: r["sum(k)"] for r in ds.groupby("id").sum("k").take_all()}
+    assert sums == {i: i % 11 for i in range(30_000)}
     other = dataflow.range(1000).map(lambda r: {"id": r["id"] * 3, "x": r["id"]})
     assert ds.join(other, "inner", on=("id",)).count() == 1000
     assert ds.repartition(4).materialize().num_blocks() == 4

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
+
 from engine.backpressure import WAIT_BUDGET, WAIT_CONCURRENCY, OpLoad, blocked_reason
+from engine.operators.exchange import reduce_ranges
 from engine.scheduler import Candidate, pick
 
 MiB = 1 << 20
@@ -110,3 +115,25 @@ def test_execution_resources_copy_as_ray():
     limits = ExecutionResources(cpu=4, object_store_memory=1e9)
     assert limits.copy(cpu=2) == ExecutionResources(cpu=2, object_store_memory=1e9)
     assert limits.copy() == limits and limits.copy(gpu=1).gpu == 1
+
+
+def test_reduce_ranges_fill_the_last_wave_of_every_cpu():
+    parts = np.full(256, 1.0)
+    # 4.2 targets' worth of bytes: 6 equal ranges on 2 CPUs (not 4 full ones and a sliver)
+    ranges = reduce_ranges(parts, None, target=61, cpus=2)
+    assert len(ranges) == 6 and ranges[0][0] == 0 and ranges[-1][1] == 256
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1
+    assert len(reduce_ranges(parts, None, target=64, cpus=2)) == 4
+    assert len(reduce_ranges(parts, None, target=64, cpus=3)) == 6
+    assert reduce_ranges(parts, None, target=10_000, cpus=4) == [(0, 64), (64, 128), (128, 192), (192, 256)]
+    assert len(reduce_ranges(np.full(3, 1.0), None, target=1, cpus=8)) == 3  # no more ranges than partitions
+    assert reduce_ranges(np.zeros(256), None, target=1, cpus=2) == [(0, 256)]  # nothing arrived: one range
+    # a fixed number is kept exactly, empty ranges included (repartition(n) makes n blocks)
+    assert len(reduce_ranges(parts, 5, target=1, cpus=2)) == 5
+    assert len(reduce_ranges(np.full(3, 1.0), 5, target=1, cpus=2)) == 5
+    # skewed bytes: ranges split the bytes, not the partitions, evenly
+    skewed = np.concatenate([np.full(128, 10.0), np.full(128, 1.0)])
+    ranges = reduce_ranges(skewed, None, target=710, cpus=2)
+    sizes = [skewed[lo:hi].sum() for lo, hi in ranges]
+    assert len(ranges) == 2 and max(sizes) / min(sizes) < 1.1

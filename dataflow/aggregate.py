@@ -486,7 +486,11 @@ def _state_merges(i: int, agg: AggregateFnV2) -> list[tuple[str, str, Any]]:
 def combine_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
     """The finished aggregations from partial states (the reduce side): the states merged per
     group (``merge_states``), then each aggregation's value from its merged states."""
-    merged = merge_states(table, keys, aggs)
+    return finish_states(merge_states(table, keys, aggs), keys, aggs)
+
+
+def finish_states(merged: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
+    """Each aggregation's value from states with one row per group."""
     columns = {k: merged.column(k) for k in keys}
     null = pa.scalar(None, pa.float64())
     for i, agg in enumerate(aggs):
@@ -667,7 +671,7 @@ class AggregateReducer:
 
     def prepare(self, table: pa.Table) -> pa.Table:
         """One map output as partial states (rows the map side did not group become states)."""
-        if self.partial and table.schema.metadata and ROWS_NOT_STATES in table.schema.metadata:
+        if self.partial and _rows_not_states(table):
             return row_states(table.replace_schema_metadata(None), self.keys, self.aggs)
         return table
 
@@ -678,8 +682,19 @@ class AggregateReducer:
     def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
         if not sides[0]:
             return
-        table = concat([self.prepare(t) for t in sides[0]])
-        if self.partial:
-            yield sort_by_keys(combine_states(table, self.keys, self.aggs), self.keys)
-        else:
-            yield aggregate_groups(table, self.keys, self.aggs)
+        if not self.partial:
+            yield aggregate_groups(concat(sides[0]), self.keys, self.aggs)
+            return
+        states = [t for t in sides[0] if not _rows_not_states(t)]
+        rows = [t.replace_schema_metadata(None) for t in sides[0] if _rows_not_states(t)]
+        if rows:  # grouped here in one go, as the map side would have
+            grouped = partial_states(concat(rows), self.keys, self.aggs)
+            if not states:
+                yield sort_by_keys(finish_states(grouped, self.keys, self.aggs), self.keys)
+                return
+            states.append(grouped)
+        yield sort_by_keys(combine_states(concat(states), self.keys, self.aggs), self.keys)
+
+
+def _rows_not_states(table: pa.Table) -> bool:
+    return bool(table.schema.metadata) and ROWS_NOT_STATES in table.schema.metadata

@@ -12,11 +12,13 @@ import pytest
 
 from dataflow.aggregate import (
     AbsMax,
+    AggregateReducer,
     Count,
     Max,
     Mean,
     Min,
     MissingValuePercentage,
+    PartialAggPartitioner,
     Std,
     Sum,
     ZeroPercentage,
@@ -90,6 +92,22 @@ def test_row_states_raise_what_grouping_raises():
         partial_states(t, ["k"], [Sum("s")])
     with pytest.raises(pa.ArrowNotImplementedError):
         row_states(t, ["k"], [Sum("s")])
+
+
+def test_the_reducer_takes_rows_states_or_both():
+    """What the map side sends (``PartialAggPartitioner.assign``: rows when the keys of its
+    block are mostly distinct, else states) reduces to the same answer in any mix."""
+    distinct, repeated = _table(3000, 30, seed=1), _table(3000, 30, seed=2)
+    distinct = distinct.set_column(0, "k", pa.array(np.arange(3000) * 7))  # (null keys would be one heavy key)
+    partitioner, reducer = PartialAggPartitioner(["k"], AGGS, 1), AggregateReducer(["k"], AGGS, partial=True)
+    rows, states = partitioner.assign(distinct, 0)[0], partitioner.assign(repeated, 0)[0]
+    assert rows.num_rows == distinct.num_rows and rows.column_names == ["k", "v", "i", "b", "s", "f32", "d"]
+    assert states.num_rows <= 31 and states.schema.metadata is None
+    assert reducer.prepare(rows).schema == states.schema and reducer.prepare(states) is states  # (pushed merges)
+    for blocks, table in (([rows], distinct), ([states], repeated), ([rows, states], pa.concat_tables([distinct, repeated]))):
+        expected = sort_by_keys(combine_states(partial_states(table, ["k"], AGGS), ["k"], AGGS), ["k"])
+        (got,) = reducer([blocks], 0)
+        _same(got, expected)
 
 
 def _hashes(keys: np.ndarray) -> np.ndarray:

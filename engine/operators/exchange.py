@@ -543,24 +543,46 @@ class ReduceOperator(MapOperator):
 
 
 def reduce_ranges(part_bytes: np.ndarray, num_tasks: int | None, target: int, cpus: int = 1) -> list[tuple[int, int]]:
-    """Contiguous ranges of partitions of about equal bytes: exactly ``num_tasks``, or (None)
-    as few as keep each near ``target`` bytes, rounded up to a multiple of ``cpus`` so that the
-    last wave of reduce tasks has one for every CPU (4.2 targets' worth is 6 ranges on 2 CPUs,
-    not 4 and a sliver that one CPU runs while the other waits)."""
+    """Contiguous ranges of partitions: exactly ``num_tasks`` of about equal bytes, or (None)
+    ranges of at most ``target`` bytes (where no partition alone is bigger): as many as the
+    targets' worth rounded up to a multiple of ``cpus``, of equal bytes, so that the last wave
+    of reduce tasks has one for every CPU (4.2 targets' worth is 6 ranges on 2 CPUs, not 4 and
+    a sliver that one CPU runs while the other waits); greedily cut at ``target`` when the
+    partitions are too coarse for equal ranges to stay under it."""
+    p = len(part_bytes)
+    if num_tasks is not None:
+        return _equal_ranges(part_bytes, num_tasks)
+    total = float(part_bytes.sum())
+    if total <= 0 or p == 0:
+        return [(0, p)]
+    wanted = max(1, int(np.ceil(total / max(1, target))))
+    ranges = _equal_ranges(part_bytes, min(p, -(-wanted // cpus) * cpus))
+    cum = np.concatenate(([0.0], np.cumsum(part_bytes)))
+    if max(cum[hi] - cum[lo] for lo, hi in ranges) <= target:
+        return [(lo, hi) for lo, hi in ranges if hi > lo]
+    ranges = []
+    lo, acc = 0, 0.0
+    for i, size in enumerate(part_bytes):
+        if acc > 0 and acc + size > target:
+            ranges.append((lo, i))
+            lo, acc = i, 0.0
+        acc += size
+    if acc > 0 or not ranges:
+        ranges.append((lo, p))
+    return ranges
+
+
+def _equal_ranges(part_bytes: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """``n`` contiguous ranges of partitions of about equal bytes (empty ones included)."""
     p = len(part_bytes)
     cum = np.concatenate(([0.0], np.cumsum(part_bytes)))
     total = cum[-1]
-    if num_tasks is None:
-        if total <= 0 or p == 0:
-            return [(0, p)]
-        wanted = max(1, int(np.ceil(total / max(1, target))))
-        num_tasks = min(p, -(-wanted // cpus) * cpus)
-    if total <= 0 or num_tasks >= p:
-        bounds = [min(p, p * i // max(1, num_tasks)) for i in range(num_tasks + 1)]
+    if total <= 0 or n >= p:
+        bounds = [min(p, p * i // max(1, n)) for i in range(n + 1)]
     else:
-        bounds = [0] + [int(np.searchsorted(cum, total * i / num_tasks, side="left")) for i in range(1, num_tasks)] + [p]
+        bounds = [0] + [int(np.searchsorted(cum, total * i / n, side="left")) for i in range(1, n)] + [p]
         bounds = list(np.maximum.accumulate(bounds))
-    return [(int(bounds[i]), int(bounds[i + 1])) for i in range(num_tasks)]
+    return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n)]
 
 
 def _row_range(refs: list[BlockRef], lo: int, hi: int) -> list[BlockSlice]:

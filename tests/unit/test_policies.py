@@ -132,6 +132,10 @@ def test_reduce_ranges_fill_the_last_wave_of_every_cpu():
     # a fixed number is kept exactly, empty ranges included (repartition(n) makes n blocks)
     assert len(reduce_ranges(parts, 5, target=1, cpus=2)) == 5
     assert len(reduce_ranges(np.full(3, 1.0), 5, target=1, cpus=2)) == 5
+    # partitions too coarse for equal ranges under the target: cut at the target as they come
+    coarse = np.zeros(256)
+    coarse[np.arange(8) * 31] = 5.0  # 8 groups of 5 bytes, target 8: one each, never two
+    assert [coarse[lo:hi].sum() for lo, hi in reduce_ranges(coarse, None, target=8, cpus=2)] == [5.0] * 8
     # skewed bytes: ranges split the bytes, not the partitions, evenly
     skewed = np.concatenate([np.full(128, 10.0), np.full(128, 1.0)])
     ranges = reduce_ranges(skewed, None, target=710, cpus=2)

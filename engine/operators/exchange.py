@@ -547,8 +547,9 @@ def reduce_ranges(part_bytes: np.ndarray, num_tasks: int | None, target: int, cp
     ranges of at most ``target`` bytes (where no partition alone is bigger): as many as the
     targets' worth rounded up to a multiple of ``cpus``, of equal bytes, so that the last wave
     of reduce tasks has one for every CPU (4.2 targets' worth is 6 ranges on 2 CPUs, not 4 and
-    a sliver that one CPU runs while the other waits); greedily cut at ``target`` when the
-    partitions are too coarse for equal ranges to stay under it."""
+    a sliver that one CPU runs while the other waits), up to two waves more when equal ranges
+    end more than a tenth over the target; greedily cut at ``target`` when the partitions are
+    too coarse for equal ranges to stay under it."""
     p = len(part_bytes)
     if num_tasks is not None:
         return _equal_ranges(part_bytes, num_tasks)
@@ -556,10 +557,12 @@ def reduce_ranges(part_bytes: np.ndarray, num_tasks: int | None, target: int, cp
     if total <= 0 or p == 0:
         return [(0, p)]
     wanted = max(1, int(np.ceil(total / max(1, target))))
-    ranges = _equal_ranges(part_bytes, min(p, -(-wanted // cpus) * cpus))
     cum = np.concatenate(([0.0], np.cumsum(part_bytes)))
-    if max(cum[hi] - cum[lo] for lo, hi in ranges) <= target:
-        return [(lo, hi) for lo, hi in ranges if hi > lo]
+    first = -(-wanted // cpus) * cpus
+    for n in range(min(p, first), min(p, first + 2 * cpus) + 1, cpus):
+        ranges = _equal_ranges(part_bytes, n)
+        if max(cum[hi] - cum[lo] for lo, hi in ranges) <= target * 1.1:
+            return [(lo, hi) for lo, hi in ranges if hi > lo]
     ranges = []
     lo, acc = 0, 0.0
     for i, size in enumerate(part_bytes):

@@ -132,6 +132,10 @@ def test_reduce_ranges_fill_the_last_wave_of_every_cpu():
     # a fixed number is kept exactly, empty ranges included (repartition(n) makes n blocks)
     assert len(reduce_ranges(parts, 5, target=1, cpus=2)) == 5
     assert len(reduce_ranges(np.full(3, 1.0), 5, target=1, cpus=2)) == 5
+    # 4 targets' worth in 10 partitions: 4 equal ranges would hold 30 bytes against a target of
+    # 25, so one more wave: 6 ranges of at most 20 (not 5 of 20, cut greedily, on 2 CPUs)
+    ranges = reduce_ranges(np.full(10, 10.0), None, target=25, cpus=2)
+    assert len(ranges) == 6 and max(10 * (hi - lo) for lo, hi in ranges) == 20
     # partitions too coarse for equal ranges under the target: cut at the target as they come
     coarse = np.zeros(256)
     coarse[np.arange(8) * 31] = 5.0  # 8 groups of 5 bytes, target 8: one each, never two

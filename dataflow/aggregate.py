@@ -4,12 +4,13 @@ Built-ins (``Count``, ``Sum``, ``Min``, ``Max``, ``Mean``, ``Std``, ``AbsMax``) 
 decomposable: each map task reduces its rows to partial states per group with Arrow's hash
 aggregation, so only one row per group and block crosses the exchange, and reducers combine the
 states and finish them. A map task whose keys are mostly distinct (``mostly_distinct``) sends
-its rows instead, and the reduce side makes each a state of one row (``row_states``). The rest (``Quantile``, ``Unique``, ``AsList``, ``CountDistinct``,
-``ValueCounter``, ``ApproximateQuantile`` and ``ApproximateTopK`` (exact here: no sketch
-library needed), a user's ``AggregateFnV2`` or ``AggregateFn``) see whole groups: rows are partitioned by key and
-each group is aggregated where it lands. Output columns are named as Ray names them
-(``count()``, ``sum(v)``, ``mean(v)``...), or ``alias_name``. Nulls are skipped unless
-``ignore_nulls=False``, which makes a group with a null aggregate to null, as in Ray.
+its rows instead, which the reduce side groups itself. The rest (``Quantile``, ``Unique``,
+``AsList``, ``CountDistinct``, ``ValueCounter``, ``ApproximateQuantile`` and ``ApproximateTopK``
+(exact here: no sketch library needed), a user's ``AggregateFnV2`` or ``AggregateFn``) see whole
+groups: rows are partitioned by key and each group is aggregated where it lands. Output columns
+are named as Ray names them (``count()``, ``sum(v)``, ``mean(v)``...), or ``alias_name``. Nulls
+are skipped unless ``ignore_nulls=False``, which makes a group with a null aggregate to null, as
+in Ray.
 """
 
 from __future__ import annotations
@@ -419,9 +420,8 @@ def partial_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[Aggregat
 def row_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:
     """``partial_states`` of every row as a group of its own: the same columns and types, one
     row per input row, computed without grouping (a state of one row is its value, a count of
-    one is 1 or 0, a variance 0). The map side's choice when almost every key of its block is
-    distinct, so grouping would cost a hash aggregation and shrink little: the reduce side
-    makes the rows it gets states this way."""
+    one is 1 or 0, a variance 0). A pushed merge makes the rows a map task sent (its keys
+    mostly distinct, so it did not group them) states this way, to merge them with others'."""
     schema = partial_states(table.slice(0, 0), keys, aggs).schema  # the types, and any error, of the grouped path
     table, columns_of = _prepared(table, aggs)
     columns: dict[str, Any] = {k: table.column(k) for k in keys}
@@ -628,7 +628,8 @@ def sort_by_keys(table: pa.Table, keys: Sequence[str]) -> pa.Table:
 
 ROWS_NOT_STATES = b"dataflow.aggregate_rows"
 """Schema metadata of a map output that holds the aggregated rows themselves (the columns the
-aggregations read), not their partial states: the reduce side makes them states of one row."""
+aggregations read), not their partial states: the reduce side groups them (``prepare`` makes
+them one-row states for a pushed merge)."""
 
 
 class PartialAggPartitioner:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from dataflow.aggregate import (
@@ -26,13 +28,13 @@ from dataflow.aggregate import (
     Std,
     Sum,
     decomposable,
-    groups,
+    grouped_rows,
     needed_columns,
 )
 from dataflow.plan import Exchange, LogicalNode
 from dataflow.shuffle import HashPartitioner
 from dataflow.udf import map_node
-from engine.block_format import to_batch, to_block
+from engine.block_format import column_to_numpy, to_batch, to_block
 from engine.errors import ColumnNotFoundError
 from engine.exchange import FINE_PARTITIONS, concat
 from engine.transform import USER_ERRORS, Stage, UDFFailure, call_stage, writable_batch
@@ -142,8 +144,8 @@ class MapGroupsReducer:
         if missing:
             msg = f"group key column {missing[0]!r} not found; the dataset has {table.column_names}"
             raise ColumnNotFoundError(msg)
-        for _, group in groups(table, self.keys):
-            batch = to_batch(group, self.stage.batch_format, self.stage.arrow_backed_pandas)
+        grouped, _, offsets = grouped_rows(table, self.keys)
+        for batch in group_batches(grouped, offsets, self.stage.batch_format, self.stage.arrow_backed_pandas):
             result = call_stage(self.stage, fn, batch if self.stage.zero_copy_batch else writable_batch(batch))
             try:
                 for out in result if inspect.isgenerator(result) else (result,):
@@ -152,6 +154,49 @@ class MapGroupsReducer:
                 raise
             except USER_ERRORS as err:
                 raise UDFFailure(self.name, err) from err
+
+
+def group_batches(grouped: pa.Table, offsets: np.ndarray, batch_format: str | None, arrow_backed_pandas: bool) -> Iterator[Any]:
+    """Each group of ``grouped`` (rows ``offsets[i]:offsets[i + 1]``) as a batch, the one a
+    batch of the group alone would be, converted once for all groups where no rows change the
+    result: in numpy format a column of numbers and booleans without nulls, strings or
+    fixed-shape tensors (each group gets a view of it; nulls would make a group's ints floats,
+    equal-length lists a 2-d array, so such columns convert group by group); in pandas format
+    a frame whose columns are all ``pd.ArrowDtype`` (each group gets its rows, indexed from 0)."""
+    if batch_format == "pandas" and arrow_backed_pandas and _arrow_dtypes_only(grouped):
+        frame = to_batch(grouped, "pandas", True)  # every column a pd.ArrowDtype: a group's slice is its batch
+        for a, b in itertools.pairwise(offsets.tolist()):
+            yield frame.iloc[a:b].reset_index(drop=True)
+        return
+    if batch_format not in ("default", "numpy"):
+        for a, b in itertools.pairwise(offsets.tolist()):
+            yield to_batch(grouped.slice(a, b - a), batch_format, arrow_backed_pandas)
+        return
+    names = grouped.column_names
+    whole = {name: column_to_numpy(grouped.column(name)) for name in names if _same_in_any_rows(grouped.column(name))}
+    for a, b in itertools.pairwise(offsets.tolist()):
+        piece = grouped.slice(a, b - a) if len(whole) < len(names) else None
+        yield {name: whole[name][a:b] if name in whole else column_to_numpy(piece.column(name))  # type: ignore[union-attr]
+               for name in names}
+
+
+def _arrow_dtypes_only(table: pa.Table) -> bool:
+    """Whether every column of ``table``'s pandas batch is a ``pd.ArrowDtype`` column, whose
+    dtype no rows change (not pandas' own dtypes, tensors, dictionaries or extension types)."""
+    if table.schema.metadata and b"pandas" in table.schema.metadata:
+        return False
+    return not any(isinstance(f.type, pa.BaseExtensionType) or pa.types.is_dictionary(f.type)
+                   or pa.types.is_null(f.type) or pa.types.is_fixed_size_list(f.type) for f in table.schema)
+
+
+def _same_in_any_rows(column: pa.ChunkedArray) -> bool:
+    """Whether ``column_to_numpy`` gives the same dtype and shape per row for any rows of it."""
+    typ = column.type
+    if pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_boolean(typ):
+        return column.null_count == 0
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return True
+    return isinstance(typ, pa.FixedShapeTensorType) and column.null_count == 0
 
 
 class GroupedData:

@@ -271,12 +271,17 @@ class GroupedData:
         """``fn`` applied to each whole group (a batch in ``batch_format``); it returns a batch,
         or yields several. It runs in the reduce tasks, with the resources, ``concurrency``
         (a cap on the reduce tasks at once; a callable class is constructed once per worker)
-        and Ray remote arguments given, as ``map_batches`` takes them."""
+        and Ray remote arguments given, as ``map_batches`` takes them.
+
+        ``batch_format="default"`` gives each group as a pandas DataFrame, as Ray Data 2.60 runs
+        it (its docstring says NumPy, but its ``to_default`` always makes Arrow groups pandas);
+        None gives the pyarrow Table (Ray: the block as it is)."""
         if not callable(fn):
             msg = f"map_groups needs a function or a callable class, got {type(fn).__name__}"
             raise TypeError(msg)
+        batch_format = {"default": "pandas", None: "pyarrow"}.get(batch_format, batch_format)
         # checked and resolved as map_batches' arguments are; the stage then runs in the reducers
-        maps = map_node(self._dataset._plan, "map_groups", fn, kind="batches", batch_format=batch_format or "default",
+        maps = map_node(self._dataset._plan, "map_groups", fn, kind="batches", batch_format=batch_format,
                         fn_args=fn_args, fn_kwargs=fn_kwargs, fn_constructor_args=fn_constructor_args,
                         fn_constructor_kwargs=fn_constructor_kwargs, num_cpus=num_cpus, num_gpus=num_gpus,
                         concurrency=concurrency, compute=compute, memory=memory, zero_copy_batch=zero_copy_batch,

@@ -607,6 +607,25 @@ def test_map_groups_sees_whole_groups(mode):
     assert sorted(r["v"] for r in scaled.take_all()) == sorted(2 * r["v"] for r in ds.take_all())
 
 
+def test_map_groups_default_batches_are_pandas_frames_as_in_ray(mode):
+    """Ray 2.60 hands each group to ``fn`` as a pandas DataFrame unless told otherwise (its
+    docstring says NumPy; its code promotes Arrow groups to pandas), so Ray scripts call
+    DataFrame methods on it; None gives the group's pyarrow Table (Ray: the block itself)."""
+    import pandas as pd
+
+    ds = dataflow.from_items([{"k": i % 2, "v": float(i)} for i in range(6)])
+
+    def first(df):
+        return df.assign(total=df["v"].sum()).head(1)
+
+    out = sorted(ds.groupby("k").map_groups(first).take_all(), key=lambda r: r["k"])
+    assert out == [{"k": 0, "v": 0.0, "total": 6.0}, {"k": 1, "v": 1.0, "total": 9.0}]
+    kinds = ds.groupby("k").map_groups(lambda df: pd.DataFrame({"kind": [type(df).__name__], "dtype": [str(df["v"].dtype)]}))
+    assert {(r["kind"], r["dtype"]) for r in kinds.take_all()} == {("DataFrame", "double[pyarrow]")}
+    tables = ds.groupby("k").map_groups(lambda t: pa.table({"kind": [type(t).__name__]}), batch_format=None)
+    assert {r["kind"] for r in tables.take_all()} == {"Table"}
+
+
 def test_map_groups_error_is_the_udfs_own(mode):
     def bad(group):
         raise ZeroDivisionError("no groups today")

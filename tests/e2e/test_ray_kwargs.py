@@ -619,7 +619,8 @@ def test_groupby_num_partitions_sets_the_reduce_tasks(mode):
         counted = ds.groupby("k", num_partitions=n).count().materialize()
         assert counted.num_blocks() == n
         assert sorted((r["k"], r["count()"]) for r in counted.take_all()) == [(k, 60) for k in range(50)]
-        groups = ds.groupby("k", num_partitions=n).map_groups(lambda b: {"k": b["k"][:1], "n": [len(b["k"])]})
+        groups = ds.groupby("k", num_partitions=n).map_groups(lambda b: {"k": b["k"][:1], "n": [len(b["k"])]},
+                                                               batch_format="numpy")
         groups = groups.materialize()
         assert groups.num_blocks() == n and sorted(r["n"] for r in groups.take_all()) == [60] * 50
     with pytest.raises(ValueError, match="num_partitions"):
@@ -678,7 +679,8 @@ def test_map_groups_runs_with_its_resources_and_concurrency(streaming, tmp_path,
         folder.mkdir()
         remote = kwargs.get("ray_remote_args", {})
         named = {k: v for k, v in kwargs.items() if k != "ray_remote_args"}
-        out = ds.groupby("k", num_partitions=4).map_groups(_timed_group(str(folder)), **named, **remote).take_all()
+        out = ds.groupby("k", num_partitions=4).map_groups(_timed_group(str(folder)), batch_format="numpy",
+                                                           **named, **remote).take_all()
         assert sorted(r["n"] for r in out) == [100] * 8
         spans, rows = _spans(str(folder))
         assert rows == 800 and _overlaps(spans) == overlapping, (kwargs, spans)

@@ -234,7 +234,7 @@ def test_an_exchanges_reduce_gets_the_store_part_of_the_steps_that_finished(fres
     ds = dataflow.range(40_000, override_num_blocks=8).map_batches(
         lambda b: {"k": b["id"] % 8, "pad": np.ones((len(b["id"]), 128))}  # 1 KiB rows, 5 MiB a group
     )
-    rows = ds.groupby("k").map_groups(_slow_group).select_columns(["k", "pid", "start", "end"]).take_all()
+    rows = ds.groupby("k").map_groups(_slow_group, batch_format="numpy").select_columns(["k", "pid", "start", "end"]).take_all()
     assert len(rows) == 40_000
     spans = {(r["k"], r["pid"], r["start"], r["end"]) for r in rows}
     assert len(spans) == 8

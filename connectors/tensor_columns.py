@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from connectors.errors import FileFormatError
+from engine.block_format import fixed_shape_tensor_array
 
 TensorSchema = dict[str, tuple[np.dtype, tuple[int, ...]]]
 
@@ -108,4 +109,6 @@ def _tensors(values: np.ndarray) -> pa.Array:
     columns: a scalar or a fixed-shape tensor)."""
     if values.ndim == 1:
         return pa.array(values)
+    if values.dtype.kind in "iuf":
+        return fixed_shape_tensor_array(values)  # the engine's builder, over the storage
     return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(values))

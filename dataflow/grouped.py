@@ -175,9 +175,8 @@ def group_batches(grouped: pa.Table, offsets: np.ndarray, batch_format: str | No
     names = grouped.column_names
     whole = {name: column_to_numpy(grouped.column(name)) for name in names if _same_in_any_rows(grouped.column(name))}
     for a, b in itertools.pairwise(offsets.tolist()):
-        piece = grouped.slice(a, b - a) if len(whole) < len(names) else None
-        yield {name: whole[name][a:b] if name in whole else column_to_numpy(piece.column(name))  # type: ignore[union-attr]
-               for name in names}
+        piece = grouped.slice(a, b - a)  # (zero-copy)
+        yield {name: whole[name][a:b] if name in whole else column_to_numpy(piece.column(name)) for name in names}
 
 
 def _arrow_dtypes_only(table: pa.Table) -> bool:

@@ -19,6 +19,7 @@ are dropped and reported (``SplitIterator.stats()["dropped_rows"]``, and a warni
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -105,14 +106,22 @@ class SplitIterator(DataIterator):
         self._address = address
         self._split = split
         self._n = n
+        self._attach(coordinator)
         self._split_epoch = -1
         """The coordinator's epoch this iterator reads next (``DataIterator._epoch`` is the
         user's, which ``load_state_dict`` sets)."""
         self._client: Any = None
 
+    def _attach(self, coordinator: SplitCoordinator | None) -> None:
+        """Keep ``coordinator`` (of this process) open while this iterator lives."""
+        if coordinator is not None and hasattr(coordinator, "attach"):
+            coordinator.attach()
+            weakref.finalize(self, coordinator.detach)
+
     def _source(self) -> SplitSource:
         if self._coordinator is None:
             self._coordinator = runner.find_split(self._key)
+            self._attach(self._coordinator)
         if self._coordinator is not None:
             return self._coordinator
         if self._address is None:

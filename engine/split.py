@@ -100,6 +100,11 @@ class _Dealer:
         """The execution ended; returns pieces nobody will get (to free)."""
         raise NotImplementedError
 
+    def drain(self) -> list[Piece]:
+        """Every piece not handed out yet (the epoch stops early: every split left, or the
+        execution failed); returns them to free."""
+        raise NotImplementedError
+
 
 class SplitDealer(_Dealer):
     """Who gets which rows, to whichever split asks first; no I/O, no threads."""
@@ -117,8 +122,10 @@ class SplitDealer(_Dealer):
         """Take a block to deal; returns pieces nobody will get (to free)."""
         if ref.num_rows == 0:
             return []
-        self.pending.append(Piece(ref, 0, ref.num_rows))
         self.refcount[ref.block_id] = 1
+        if not self.active:  # every split left this epoch
+            return [Piece(ref, 0, ref.num_rows)]
+        self.pending.append(Piece(ref, 0, ref.num_rows))
         self.pending_rows += ref.num_rows
         self.max_block_rows = max(self.max_block_rows, ref.num_rows)
         return []
@@ -178,7 +185,16 @@ class SplitDealer(_Dealer):
         self.done = True
         if self.equal:
             return self._distribute()
-        return []
+        return [] if self.active else self.drain()
+
+    def drain(self) -> list[Piece]:
+        pieces = list(self.pending)
+        self.pending.clear()
+        for queue in self._final or ():
+            pieces.extend(queue)
+            queue.clear()
+        self.pending_rows = 0
+        return pieces
 
     def _distribute(self) -> list[Piece]:
         if self._final is not None:
@@ -233,6 +249,8 @@ class OrderedSplitDealer(_Dealer):
         if ref.num_rows == 0:
             return []
         self.refcount[ref.block_id] = 1
+        if not self.active:  # every split left this epoch
+            return [Piece(ref, 0, ref.num_rows)]
         self.carry.append(Piece(ref, 0, ref.num_rows))
         self.carry_rows += ref.num_rows
         self.pending_rows += ref.num_rows
@@ -308,6 +326,16 @@ class OrderedSplitDealer(_Dealer):
             split += 1
         return unwanted
 
+    def drain(self) -> list[Piece]:
+        pieces = list(self.carry)
+        self.carry.clear()
+        self.carry_rows = 0
+        for queue in self.queues:
+            pieces.extend(queue)
+            queue.clear()
+        self.pending_rows = 0
+        return pieces
+
 
 class SplitTransport(Protocol):
     """A coordinator's server for iterators in other processes (``engine.split_server``)."""
@@ -357,7 +385,8 @@ class SplitCoordinator:
         self._handle: Any = None
         self._ended: set[int] = set()
         self._owners: dict[str, tuple[_Dealer, Any]] = {}
-        """block id -> (the dealer counting its pieces, the handle that can free it)."""
+        """block id -> (the dealer counting its pieces, the handle that can free it, or None for
+        a borrowed block: a materialized input's, which is not the split's to free)."""
         self._pending_bytes = 0
         self._error: BaseException | None = None
         self._closed = False
@@ -368,6 +397,8 @@ class SplitCoordinator:
         self._node_rows: dict[str, int] = {}
         self._located = False
         """Splits said which node they read on (only iterators on a cluster do)."""
+        self._local_iterators = 0
+        self._remote_clients = False
         self.address: str | None = None
         self._server: SplitTransport | None = None
         if serve is not None:
@@ -379,6 +410,28 @@ class SplitCoordinator:
     def find(cls, key: str) -> SplitCoordinator | None:
         """The open coordinator ``key`` of this process, if any."""
         return cls._registry.get(key)
+
+    # lifetime --------------------------------------------------------------------------------
+    def attach(self) -> None:
+        """An iterator of this process reads from this coordinator (until it is collected)."""
+        with self._cond:
+            self._local_iterators += 1
+
+    def detach(self) -> None:
+        """An iterator of this process was collected. With the last one gone, and no iterator
+        in another process ever heard from, nobody can read on: the coordinator closes (its
+        server thread and socket, its buffered blocks, the plan it holds). One that a rank in
+        another process reached stays open until the engine shuts down, as nothing says
+        whether that rank is done."""
+        with self._cond:
+            self._local_iterators -= 1
+            last = self._local_iterators <= 0 and not self._remote_clients and not self._closed
+        if last:  # (may run in a garbage collection, in any thread: closing waits for a thread)
+            threading.Thread(target=self.close, name="dataflow-split-close", daemon=True).start()
+
+    def note_remote_client(self) -> None:
+        """An iterator in another process asked for a piece (the transport says so)."""
+        self._remote_clients = True
 
     # the API split iterators use -------------------------------------------------------
     def try_next(self, split: int, epoch: int, near: str | None = None) -> Piece | str:
@@ -451,15 +504,25 @@ class SplitCoordinator:
         self._notify_server()
 
     def abandon(self, split: int, epoch: int) -> None:
-        """``split`` stopped reading ``epoch`` early: deal its share to the others."""
+        """``split`` stopped reading ``epoch`` early: deal its share to the others. The last
+        to leave an unfinished epoch ends it: what was buffered for it is freed now, and the
+        pump stops the execution (nobody reads it any more)."""
         with self._cond:
             if epoch != self._epoch or self._dealer is None:
                 return
             for piece in self._dealer.abandon(split):
                 self._drop_locked(piece)
             self._ended.add(split)
+            if self._everyone_left(self._dealer):
+                for piece in self._dealer.drain():
+                    self._drop_locked(piece)
             self._cond.notify_all()
         self._notify_server()
+
+    def _everyone_left(self, dealer: _Dealer) -> bool:
+        """Every split stopped reading ``dealer``'s epoch before its execution ended (or the
+        coordinator closed)."""
+        return self._closed or (dealer is self._dealer and not dealer.done and len(self._ended) == self.n)
 
     def _drop_locked(self, piece: Piece) -> None:
         """A piece nobody will get: no longer buffered, and its block freed once unused."""
@@ -470,7 +533,8 @@ class SplitCoordinator:
         owner = self._owners.get(ref.block_id)
         if owner is not None and owner[0].unref(ref):
             del self._owners[ref.block_id]
-            owner[1].free_detached(ref)
+            if owner[1] is not None:
+                owner[1].free_detached(ref)
 
     # epochs --------------------------------------------------------------------------------
     def _begin_epoch(self, epoch: int) -> None:
@@ -492,17 +556,29 @@ class SplitCoordinator:
             with self._cond:
                 if self._dealer is dealer:
                     self._handle = handle
-            for ref in handle.iter_refs():
-                handle.detach(ref)
-                with self._cond:
-                    self._owners[ref.block_id] = (dealer, handle)
-                    self._pending_bytes += ref.size_bytes
-                    for piece in dealer.add(ref):  # an abandoned split's share
-                        self._drop_locked(piece)
-                    self._cond.notify_all()
-                    self._notify_server()
-                    while self._pending_bytes > self.max_pending_bytes and dealer.may_pause() and not self._closed:
-                        self._cond.wait()  # dealing, releases, abandons and close notify
+            refs = handle.iter_refs()
+            try:
+                for ref in refs:
+                    # a block of a materialized input is borrowed: dealt like any other, never freed
+                    owner = handle if handle.detach(ref) else None
+                    if ref.num_rows == 0:  # no piece will ever release it
+                        if owner is not None:
+                            owner.free_detached(ref)
+                        continue
+                    with self._cond:
+                        self._owners[ref.block_id] = (dealer, owner)
+                        self._pending_bytes += ref.size_bytes
+                        for piece in dealer.add(ref):  # an abandoned split's share
+                            self._drop_locked(piece)
+                        self._cond.notify_all()
+                        self._notify_server()
+                        while (self._pending_bytes > self.max_pending_bytes and dealer.may_pause()
+                               and not self._everyone_left(dealer)):
+                            self._cond.wait()  # dealing, releases, abandons and close notify
+                        if self._everyone_left(dealer):
+                            break
+            finally:
+                refs.close()  # stops the execution if it has not ended (every split left)
             with self._cond:
                 for piece in dealer.finish():
                     self._drop_locked(piece)
@@ -510,6 +586,8 @@ class SplitCoordinator:
                 self._notify_server()
         except BaseException as err:  # the consumers raise it
             with self._cond:
+                for piece in dealer.drain():  # nobody will read what was buffered
+                    self._drop_locked(piece)
                 self._error = err
                 self._cond.notify_all()
                 self._notify_server()
@@ -521,6 +599,9 @@ class SplitCoordinator:
     def close(self) -> None:
         with self._cond:
             self._closed = True
+            if self._dealer is not None:  # nobody reads the epoch now: its pump stops
+                for piece in self._dealer.drain():
+                    self._drop_locked(piece)
             self._cond.notify_all()
         if self._server is not None:
             self._server.close()

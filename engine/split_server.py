@@ -212,6 +212,7 @@ class SplitServer:
                 if _is_index(msg.seq):  # the sender waits for an answer: tell it what is wrong
                     self._send(ident, protocol.SplitReply(error=ValueError(problem), seq=msg.seq))
                 return
+            self._coordinator.note_remote_client()
             if not self._answer(ident, msg):
                 if not self._parked:
                     self._next_keepalive = time.monotonic() + KEEPALIVE_S

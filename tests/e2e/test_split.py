@@ -231,3 +231,91 @@ def test_ordered_splits_read_one_after_the_other_do_not_deadlock(mode):
         second = [i for batch in b.iter_batches(batch_size=None, batch_format="numpy") for i in batch["id"].tolist()]
     assert len(first) == len(second) == 100_000
     assert sorted(first + second) == list(range(200_000))
+
+
+@pytest.mark.parametrize("n, equal", [(1, False), (2, False), (2, True)])
+def test_splits_of_a_materialized_dataset_leave_it_whole(mode, n, equal):
+    """Materialize once, split every epoch (the usual multi-epoch training set-up): the blocks
+    are the materialized dataset's, dealt and never freed by the split."""
+    base = dataflow.range(1000, override_num_blocks=10).materialize()
+    its = base.streaming_split(n, equal=equal)
+    seen = _drain(its, epochs=2)
+    assert sorted(i for s in seen for i in s) == sorted(list(range(1000)) * 2)
+    assert base.count() == 1000
+    assert sorted(r["id"] for r in base.take_all()) == list(range(1000))
+
+
+@pytest.mark.parametrize("equal", [False, True])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_an_epoch_every_split_leaves_frees_its_blocks_and_stops(mode, equal, ordered):
+    """Each split reads a batch and stops: the buffered blocks are freed at once (not at
+    shutdown) and the execution stops; the next epoch runs whole."""
+    from engine import session as engine_session
+
+    with dataflow.options(preserve_order=ordered, min_task_input_bytes=1):
+        its = dataflow.range(4000, override_num_blocks=200).map_batches(lambda b: b).streaming_split(2, equal=equal)
+        firsts = [iter(it.iter_batches(batch_size=1)) for it in its]
+        assert all(len(next(f)["id"]) == 1 for f in firsts)
+        for f in firsts:
+            f.close()
+        current = engine_session.current_session()
+        if current is not None and mode == "streaming":
+            deadline = time.monotonic() + 10
+            while current.executor.statistics()["store_used"] and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert current.executor.statistics()["store_used"] == 0
+        seen = _drain(its)
+    assert sorted(i for s in seen for i in s) == list(range(4000)[: 4000 - 4000 % 2 if equal else 4000])
+
+
+def test_a_failing_epoch_frees_what_it_buffered(mode):
+    def late_failure(batch):
+        if batch["id"][0] >= 2000:
+            raise ValueError("late failure")
+        return batch
+
+    with dataflow.options(min_task_input_bytes=1):
+        its = dataflow.range(4000, override_num_blocks=100).map_batches(late_failure).streaming_split(2)
+        errors = []
+
+        def read(it, pause):
+            try:
+                for _ in it.iter_batches(batch_size=10):
+                    time.sleep(pause)
+            except ValueError as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=read, args=(it, p)) for it, p in zip(its, (0.0, 0.01))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert len(errors) == 2 and all("late failure" in str(e) for e in errors)
+
+
+def test_a_coordinator_closes_once_its_iterators_are_gone(streaming):
+    """Every streaming_split starts a coordinator (and a server thread and socket for ranks in
+    other processes); one per call stayed until shutdown, with the plan it holds."""
+    import gc
+
+    from engine.split import SplitCoordinator
+
+    def serving() -> int:
+        return sum(t.name == "dataflow-split-server" and t.is_alive() for t in threading.enumerate())
+
+    before = (len(SplitCoordinator._registry), serving())
+    for _ in range(3):
+        its = dataflow.range(100).streaming_split(2)
+        _drain(its)
+        del its
+    (it,) = dataflow.range(100).streaming_split(1)
+    batches = iter(it.iter_batches(batch_size=10))  # a generator keeps its iterator open
+    del it
+    gc.collect()
+    assert sum(len(b["id"]) for b in batches) == 100
+    del batches
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while (len(SplitCoordinator._registry), serving()) != before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert (len(SplitCoordinator._registry), serving()) == before

@@ -178,6 +178,9 @@ class FakeCoordinator:
     def busy_cpus(self) -> float:
         return 1.5
 
+    def note_remote_client(self) -> None:
+        pass
+
 
 @pytest.fixture
 def server():

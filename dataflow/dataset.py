@@ -781,10 +781,15 @@ class Dataset:
         """Run the plan once and keep its blocks; the result can be iterated many times."""
         handle = self._execute()
         refs, owned = [], []
-        for ref in handle.iter_refs():
-            if handle.detach(ref):
-                owned.append(ref)
-            refs.append(ref)
+        try:
+            for ref in handle.iter_refs():
+                if handle.detach(ref):
+                    owned.append(ref)
+                refs.append(ref)
+        except BaseException:  # a failed or interrupted run: what it kept so far is nobody's
+            for ref in owned:
+                handle.free_detached(ref)
+            raise
         self._last_stats = handle.stats()
         progress.settle(handle)  # the summary is out before the call returns
         # blocks passed through from a materialized input stay that dataset's: keep it alive

@@ -150,7 +150,7 @@ class MapGroupsReducer:
             try:
                 for out in result if inspect.isgenerator(result) else (result,):
                     yield to_block(out)
-            except UDFFailure:
+            except (UDFFailure, GeneratorExit):
                 raise
             except USER_ERRORS as err:
                 raise UDFFailure(self.name, err) from err

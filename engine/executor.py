@@ -36,7 +36,8 @@ from engine.operators.map import MapOperator, Resources
 from engine.options import ExecutionOptions
 from engine.resources import GpuLedger, ResourceLedger, visible_gpu_ids
 from engine.scheduler import Candidate, pick
-from engine.task import OUTPUT_WRITE, TaskResult
+from engine.task import OUTPUT_WRITE, TaskResult, describe_error
+from engine.transform import UDFFailure
 from engine.transport import MAX_MESSAGE_BYTES, CurveKeys, DriverSocket, Dropped, PeerUnreachable, StreamDriverSocket
 from engine.wakeup import WakeupPipe
 from engine.worker_pool import (
@@ -309,7 +310,7 @@ class StreamingExecutor:
         never the loop: one bad message or one plan's bug must not stop every other job."""
         try:
             fn()
-        except Exception as err:
+        except BaseException as err:  # (only the main thread gets KeyboardInterrupt: this is not it)
             log.exception("dataflow executor: %s failed", what)
             if execution is not None:
                 execution.fail(EngineError(f"{what} failed (this is a bug in dataflow): {err!r}"))
@@ -349,8 +350,9 @@ class StreamingExecutor:
             worker_id, frames = item
             try:
                 msg = protocol.decode(frames)
-            except Exception as err:  # bad header, no body, bad ids, a body that does not unpickle
-                self._drop(f"undecodable message from {worker_id!r}: {err!r}")
+            except BaseException as err:  # bad header, no body, bad ids, a body that does not unpickle
+                if not self._unreadable_result(worker_id, frames, err):
+                    self._drop(f"undecodable message from {worker_id!r}: {err!r}")
                 continue
             self._guarded(f"handling {type(msg).__name__} from {worker_id}", partial(self._on_message, worker_id, msg))
         if self._fs_fd is not None and self._fs_fd in events:
@@ -364,6 +366,27 @@ class StreamingExecutor:
         self._guarded("retiring idle actors", self._retire_idle_actors)
         self._guarded("checking starting workers", self._check_start_deadlines)
         self._guarded("sampling worker memory", self._sample_memory)
+
+    def _unreadable_result(self, worker_id: str, frames: list[Any], err: BaseException) -> bool:
+        """A worker's reply to its task that does not unpickle here (a sink's or a UDF's object
+        whose loading fails in the driver): the task fails with that error, as the user's, and
+        the worker is replaced, which sweeps the blocks the unreadable reply named. False when
+        ``frames`` are no such reply (they are then dropped)."""
+        handle = self.pool.workers.get(worker_id)
+        if (handle is None or handle.task is None or handle.pid is None or not isinstance(err, protocol.BadBody)
+                or protocol.kind_of(frames) is not protocol.TaskDone):
+            return False
+        cause = err.__cause__ if err.__cause__ is not None else err
+        spec = handle.task[2].spec
+        failure = UDFFailure(f"reading the result of task {spec.task_index} in the driver", cause)
+        result = TaskResult(spec.task_id, error=describe_error(failure))
+        self._guarded(f"an unreadable result from {worker_id}", partial(self._on_message, worker_id, protocol.TaskDone(result, ())))
+        self._quiet_deaths.add(handle.pid)
+        try:
+            os.kill(handle.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return True
 
     def _drop(self, why: str) -> None:
         self.dropped_messages += 1

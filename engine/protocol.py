@@ -145,6 +145,14 @@ def encode(msg: Any) -> list[bytes]:
     return [header, serialization.dumps(msg)]
 
 
+def kind_of(frames: list[bytes] | list[Any]) -> type | None:
+    """The message class ``frames``' header names, or None when it names none (nothing is
+    unpickled)."""
+    if not frames or len(frames[0]) < 4 or bytes(frames[0][:2]) != MAGIC or frames[0][2] != VERSION:
+        return None
+    return _TYPES.get(frames[0][3])
+
+
 def decode(frames: list[bytes] | list[Any]) -> Any:
     """The message in ``frames``; raises ProtocolError before unpickling anything unexpected."""
     if not frames or len(frames[0]) < 4 or bytes(frames[0][:2]) != MAGIC:
@@ -182,7 +190,7 @@ def decode(frames: list[bytes] | list[Any]) -> Any:
         raise ProtocolError(msg)
     try:
         body = serialization.loads(frames[1])
-    except Exception as err:
+    except BaseException as err:  # (SystemExit too: a user object's __setstate__ may raise anything)
         msg = f"a {cls.__name__} body that does not unpickle: {err!r}"
         raise BadBody(msg) from err
     if not isinstance(body, cls):

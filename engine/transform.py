@@ -36,9 +36,11 @@ CONSTRUCTOR_RETRIES: contextvars.ContextVar[int] = contextvars.ContextVar("dataf
 """How many more times a callable class's constructor that raised is called where a task runs
 (``TaskTransform.init_retries``, set for the task by ``engine.task.configs_of``; -1: no limit)."""
 
-USER_ERRORS: tuple[type[BaseException], ...] = (Exception, KeyboardInterrupt, SystemExit)
-"""What a UDF may raise and have reported as its own error (``KeyboardInterrupt`` and
-``SystemExit`` included: they reach the caller as themselves, never as a dead worker)."""
+USER_ERRORS: tuple[type[BaseException], ...] = (BaseException,)
+"""What a UDF may raise and have reported as its own error: anything (``KeyboardInterrupt``,
+``SystemExit``, a ``BaseExceptionGroup``, a test framework's own ``BaseException``) reaches the
+caller as itself, never as a dead worker or a bug of dataflow's. Where the guarded code yields,
+``GeneratorExit`` is let through first: it is the generator being closed, not the UDF."""
 
 
 class UDFFailure(Exception):
@@ -426,7 +428,7 @@ def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Ta
         try:
             for out in outputs:
                 yield to_block(out, stage.python_objects)
-        except UDFFailure:
+        except (UDFFailure, GeneratorExit):
             raise
         except USER_ERRORS as err:
             if not stage.user_code:

@@ -77,9 +77,11 @@ def _serve_task(msg: protocol.RunTask, transforms: dict[str, TaskTransform], sto
     for entry in msg.sys_path or ():
         if entry not in sys.path:
             sys.path.append(entry)
+    # BaseException: SystemExit too (a user module that parses sys.argv when it is imported);
+    # this process ignores SIGINT, so a KeyboardInterrupt here is user code's as well
     try:
         spec: TaskSpec = serialization.loads(msg.spec)
-    except Exception as err:  # a read task or input from a module this worker cannot import
+    except BaseException as err:  # a read task or input from a module this worker cannot import
         return TaskResult(msg.task_id, error=describe_error(UDFFailure("deserializing the task's inputs", err)))
     transform = transforms.get(spec.transform_digest)
     if transform is None:
@@ -88,7 +90,7 @@ def _serve_task(msg: protocol.RunTask, transforms: dict[str, TaskTransform], sto
                 err = RuntimeError(f"worker has no transform {spec.transform_digest} and none was sent")
                 return TaskResult(spec.task_id, error=describe_error(err))
             transform = load_transform(msg.transform)
-        except Exception as err:
+        except BaseException as err:
             return TaskResult(spec.task_id, error=describe_error(UDFFailure("deserializing the UDF", err)))
         transforms[spec.transform_digest] = transform
     return run_task(spec, transform, store)

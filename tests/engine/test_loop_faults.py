@@ -132,6 +132,10 @@ class _Boom(Exception):
     pass
 
 
+class _Failed(BaseException):
+    """A test framework's own BaseException (as pytest.fail raises)."""
+
+
 def _raiser(kind: str):
     def udf(batch):
         if batch["id"][0] >= 2000:
@@ -143,6 +147,12 @@ def _raiser(kind: str):
                 raise KeyboardInterrupt
             if kind == "exit":
                 raise SystemExit(3)
+            if kind == "base-group":
+                raise BaseExceptionGroup("several", [KeyboardInterrupt(), ValueError("a")])
+            if kind == "own-base":
+                raise _Failed("the UDF's own BaseException")
+            if kind == "generator-exit":
+                raise GeneratorExit("raised by the UDF")
         return batch
 
     return udf
@@ -150,7 +160,8 @@ def _raiser(kind: str):
 
 @pytest.mark.parametrize(
     ("kind", "expected"),
-    [("memory", MemoryError), ("group", ExceptionGroup), ("interrupt", KeyboardInterrupt), ("exit", SystemExit)],
+    [("memory", MemoryError), ("group", ExceptionGroup), ("interrupt", KeyboardInterrupt), ("exit", SystemExit),
+     ("base-group", BaseExceptionGroup), ("own-base", _Failed), ("generator-exit", GeneratorExit)],
 )
 def test_a_udf_base_exception_reaches_the_caller_as_itself(mode, kind, expected):
     if mode == "streaming":
@@ -164,6 +175,66 @@ def test_a_udf_base_exception_reaches_the_caller_as_itself(mode, kind, expected)
         assert info.value.code == 3
     if kind == "group":
         assert info.value.subgroup(ValueError) is not None
+    _healthy()
+
+
+class _ExitsWhenLoaded:
+    """A callable whose unpickling raises SystemExit, as a user module that parses sys.argv
+    when a worker imports it does."""
+
+    def __call__(self, batch):
+        return batch
+
+    def __reduce__(self):
+        return (_exit_on_load, ())
+
+
+def _exit_on_load():
+    if os.environ.get("DATAFLOW_TEST_IN_DRIVER") != str(os.getpid()):
+        raise SystemExit(2)
+    return _ExitsWhenLoaded()
+
+
+def test_a_udf_that_exits_while_a_worker_loads_it_fails_with_that_exit(ready, monkeypatch):
+    """It was taken for a dead worker three times over ('worker died'), the SystemExit lost."""
+    monkeypatch.setenv("DATAFLOW_TEST_IN_DRIVER", str(os.getpid()))
+    with pytest.raises(SystemExit) as info:
+        dataflow.range(5000, override_num_blocks=10).map_batches(_ExitsWhenLoaded()).take_all()
+    assert info.value.code == 2
+    _healthy()
+
+
+class _LoadsOnlyInWorkers:
+    """A sink's result whose loading fails in the driver (here: with SystemExit)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def __reduce__(self):
+        return (_load_in_worker, (self.pid,))
+
+
+def _load_in_worker(pid: int):
+    if os.environ.get("DATAFLOW_TEST_IN_DRIVER") == str(os.getpid()):
+        raise SystemExit(9)
+    return _LoadsOnlyInWorkers(pid)
+
+
+def test_a_task_result_the_driver_cannot_load_fails_its_job_not_the_loop(ready, monkeypatch):
+    """The reply was dropped as a bad frame (the job then waited forever) or, for SystemExit,
+    killed the scheduling loop and every later job with it."""
+    from dataflow.datasource import Datasink
+
+    class ResultSink(Datasink):
+        def write(self, blocks, ctx):
+            for _ in blocks:
+                pass
+            return _LoadsOnlyInWorkers(os.getpid())
+
+    monkeypatch.setenv("DATAFLOW_TEST_IN_DRIVER", str(os.getpid()))
+    with pytest.raises(SystemExit) as info:
+        dataflow.range(5000, override_num_blocks=4).map_batches(lambda b: b).write_datasink(ResultSink())
+    assert info.value.code == 9
     _healthy()
 
 

@@ -164,6 +164,9 @@ def _actor_pool(pool: plan.ActorPool | None) -> ActorPoolSpec | None:
 
 
 def _input(c: _Compiler, node: InputBlocks) -> PhysicalOperator:
+    check = getattr(node.owner, "check_alive", None)  # (a materialized dataset's blocks)
+    if check is not None:
+        check()
     return c.add(InputOperator(list(node.refs)))
 
 

@@ -48,7 +48,7 @@ from dataflow.summary import DatasetSummary
 from dataflow.udf import builtin_node, map_node, with_remote_args
 from engine import runner
 from engine.block_format import concat_blocks
-from engine.errors import ColumnNotFoundError
+from engine.errors import ColumnNotFoundError, DataflowError
 from engine.runner import ExecutionHandle
 from engine.stats import ExecutionStats
 from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
@@ -1482,7 +1482,17 @@ class _Blocks:
     def __init__(self, refs: list[Any], handle: ExecutionHandle, owned: list[Any], keepalive: list[Any]) -> None:
         self.refs = refs
         self._keepalive = keepalive
+        self._handle = handle
         weakref.finalize(self, _release_all, handle, list(owned))
+
+    def check_alive(self) -> None:
+        """Raise if the session that held these blocks has ended (``dataflow.shutdown()``)."""
+        for blocks in self._keepalive:  # (the materialized datasets these blocks came from)
+            blocks.check_alive()
+        if not self._handle.blocks_alive:
+            msg = ("this materialized dataset's blocks were in a session that dataflow.shutdown() ended: "
+                   "materialize() it again in the new session")
+            raise DataflowError(msg)
 
 
 def _release_all(handle: ExecutionHandle, refs: list[Any]) -> None:

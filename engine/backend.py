@@ -81,6 +81,12 @@ class ExecutionHandle:
         """Free a block kept with ``detach``."""
         raise NotImplementedError
 
+    @property
+    def blocks_alive(self) -> bool:
+        """Whether blocks kept with ``detach`` can still be read (False once the backend that
+        holds them shut down)."""
+        return True
+
     def wait_stopped(self, timeout: float | None = None) -> bool:
         """Block until no task of this execution is running anymore."""
         return self.execution.stopped.wait(timeout)

@@ -229,6 +229,10 @@ class StreamingHandle(ExecutionHandle):
         if not self.executor.stopped:
             self.executor.call_soon(lambda: self.executor.free(ref))
 
+    @property
+    def blocks_alive(self) -> bool:
+        return not self.executor.stopped  # a shutdown removes the session's shared memory
+
     def cancel(self) -> None:
         if not self._closed:
             self._closed = True

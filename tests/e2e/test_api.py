@@ -383,3 +383,18 @@ def test_len_and_iteration_say_what_to_call_as_rays_do(mode):
     with pytest.raises(TypeError, match=r"call `ds.iter_rows\(\)` or `ds.iter_batches\(\)`"):
         list(ds)
     assert ds and ds.materialize()  # truth does not ask for the length
+
+
+def test_a_materialized_dataset_after_shutdown_says_its_session_ended(fresh_engine):
+    """Its blocks went with the session's shared memory: reading it raised a bare
+    FileNotFoundError naming a file under /dev/shm."""
+    from dataflow import DataflowError
+
+    dataflow.init(num_cpus=2)
+    mat = dataflow.range(1000, override_num_blocks=10).map_batches(lambda b: {"id": b["id"] + 1}).materialize()
+    derived = mat.union(mat).materialize()  # blocks passed through: mat's own
+    dataflow.shutdown()
+    for ds in (mat, derived, mat.map_batches(lambda b: b)):
+        with pytest.raises(DataflowError, match="shutdown"):
+            ds.take_all()
+    assert dataflow.range(10).count() == 10

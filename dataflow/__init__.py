@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from connectors.base import BlockMetadata, Datasink, Datasource, ReadTask
+from dataflow import datatype  # noqa: F401  (ray.data.datatype is loaded with ray.data)
 from dataflow.context import DataContext, options
 from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError

@@ -16,13 +16,13 @@ from dataflow.sort import RangePartitioner, SortKey, SortReducer, TopKPartitione
 from engine.exchange import FINE_PARTITIONS
 
 
-def random_shuffle(plan: LogicalNode, seed: int | None, num_blocks: int | None = None) -> Exchange:
+def random_shuffle(plan: LogicalNode, seed: int | None, num_blocks: int | None = None, resources: Any = None) -> Exchange:
     partitions = max(FINE_PARTITIONS, num_blocks or 0)
     return Exchange(
         (plan,), "RandomShuffle", (RandomPartitioner(seed, partitions),), ShuffleReducer(exact_blocks=num_blocks is not None),
         # with a seed the order is the result: the steps after it keep it, as after a sort
         num_tasks=num_blocks, ordered_input=seed is not None, orders_output=seed is not None, preserves_rows=True,
-        small_in_one_task=num_blocks is None,
+        small_in_one_task=num_blocks is None, resources=resources,
     )
 
 

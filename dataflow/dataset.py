@@ -45,7 +45,7 @@ from dataflow.schema import Schema
 from dataflow.shuffle import random_sample_batch
 from dataflow.sources import input_sources
 from dataflow.summary import DatasetSummary
-from dataflow.udf import builtin_node, map_node, with_remote_args
+from dataflow.udf import builtin_node, map_node, remote_args, with_remote_args
 from engine import runner
 from engine.block_format import concat_blocks
 from engine.errors import ColumnNotFoundError, DataflowError
@@ -341,8 +341,21 @@ class Dataset:
     # all-to-all ------------------------------------------------------------------------------
     def random_shuffle(self, *, seed: int | None = None, num_blocks: int | None = None, **ray_remote_args: Any) -> Dataset:
         """The rows in a uniformly random order: with ``seed``, the same order on every run
-        (any number of workers, any block sizes); without, a different one each time."""
-        return self._derive(all_to_all.random_shuffle(self._plan, seed, num_blocks))
+        (any number of workers, any block sizes); without, a different one each time.
+
+        ``ray_remote_args`` (``num_cpus``, ``num_gpus``, ``resources``, ``accelerator_type``)
+        are what each of its reduce tasks holds while it runs, as Ray gives them to the
+        shuffle's tasks; the other remote arguments have no meaning for it and are refused."""
+        resources = None
+        if ray_remote_args:
+            args = remote_args("random_shuffle", None, None, None, None, ray_remote_args)
+            unused = sorted(set(ray_remote_args) - {"num_cpus", "num_gpus", "resources", "accelerator_type"})
+            if unused:
+                msg = (f"random_shuffle({unused[0]}=...): only num_cpus, num_gpus, resources and accelerator_type "
+                       "apply to the shuffle's tasks")
+                raise ValueError(msg)
+            resources = args.resources
+        return self._derive(all_to_all.random_shuffle(self._plan, seed, num_blocks, resources))
 
     def randomize_block_order(self, *, seed: int | None = None) -> Dataset:
         """The blocks in a random order; rows inside a block keep theirs (no data moves)."""

@@ -39,7 +39,7 @@ RAY_DATA_ITERATOR_API: tuple[str, ...] = (
 
 
 RAY_DATA_MODULE_API: tuple[str, ...] = (
-    # ray.data.__all__ in Ray 2.60
+    # ray.data.__all__ in Ray 2.60, and the two readers it exports outside __all__
     "ActorPoolStrategy", "BlockBasedFileDatasink", "Catalog", "CatalogAccessMode",
     "ClickHouseTableSettings", "DataContext", "DataIterator", "DatabricksUnityCatalog", "Dataset",
     "DatasetContext", "DatasetIterator", "DatasetSummary", "Datasink", "Datasource",
@@ -49,12 +49,12 @@ RAY_DATA_MODULE_API: tuple[str, ...] = (
     "TaskPoolStrategy", "from_arrow", "from_arrow_refs", "from_blocks", "from_daft", "from_dask",
     "from_huggingface", "from_items", "from_mars", "from_modin", "from_numpy", "from_numpy_refs",
     "from_pandas", "from_pandas_refs", "from_spark", "from_tf", "from_torch",
-    "list_stats_summaries", "range", "range_tensor", "read_audio", "read_avro", "read_binary_files",
-    "read_clickhouse", "read_csv", "read_datasource", "read_delta", "read_delta_sharing_tables",
-    "read_hudi", "read_iceberg", "read_images", "read_json", "read_kafka", "read_lance",
-    "read_lerobot", "read_mcap", "read_mongo", "read_numpy", "read_orc", "read_parquet",
-    "read_snowflake", "read_sql", "read_text", "read_tfrecords", "read_unity_catalog", "read_videos",
-    "read_webdataset", "read_zarr",
+    "list_stats_summaries", "range", "range_tensor", "read_audio", "read_avro", "read_bigquery",
+    "read_binary_files", "read_clickhouse", "read_csv", "read_databricks_tables", "read_datasource",
+    "read_delta", "read_delta_sharing_tables", "read_hudi", "read_iceberg", "read_images",
+    "read_json", "read_kafka", "read_lance", "read_lerobot", "read_mcap", "read_mongo",
+    "read_numpy", "read_orc", "read_parquet", "read_snowflake", "read_sql", "read_text",
+    "read_tfrecords", "read_unity_catalog", "read_videos", "read_webdataset", "read_zarr",
 )  # fmt: skip
 
 RAY_EXPRESSIONS_API: tuple[str, ...] = (

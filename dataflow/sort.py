@@ -49,7 +49,7 @@ class SortKey:
 
     @classmethod
     def of(cls, key: str | Sequence[str], descending: bool | Sequence[bool] = False) -> SortKey:
-        columns = (key,) if isinstance(key, str) else tuple(key)
+        columns = (key,) if isinstance(key, str) else tuple(key) if isinstance(key, (list, tuple)) else ()
         if not columns or not all(isinstance(c, str) for c in columns):
             msg = f"sort key must be a column name or a list of them, got {key!r}"
             raise ValueError(msg)

@@ -703,6 +703,22 @@ def test_map_groups_zero_copy_batch_and_refusals(mode):
         ds.groupby("k").map_groups(bump, runtime_env={"pip": ["x"]})
 
 
+def test_random_shuffle_remote_args_are_its_tasks_resources_or_refused(mode):
+    """They were accepted and ignored, whatever they were (random_shuffle(foo=1) ran)."""
+    ds = dataflow.range(1000, override_num_blocks=4)
+    assert sorted(r["id"] for r in ds.random_shuffle(seed=3, num_cpus=1).take_all()) == list(range(1000))
+    with pytest.raises(TypeError, match=r"^random_shuffle\(\) got an unexpected keyword argument 'foo'$"):
+        ds.random_shuffle(foo=1)
+    with pytest.raises(ValueError, match=r"random_shuffle\(memory=\.\.\.\)"):
+        ds.random_shuffle(memory=1 << 30)
+    from engine.errors import ResourceError
+
+    with pytest.raises(ResourceError, match="no_such_device"):  # held by its tasks: it could never run
+        ds.random_shuffle(resources={"no_such_device": 1}).take_all()
+    with pytest.raises(ValueError, match="sort key must be a column name or a list of them, got None"):
+        ds.sort(None)
+
+
 class _TimedSource(dataflow.Datasource):
     """Six read tasks of 100 rows that record when they ran."""
 

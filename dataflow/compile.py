@@ -351,7 +351,9 @@ def compile_plan(
         resumes = bool(getattr(sink, "resumes", False))
         if resumes:
             _emit_in_order(last)
-        if (type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and reads_directly)
+        # an actor pool's tasks are its batches: a minimum of rows per file may span several
+        batched = isinstance(last, MapOperator) and last.actor_pool is not None
+        if (type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and (reads_directly or batched))
                 or min_bytes or (resumes and not reads_directly)):
             # a materialized dataset's blocks are written one file each, as Ray writes them
             bundle = 1 if isinstance(last, InputOperator) else _bundle_after(last, options.min_task_input_bytes)

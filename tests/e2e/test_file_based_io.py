@@ -269,3 +269,22 @@ def test_custom_format_and_sinks_on_s3(s3_engine):
     assert sorted(r["id"] for r in dataflow.read_csv("s3://test-bucket/csv").take_all()) == list(range(300))
     dataflow.from_items([{"id": 1, "word": "x"}, {"id": 2, "word": "y"}]).write_datasink(TextRowsDatasink("s3://test-bucket/rows"))
     assert len([k for k in s3.keys("rows/") if k.endswith(".txt")]) == 2
+
+
+class _Identity:
+    def __call__(self, batch):
+        return batch
+
+
+def test_min_rows_per_file_spans_an_actor_pools_batches(mode, tmp_path):
+    """A write fused into an actor pool's tasks wrote one file per batch (500 and 100 rows for
+    min_rows_per_file=550), where a function's step wrote one of 600."""
+    import pyarrow.parquet as pq
+
+    base = dataflow.range(600, override_num_blocks=60)
+    for name, ds in (("fn", base.map_batches(lambda b: b, batch_size=500)),
+                     ("actor", base.map_batches(_Identity, batch_size=500, concurrency=1))):
+        out = tmp_path / name
+        ds.write_parquet(str(out), min_rows_per_file=550)
+        files = sorted(out.glob("*.parquet"))
+        assert [pq.read_metadata(f).num_rows for f in files] == [600], name

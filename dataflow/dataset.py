@@ -37,7 +37,7 @@ from dataflow.aggregate import (
 from dataflow.context import DataContext
 from dataflow.grouped import GroupedData, aggregate_node, unique_names
 from dataflow.iterator import DataIterator
-from dataflow.join import join_node, zip_node
+from dataflow.join import join_node, join_resources, key_tuple, needs_schemas, validate_key_types, zip_node
 from dataflow.mixing import MixStoppingCondition, mix_node
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import Exchange, InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
@@ -412,9 +412,23 @@ class Dataset:
         validate_schemas: bool = False,
     ) -> Dataset:
         """Rows of this dataset and ``ds`` whose ``on`` keys match (hash-partitioned;
-        ``join_type`` inner, left_outer, right_outer, full_outer, or a semi or anti join)."""
+        ``join_type`` inner, left_outer, right_outer, full_outer, or a semi or anti join).
+
+        ``validate_schemas``: check now that the keys are on both sides with equal types (Ray's
+        ``ValueError``; fetches the schemas as ``schema()`` does). ``aggregator_ray_remote_args``
+        (``num_cpus``, ``num_gpus``, ``resources``, ``accelerator_type``) is what each join task
+        holds. ``partition_size_hint`` is deprecated in Ray and ignored there as here: it warns."""
+        if partition_size_hint is not None:
+            warnings.warn("join(partition_size_hint=...) is deprecated and ignored: the join's tasks are sized "
+                          "from the partition bytes that arrive (as in Ray 2.60)", DeprecationWarning, stacklevel=2)
+        if validate_schemas:
+            right_keys = on if right_on is None else right_on
+            validate_key_types(self._arrow_schema(), ds._arrow_schema(), key_tuple(on), key_tuple(right_keys))
+        left_needed, right_needed = needs_schemas(join_type)  # an outer join's nulls for a side with no rows
+        schemas = (self._arrow_schema(fetch_if_missing=False) if left_needed else None,
+                   ds._arrow_schema(fetch_if_missing=False) if right_needed else None)
         return self._derive(join_node(self._plan, ds._plan, join_type, num_partitions, on, right_on,
-                                      left_suffix, right_suffix))
+                                      left_suffix, right_suffix, schemas, join_resources(aggregator_ray_remote_args)))
 
     def zip(self, *other: Dataset) -> Dataset:
         """The columns of this dataset and the others, row by row (equal row counts, or

@@ -174,6 +174,14 @@ def count_from_metadata(node: LogicalNode) -> int | None:
     if isinstance(node, Union) or (isinstance(node, Mix) and not node.stop_on_shortest):
         counts = [count_from_metadata(c) for c in node.children]
         return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+    if isinstance(node, Exchange) and node.preserves_rows and len(node.children) > 1:  # zip
+        counts = [count_from_metadata(c) for c in node.children]
+        if any(c is None for c in counts):  # the run counts them, and checks
+            return None
+        if len(set(counts)) > 1:  # as the run raises: a mismatch is an error, not the first count
+            msg = f"Cannot zip datasets of different number of rows: {', '.join(map(str, counts))}"
+            raise ValueError(msg)
+        return counts[0]
     if isinstance(node, Exchange) and node.preserves_rows:
         return count_from_metadata(node.children[0])
     return None

@@ -341,7 +341,8 @@ class FileDatasink(Datasink):
 
     def _check_appended_names(self) -> None:
         """In append mode, a ``filename_provider`` whose names do not change from one write to
-        the next would replace the earlier write's files: refused, as Ray's Parquet sink does."""
+        the next would replace the earlier write's files: refused for every format (Ray's
+        Parquet sink refuses it; its other sinks reuse the names)."""
         if self.mode is not SaveMode.APPEND or self._filename_provider is None:
             return
         name = str(self._filename_provider.get_filename_for_task(self._write_id, 0))

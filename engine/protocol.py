@@ -77,6 +77,8 @@ class SplitNext:
     epoch: int
     seq: int = 0
     """The client's number for this request, echoed in the reply and in every keepalive for it."""
+    pid: int = 0
+    """The client's process (the coordinator's server watches it: a rank that died lets go)."""
 
 
 @dataclass

@@ -399,6 +399,8 @@ class SplitCoordinator:
         """Splits said which node they read on (only iterators on a cluster do)."""
         self._local_iterators = 0
         self._remote_clients = False
+        self._departed: set[int] = set()
+        """Splits whose reader's process is gone (``depart``): left out of the epochs to come."""
         self.address: str | None = None
         self._server: SplitTransport | None = None
         if serve is not None:
@@ -440,6 +442,7 @@ class SplitCoordinator:
         with self._cond:
             if self._error is not None:
                 raise self._error
+            self._departed.discard(split)  # (a reader again: a rank restarted)
             if epoch > self._epoch:
                 if self._epoch >= 0 and len(self._ended) < self.n:
                     return WAIT  # the others are still on the previous epoch
@@ -508,16 +511,29 @@ class SplitCoordinator:
         to leave an unfinished epoch ends it: what was buffered for it is freed now, and the
         pump stops the execution (nobody reads it any more)."""
         with self._cond:
-            if epoch != self._epoch or self._dealer is None:
-                return
-            for piece in self._dealer.abandon(split):
-                self._drop_locked(piece)
-            self._ended.add(split)
-            if self._everyone_left(self._dealer):
-                for piece in self._dealer.drain():
-                    self._drop_locked(piece)
-            self._cond.notify_all()
+            if epoch == self._epoch and self._dealer is not None:
+                self._abandon_locked(split)
         self._notify_server()
+
+    def depart(self, split: int) -> None:
+        """The process reading ``split`` is gone (its connection closed): it reads no more of
+        this epoch, nor of the next ones until a reader asks for ``split`` again, so the other
+        splits never wait for its share (with ``equal=True`` they would, for ever)."""
+        with self._cond:
+            self._departed.add(split)
+            if self._dealer is not None and split not in self._ended:
+                self._abandon_locked(split)
+        self._notify_server()
+
+    def _abandon_locked(self, split: int) -> None:
+        assert self._dealer is not None
+        for piece in self._dealer.abandon(split):
+            self._drop_locked(piece)
+        self._ended.add(split)
+        if self._everyone_left(self._dealer):
+            for piece in self._dealer.drain():
+                self._drop_locked(piece)
+        self._cond.notify_all()
 
     def _everyone_left(self, dealer: _Dealer) -> bool:
         """Every split stopped reading ``dealer``'s epoch before its execution ended (or the
@@ -544,6 +560,9 @@ class SplitCoordinator:
         self._node_rows = {}
         self._located = False
         self._dealer = (OrderedSplitDealer if self.ordered else SplitDealer)(self.n, self.equal)
+        for split in sorted(self._departed):
+            self._dealer.abandon(split)
+            self._ended.add(split)
         self._handle = None
         threading.Thread(target=self._pump, args=(self._dealer,), name="dataflow-split", daemon=True).start()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 import traceback
@@ -48,6 +49,28 @@ _MAX_BATCH = 1000
 """Requests read per turn of the loop, so keepalives are sent on time under a flood."""
 _MAX_LOOP_FAILURES = 100
 """Failures of the serving loop itself in a row after which the server gives up."""
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (``/proc/<pid>/stat``'s field 22), or None if it is gone
+    (a zombie included: killed, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _same_process_alive(pid: int, started: str) -> bool:
+    """Process ``pid`` runs, and is the one first seen (not a later one given the same pid)."""
+    return _start_time(pid) == started
+
+
+def _take(held: Counter[Piece], piece: Piece) -> None:
+    held[piece] -= 1
+    if held[piece] <= 0:
+        del held[piece]
 
 
 def _is_index(value: Any) -> bool:
@@ -82,8 +105,14 @@ class SplitServer:
         self.address = address
         self._wakeup = WakeupPipe()
         self._parked: list[tuple[bytes, protocol.SplitNext]] = []
-        self._outstanding: Counter[Piece] = Counter()
-        """Pieces dealt to clients and not released yet: a release of anything else is dropped."""
+        self._outstanding: dict[bytes, Counter[Piece]] = {}
+        """Pieces dealt to each client and not released yet: a release of anything else is dropped."""
+        self._reading: dict[bytes, set[int]] = {}
+        """The splits each client has asked for: its departure lets them go."""
+        self._processes: dict[bytes, tuple[int, str]] = {}
+        """Each client's process (pid, start time), checked every ``KEEPALIVE_S``: clients share
+        this machine (the socket is an ipc path), and one whose process is gone has departed."""
+        self._next_check = time.monotonic() + KEEPALIVE_S
         self._next_keepalive = time.monotonic()
         self._stats_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
@@ -105,6 +134,7 @@ class SplitServer:
                 "served": self._counts["served"],
                 "error_replies": self._counts["error_replies"],
                 "keepalives": self._counts["keepalives"],
+                "departed": self._counts["departed"],
                 "parked": len(self._parked),
                 "dropped": sum(self._dropped.values()),
                 "dropped_by_kind": dict(self._dropped),
@@ -157,6 +187,11 @@ class SplitServer:
         if self._parked and time.monotonic() >= self._next_keepalive:
             self._send_keepalives()
             self._next_keepalive = time.monotonic() + KEEPALIVE_S
+        if self._processes and time.monotonic() >= self._next_check:
+            self._next_check = time.monotonic() + KEEPALIVE_S
+            for ident, process in list(self._processes.items()):
+                if not _same_process_alive(*process):
+                    self._client_gone(ident)
 
     def _receive(self, parts: list[bytes]) -> None:
         if len(parts) < 2:
@@ -213,18 +248,22 @@ class SplitServer:
                     self._send(ident, protocol.SplitReply(error=ValueError(problem), seq=msg.seq))
                 return
             self._coordinator.note_remote_client()
+            self._reading.setdefault(ident, set()).add(msg.split)
+            if ident not in self._processes and _is_index(msg.pid) and msg.pid:
+                started = _start_time(msg.pid)
+                if started is not None:
+                    self._processes[ident] = (msg.pid, started)
             if not self._answer(ident, msg):
                 if not self._parked:
                     self._next_keepalive = time.monotonic() + KEEPALIVE_S
                 self._parked.append((ident, msg))
         elif isinstance(msg, protocol.SplitRelease):
             piece = msg.piece
-            if not _is_piece(piece) or self._outstanding[piece] <= 0:  # (a Counter lookup adds nothing)
+            held = self._outstanding.get(ident)
+            if not _is_piece(piece) or held is None or held[piece] <= 0:  # (a Counter lookup adds nothing)
                 self._drop("release of an unknown piece", repr(piece)[:200])
                 return
-            self._outstanding[piece] -= 1
-            if self._outstanding[piece] <= 0:
-                del self._outstanding[piece]
+            _take(held, piece)
             self._coordinator.release(piece)
             self._retry_parked()
         elif isinstance(msg, protocol.SplitAbandon):
@@ -258,15 +297,28 @@ class SplitServer:
             self._send(ident, protocol.SplitReply(error=_portable(err), seq=msg.seq))
             return True
         if piece is not None:
-            self._outstanding[piece] += 1
+            self._outstanding.setdefault(ident, Counter())[piece] += 1
         if self._send(ident, reply):
             self._count("served")
         elif piece is not None:  # nobody to take it: give it back so its block is freed
-            self._outstanding[piece] -= 1
-            if self._outstanding[piece] <= 0:
-                del self._outstanding[piece]
+            _take(self._outstanding[ident], piece)
             self._coordinator.release(piece)
         return True
+
+    def _client_gone(self, ident: bytes) -> None:
+        """A client's process exited or was killed: what it held is released, the splits it
+        read are let go (with ``equal=True`` the other splits would wait for their share for
+        ever), and its parked requests are dropped."""
+        self._processes.pop(ident, None)
+        splits, held = self._reading.pop(ident, None), self._outstanding.pop(ident, None)
+        self._count("departed")
+        self._parked = [(i, m) for i, m in self._parked if i != ident]
+        for piece, count in (held or Counter()).items():
+            for _ in range(count):
+                self._coordinator.release(piece)
+        for split in sorted(splits or ()):
+            self._coordinator.depart(split)
+        self._retry_parked()
 
     def _busy_cpus(self) -> float:
         try:
@@ -349,7 +401,7 @@ class SplitClient:
         seq = next(self._seq)
         window = self._liveness_s if self._liveness_s is not None else LIVENESS_S
         try:
-            self._sock.send_multipart(protocol.encode(protocol.SplitNext(split, epoch, seq)), zmq.NOBLOCK)
+            self._sock.send_multipart(protocol.encode(protocol.SplitNext(split, epoch, seq, os.getpid())), zmq.NOBLOCK)
         except zmq.Again:
             raise self._lose("its requests are not being read") from None
         deadline = time.monotonic() + window

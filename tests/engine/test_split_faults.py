@@ -181,6 +181,9 @@ class FakeCoordinator:
     def note_remote_client(self) -> None:
         pass
 
+    def depart(self, split: int) -> None:
+        pass
+
 
 @pytest.fixture
 def server():
@@ -449,3 +452,46 @@ def test_a_rank_learns_within_seconds_that_its_coordinator_died(tmp_path):
             host.stdout.close()
         if shm_dir:
             _remove_dead_session(shm_dir)
+
+
+
+DYING_RANK_SCRIPT = """
+import os, pickle, signal, sys
+with open(sys.argv[1], "rb") as f:
+    iterator = pickle.load(f)
+batches = iter(iterator.iter_batches(batch_size=10, prefetch_batches=0))
+if sys.argv[2] == "mid-epoch":
+    for _ in range(3):
+        next(batches)
+else:  # the whole first epoch, then gone before the next
+    for _ in batches:
+        pass
+os.kill(os.getpid(), signal.SIGKILL)  # holding what it was dealt
+"""
+
+
+@pytest.mark.parametrize("when", ["mid-epoch", "between-epochs"])
+def test_a_rank_whose_process_dies_does_not_hold_the_others_back(streaming, tmp_path, when):
+    """With equal=True the others may not run ahead of a rank: one whose process died (in an
+    epoch, or before the next began) held them back for ever. Its connection closing now lets
+    its share and what it held go, so the others finish, with nothing left in the store."""
+    ds = dataflow.range(4000, override_num_blocks=40).map_batches(lambda b: b)
+    with dataflow.options(consumer_buffer_bytes=16 << 10):  # 20 of the 40 blocks: the pump pauses
+        local, remote = ds.streaming_split(2, equal=True)
+    path = tmp_path / "rank1.pkl"
+    path.write_bytes(pickle.dumps(remote))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    rank = subprocess.Popen([sys.executable, "-c", textwrap.dedent(DYING_RANK_SCRIPT), str(path), when], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_test_process)
+    try:
+        first = _drain([local])[0]
+        _, err = rank.communicate(timeout=60)
+        assert rank.returncode == -signal.SIGKILL, err
+        assert len(set(first)) == len(first) and 2000 - 100 <= len(first) < 4000
+        if when == "between-epochs":
+            second = _drain([local])[0]  # the dead rank's split is left out: this one gets every row
+            assert sorted(second) == list(range(4000))
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait(10)

@@ -599,8 +599,10 @@ class Dataset:
             from dataflow.split import EpochInAnotherProcess
 
             start = EpochInAnotherProcess(self._plan, ctx.execution_mode, options)
+        # a materialized input's blocks, which a coordinator in another process must be able to read
+        inputs = [ref for node in walk(self._plan) if isinstance(node, InputBlocks) for ref in node.refs]
         coordinator = backend.split_coordinator(
-            start, n, equal, max_pending_bytes=options.consumer_buffer_bytes, ordered=ordered
+            start, n, equal, max_pending_bytes=options.consumer_buffer_bytes, ordered=ordered, inputs=inputs
         )
         schema = self.schema(fetch_if_missing=False)
         return [SplitIterator(coordinator, coordinator.key, coordinator.address, i, n, schema) for i in range(n)]
@@ -1512,11 +1514,16 @@ class _Blocks:
         self._handle = handle
         weakref.finalize(self, _release_all, handle, list(owned))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a plan sent to another process (the Ray runner's split coordinator) carries its blocks'
+        # refs, not the handle of the execution that made them (locks, sockets)
+        return {**self.__dict__, "_handle": None}
+
     def check_alive(self) -> None:
         """Raise if the session that held these blocks has ended (``dataflow.shutdown()``)."""
         for blocks in self._keepalive:  # (the materialized datasets these blocks came from)
             blocks.check_alive()
-        if not self._handle.blocks_alive:
+        if self._handle is not None and not self._handle.blocks_alive:
             msg = ("this materialized dataset's blocks were in a session that dataflow.shutdown() ended: "
                    "materialize() it again in the new session")
             raise DataflowError(msg)

@@ -17,7 +17,7 @@ Implementations:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -201,9 +201,11 @@ class Backend(ABC):
         equal: bool,
         max_pending_bytes: int,
         ordered: bool = False,
+        inputs: Sequence[BlockRef] = (),
     ) -> SplitCoordinator:
         """The coordinator of a ``streaming_split`` into ``n``: ``start`` runs one epoch;
-        ``ordered``: its order is the same every epoch, so rows are dealt by position."""
+        ``ordered``: its order is the same every epoch, so rows are dealt by position;
+        ``inputs``: the blocks of materialized datasets the epochs read (here: this process's)."""
         from engine.split import SplitCoordinator
 
         return SplitCoordinator(

@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,6 +215,11 @@ class RayStore(BlockStore):
         with self._lock:
             self._refs[ref.block_id] = object_ref
         return ref
+
+    def adopt(self, block_id: str, object_ref: ray.ObjectRef) -> None:
+        """Read block ``block_id`` (another process's, which owns it) through ``object_ref``."""
+        with self._lock:
+            self._refs[block_id] = object_ref
 
     def object_ref(self, block_id: str) -> ray.ObjectRef:
         with self._lock:
@@ -832,12 +837,16 @@ class RayBackend(Backend):
         equal: bool,
         max_pending_bytes: int,
         ordered: bool = False,
+        inputs: Sequence[BlockRef] = (),
     ) -> Any:
         """A coordinator actor on this node, which ranks anywhere on the cluster reach
-        (``engine.ray_split``); ``start`` runs an epoch in the actor's process."""
+        (``engine.ray_split``); ``start`` runs an epoch in the actor's process, which is handed
+        the object refs of ``inputs`` (a materialized dataset's blocks) to read them."""
         from engine.ray_split import start_coordinator
 
-        return start_coordinator(start, n, equal, max_pending_bytes, ordered, key=f"{os.getpid()}-{next(_split_ids)}")
+        refs = {ref.block_id: self.store.object_ref(ref.block_id) for ref in inputs}
+        return start_coordinator(start, n, equal, max_pending_bytes, ordered, key=f"{os.getpid()}-{next(_split_ids)}",
+                                 inputs=refs)
 
     def multi_node(self) -> bool:
         return len(self.nodes) > 1

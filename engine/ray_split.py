@@ -42,10 +42,15 @@ NAMESPACE = "dataflow"
 class _SplitActor:
     """Hosts one ``SplitCoordinator``; its epochs run on the cluster from this process."""
 
-    def __init__(self, start: bytes, n: int, equal: bool, max_pending_bytes: int, ordered: bool) -> None:
+    def __init__(self, start: bytes, n: int, equal: bool, max_pending_bytes: int, ordered: bool,
+                 inputs: dict[str, Any] | None = None) -> None:
         from engine import runner
 
         self._runner = runner
+        if inputs:  # a materialized dataset's blocks: the driver's refs, readable here too
+            store = runner.backend(None, "ray").store  # type: ignore[attr-defined]
+            for block_id, object_ref in inputs.items():
+                store.adopt(block_id, object_ref)
         self.coordinator = SplitCoordinator(
             serialization.loads(start), n, equal, read=_read_here, max_pending_bytes=max_pending_bytes, ordered=ordered
         )
@@ -154,14 +159,14 @@ class RaySplitClient:
 
 
 def start_coordinator(start: Callable[[], Any], n: int, equal: bool, max_pending_bytes: int, ordered: bool,
-                      key: str) -> RaySplitClient:
+                      key: str, inputs: dict[str, Any] | None = None) -> RaySplitClient:
     """Start the coordinator actor of a ``streaming_split`` on this (the driver's) node."""
     here = ray.get_runtime_context().get_node_id()
     actor = _SplitActor.options(  # type: ignore[attr-defined]
         name=_actor_name(key),
         namespace=NAMESPACE,
         scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-    ).remote(serialization.dumps(start), n, equal, max_pending_bytes, ordered)
+    ).remote(serialization.dumps(start), n, equal, max_pending_bytes, ordered, inputs or {})
     client = RaySplitClient(actor, key)
     # a named actor outlives its handles: end it with the driver's iterators (or the driver)
     # (at the driver's exit Ray ends it with the job: no call then, which could start a new Ray)

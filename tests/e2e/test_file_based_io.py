@@ -278,7 +278,7 @@ class _Identity:
 
 def test_min_rows_per_file_spans_an_actor_pools_batches(mode, tmp_path):
     """A write fused into an actor pool's tasks wrote one file per batch (500 and 100 rows for
-    min_rows_per_file=550), where a function's step wrote one of 600."""
+    min_rows_per_file=550), where a function's step wrote at least 550 rows a file (but the last)."""
     import pyarrow.parquet as pq
 
     base = dataflow.range(600, override_num_blocks=60)
@@ -286,5 +286,5 @@ def test_min_rows_per_file_spans_an_actor_pools_batches(mode, tmp_path):
                      ("actor", base.map_batches(_Identity, batch_size=500, concurrency=1))):
         out = tmp_path / name
         ds.write_parquet(str(out), min_rows_per_file=550)
-        files = sorted(out.glob("*.parquet"))
-        assert [pq.read_metadata(f).num_rows for f in files] == [600], name
+        rows = sorted((pq.read_metadata(f).num_rows for f in out.glob("*.parquet")), reverse=True)
+        assert sum(rows) == 600 and all(r >= 550 for r in rows[:-1]) and rows[0] >= 550, (name, rows)

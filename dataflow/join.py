@@ -127,11 +127,17 @@ class JoinReducer:
         if self.join_type.endswith(("semi", "anti")):  # one side's columns only
             return {}, {}
         both = set(left) & (set(right) - set(self.right_on))
-        if both and self.left_suffix is None and self.right_suffix is None:
-            msg = f"Left and right columns suffixes cannot be both None (overlapping columns: {sorted(both)})"
+        # a left non-key column named as a right key: Arrow's join would keep one of the two
+        keyed = (set(left) - set(self.on)) & (set(self.right_on) - set(self.on))
+        if (both or keyed) and self.left_suffix is None and self.right_suffix is None:
+            msg = f"Left and right columns suffixes cannot be both None (overlapping columns: {sorted(both | keyed)})"
             raise ValueError(msg)
-        left_names = {n: n + self.left_suffix if n in both and n not in self.on and self.left_suffix else n
-                      for n in left}
+        if keyed and not self.left_suffix:
+            msg = (f"join: the left column {sorted(keyed)[0]!r} is named as a right key (right_on); give "
+                   f"left_suffix= to rename it, or rename it first")
+            raise ValueError(msg)
+        left_names = {n: n + self.left_suffix if (n in both or n in keyed) and n not in self.on and self.left_suffix
+                      else n for n in left}
         right_suffix = self.right_suffix or "_right"
         right_names = {n: n + right_suffix if n in both and (self.right_suffix or n in self.on) else n
                        for n in right}

@@ -149,6 +149,11 @@ class SplitIterator(DataIterator):
         return dict(coordinator.last_stats) if coordinator is not None else {}
 
     def __reduce__(self) -> Any:
+        # sent to another process (a rank): the coordinator stays open, whatever happens to the
+        # iterators here, until the engine shuts down
+        coordinator = self._coordinator or runner.find_split(self._key)
+        if coordinator is not None and hasattr(coordinator, "note_remote_client"):
+            coordinator.note_remote_client()
         return (SplitIterator, (None, self._key, self._address, self._split, self._n, self._schema))
 
     def __repr__(self) -> str:

@@ -369,18 +369,15 @@ class StreamingExecutor:
 
     def _unreadable_result(self, worker_id: str, frames: list[Any], err: BaseException) -> bool:
         """A worker's reply to its task that does not unpickle here (a sink's or a UDF's object
-        whose loading fails in the driver): the task fails with that error, as the user's, and
-        the worker is replaced, which sweeps the blocks the unreadable reply named. False when
-        ``frames`` are no such reply (they are then dropped)."""
+        whose loading fails in the driver): the worker is killed, still busy with that task (so
+        nothing more is sent to it), and its death fails the task with that error, as the user's
+        (``_on_death``), requeues what was pipelined behind it and sweeps the blocks the
+        unreadable reply named. False when ``frames`` are no such reply (they are then dropped)."""
         handle = self.pool.workers.get(worker_id)
         if (handle is None or handle.task is None or handle.pid is None or not isinstance(err, protocol.BadBody)
-                or protocol.kind_of(frames) is not protocol.TaskDone):
+                or protocol.kind_of(frames) is not protocol.TaskDone or handle.unreadable is not None):
             return False
-        cause = err.__cause__ if err.__cause__ is not None else err
-        spec = handle.task[2].spec
-        failure = UDFFailure(f"reading the result of task {spec.task_index} in the driver", cause)
-        result = TaskResult(spec.task_id, error=describe_error(failure))
-        self._guarded(f"an unreadable result from {worker_id}", partial(self._on_message, worker_id, protocol.TaskDone(result, ())))
+        handle.unreadable = err.__cause__ if err.__cause__ is not None else err
         self._quiet_deaths.add(handle.pid)
         try:
             os.kill(handle.pid, signal.SIGKILL)
@@ -609,6 +606,11 @@ class StreamingExecutor:
                 )
             )
             self._reap(execution)
+        elif task is not None and handle.unreadable is not None:
+            execution, op, pending = task
+            self._ledger.give(op.resources.num_cpus, op.resources.custom)
+            failure = UDFFailure(f"reading the result of task {pending.spec.task_index} in the driver", handle.unreadable)
+            self._finish_task(execution, op, TaskResult(pending.spec.task_id, error=describe_error(failure)))
         elif task is not None:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)

@@ -432,8 +432,10 @@ class SplitCoordinator:
             threading.Thread(target=self.close, name="dataflow-split-close", daemon=True).start()
 
     def note_remote_client(self) -> None:
-        """An iterator in another process asked for a piece (the transport says so)."""
-        self._remote_clients = True
+        """An iterator may be read in another process: one was pickled (to be sent to a rank),
+        or one asked the transport for a piece."""
+        with self._cond:
+            self._remote_clients = True
 
     # the API split iterators use -------------------------------------------------------
     def try_next(self, split: int, epoch: int, near: str | None = None) -> Piece | str:
@@ -536,9 +538,12 @@ class SplitCoordinator:
         self._cond.notify_all()
 
     def _everyone_left(self, dealer: _Dealer) -> bool:
-        """Every split stopped reading ``dealer``'s epoch before its execution ended (or the
-        coordinator closed)."""
-        return self._closed or (dealer is self._dealer and not dealer.done and len(self._ended) == self.n)
+        """Every split stopped reading ``dealer``'s epoch before its execution ended: the
+        coordinator closed, or the next epoch began (which only happens once every split left
+        this one), or every split abandoned it."""
+        if self._closed or dealer is not self._dealer:
+            return True
+        return not dealer.done and len(self._ended) == self.n
 
     def _drop_locked(self, piece: Piece) -> None:
         """A piece nobody will get: no longer buffered, and its block freed once unused."""
@@ -599,7 +604,8 @@ class SplitCoordinator:
             finally:
                 refs.close()  # stops the execution if it has not ended (every split left)
             with self._cond:
-                for piece in dealer.finish():
+                left = self._everyone_left(dealer)
+                for piece in dealer.finish() + (dealer.drain() if left else []):  # nobody reads what is queued
                     self._drop_locked(piece)
                 self._cond.notify_all()
                 self._notify_server()

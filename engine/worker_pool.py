@@ -50,6 +50,8 @@ class WorkerHandle:
     """Resident bytes when last sampled while it ran a task."""
     timed_out: bool = False
     """Killed because its task ran past ``task_timeout_s``."""
+    unreadable: BaseException | None = None
+    """Why the reply to its task could not be read (it was killed for it: the task fails so)."""
     cancel_killed: bool = False
     """Killed because its task's execution was cancelled and the task ran on regardless."""
     last_accepted: int = -1

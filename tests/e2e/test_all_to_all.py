@@ -775,6 +775,18 @@ def test_join_right_on_keeps_the_left_key_names(mode):
     assert full == [{"k": 1, "v": 1, "k_r": 5}, {"k": 2, "v": None, "k_r": 6}]
 
 
+def test_join_keeps_a_left_column_named_as_the_right_key(mode):
+    """Left {a, b} joined on a = right's b: a right outer join kept the right key as b and
+    dropped the left's b without a word."""
+    left = dataflow.from_items([{"a": i, "b": i * 10} for i in range(3)])
+    right = dataflow.from_items([{"b": i, "c": i * 100} for i in range(1, 4)])
+    for how in ("inner", "left_outer", "right_outer", "full_outer"):
+        rows = left.join(right, how, 2, on=("a",), right_on=("b",), left_suffix="_l", right_suffix="_r").take_all()
+        assert all("b_l" in r for r in rows) and {r["b_l"] for r in rows if r["b_l"] is not None} >= {10, 20}, (how, rows)
+    with pytest.raises(ValueError, match="'b' is named as a right key"):
+        left.join(right, "inner", 2, on=("a",), right_on=("b",), right_suffix="_r").take_all()
+
+
 def test_join_validate_schemas_remote_args_and_size_hint(mode):
     """validate_schemas, aggregator_ray_remote_args and partition_size_hint were ignored."""
     from engine.errors import ResourceError

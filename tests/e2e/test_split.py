@@ -319,3 +319,25 @@ def test_a_coordinator_closes_once_its_iterators_are_gone(streaming):
     while (len(SplitCoordinator._registry), serving()) != before and time.monotonic() < deadline:
         time.sleep(0.02)
     assert (len(SplitCoordinator._registry), serving()) == before
+
+
+def test_a_coordinator_whose_iterators_were_pickled_stays_open(streaming):
+    """Iterators pickled to ranks that have not asked yet ([w.train.remote(it) for it in
+    ds.streaming_split(2)]): the driver dropping its own must not close the coordinator."""
+    import gc
+
+    from engine.split import SplitCoordinator
+
+    its = dataflow.range(100).streaming_split(2)
+    sent = [pickle.dumps(it) for it in its]
+    key = its[0]._key
+    del its
+    gc.collect()
+    time.sleep(0.2)
+    assert key in SplitCoordinator._registry
+    rank = pickle.loads(sent[0])  # (here in-process: it finds the coordinator by its key)
+    source = rank._source()
+    piece = source.next(0, 0)
+    assert piece is not None and piece.length > 0
+    source.release(piece)
+    SplitCoordinator._registry[key].close()

@@ -495,3 +495,65 @@ def test_a_rank_whose_process_dies_does_not_hold_the_others_back(streaming, tmp_
         if rank.poll() is None:
             rank.kill()
             rank.wait(10)
+
+
+class _GatedHandle:
+    """An execution handle of ``n`` blocks whose production waits at block ``hold`` for ``gate``."""
+
+    def __init__(self, name: str, n: int, hold: int, gate: threading.Event) -> None:
+        self.name, self.n, self.hold, self.gate = name, n, hold, gate
+        self.produced, self.freed, self.closed = 0, [], False
+
+    def iter_refs(self):
+        try:
+            for i in range(self.n):
+                if i == self.hold:
+                    self.gate.wait(10)
+                self.produced += 1
+                yield BlockRef(f"{self.name}-{i}", None, 10, 100)
+        finally:
+            self.closed = True
+
+    def detach(self, ref):
+        return True
+
+    def free_detached(self, ref):
+        self.freed.append(ref.block_id)
+
+
+def test_an_epoch_left_while_its_execution_waits_stops_once_the_next_begins():
+    """Every split left epoch 0 while its pump waited for the next block, and epoch 1 began
+    first: the old pump no longer saw its epoch as left and ran its whole execution."""
+    gate, handles = threading.Event(), []
+
+    def start():
+        handles.append(_GatedHandle(f"e{len(handles)}", 200, 2 if not handles else -1, gate))
+        return handles[-1]
+
+    coordinator = SplitCoordinator(start, 2, False, read=lambda ref: None, max_pending_bytes=1 << 30)
+    for split in (0, 1):
+        coordinator.release(coordinator.next(split, 0))
+        coordinator.abandon(split, 0)
+    assert coordinator.next(0, 1) is not None  # epoch 1 begins before epoch 0's pump wakes
+    gate.set()
+    assert _wait_for(lambda: handles[0].closed)
+    assert handles[0].produced < 10 and sorted(handles[0].freed) == sorted(f"e0-{i}" for i in range(handles[0].produced))
+    coordinator.close()
+
+
+@pytest.mark.parametrize("equal", [False, True])
+def test_a_coordinator_closed_while_its_execution_waits_frees_the_next_block(equal):
+    gate, handles = threading.Event(), []
+
+    def start():
+        handles.append(_GatedHandle("b", 5, 1, gate))
+        return handles[-1]
+
+    coordinator = SplitCoordinator(start, 2, equal, read=lambda ref: None, max_pending_bytes=1 << 30)
+    first = coordinator.next_within(0, 0, 1.0)
+    if isinstance(first, Piece):
+        coordinator.release(first)
+    coordinator.close()
+    gate.set()
+    assert _wait_for(lambda: handles[0].closed and len(handles[0].freed) == handles[0].produced)
+    assert not coordinator._owners

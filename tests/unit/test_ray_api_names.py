@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+import subprocess
+import sys
 
 import pytest
 
@@ -89,6 +91,9 @@ def test_module_names_dataflow_has_and_does_not():
 
     assert dataflow.DatasetIterator is dataflow.DataIterator and dataflow.DatasetContext is dataflow.DataContext
     assert {"range_tensor", "from_blocks", "DatasetSummary", "read_parquet"} <= set(dir(dataflow))
+    # loaded with dataflow, as ray.data.datatype with ray.data (a fresh process: here others import it)
+    fresh = subprocess.run([sys.executable, "-c", "import dataflow; dataflow.datatype.DataType"], capture_output=True, text=True)
+    assert fresh.returncode == 0, fresh.stderr
     with pytest.raises(AttributeError, match=r"^module 'dataflow' has no attribute 'raed_parquet'$"):
         dataflow.raed_parquet
     with pytest.raises(AttributeError, match=r"ray\.data\.expressions\.star is a Ray Data API"):

@@ -842,8 +842,10 @@ def _wide(batch):
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("step", ["sort", "sort_files", "shuffle", "map_groups", "groupby"])
+@pytest.mark.parametrize("step", ["sort", "sort_files", "shuffle", "map_groups", "groupby", "join"])
 def test_out_of_core_at_three_times_the_store(step, fresh_engine, tmp_path):
+    from engine import session
+
     dataflow.init(execution_mode="streaming", num_cpus=2, object_store_memory=32 * MiB)
     ds = dataflow.range(12_000, override_num_blocks=48).map_batches(_wide)  # ~96 MiB
     if step == "sort_files":  # the same rows from files: sampled by a key-only read, partitioned as read
@@ -859,14 +861,16 @@ def test_out_of_core_at_three_times_the_store(step, fresh_engine, tmp_path):
     elif step == "shuffle":
         ids = [r["id"] for r in ds.random_shuffle(seed=2).select_columns(["id"]).take_all()]
         assert sorted(ids) == list(range(12_000)) and ids != list(range(12_000))
+    elif step == "join":  # both sides partitioned, the wide one three times the store
+        right = dataflow.range(12_000, override_num_blocks=4).map_batches(lambda b: {"id": b["id"], "w": b["id"] * 2})
+        rows = ds.join(right, "inner", on=("id",)).select_columns(["id", "w"]).take_all()
+        assert sorted(r["id"] for r in rows) == list(range(12_000)) and all(r["w"] == 2 * r["id"] for r in rows)
     elif step == "map_groups":
         sizes = ds.groupby("k").map_groups(lambda g: {"k": g["k"][:1], "n": [len(g["k"])]}, batch_format="numpy")
         assert {r["k"]: r["n"] for r in sizes.take_all()} == {k: len(range(k, 12_000, 97)) for k in range(97)}
     else:  # partial states on the map side: only they cross the exchange
         got = {r["k"]: r["count()"] for r in ds.groupby("k").count().take_all()}
         assert got == {k: len(range(k, 12_000, 97)) for k in range(97)}
-    from engine import session
-
     executor = session.current_session().executor
     executor.sync()
     stats = executor.statistics()

@@ -518,7 +518,7 @@ class SplitCoordinator:
         self._notify_server()
 
     def depart(self, split: int) -> None:
-        """The process reading ``split`` is gone (its connection closed): it reads no more of
+        """The process reading ``split`` is gone (it exited or was killed): it reads no more of
         this epoch, nor of the next ones until a reader asks for ``split`` again, so the other
         splits never wait for its share (with ``equal=True`` they would, for ever)."""
         with self._cond:

@@ -37,7 +37,7 @@ from dataflow.aggregate import (
 from dataflow.context import DataContext
 from dataflow.grouped import GroupedData, aggregate_node, unique_names
 from dataflow.iterator import DataIterator
-from dataflow.join import join_node, join_resources, key_tuple, needs_schemas, validate_key_types, zip_node
+from dataflow.join import join_node, key_tuple, needs_schemas, validate_key_types, zip_node
 from dataflow.mixing import MixStoppingCondition, mix_node
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import Exchange, InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
@@ -45,7 +45,7 @@ from dataflow.schema import Schema
 from dataflow.shuffle import random_sample_batch
 from dataflow.sources import input_sources
 from dataflow.summary import DatasetSummary
-from dataflow.udf import builtin_node, map_node, remote_args, with_remote_args
+from dataflow.udf import builtin_node, map_node, task_resources, with_remote_args
 from engine import runner
 from engine.block_format import concat_blocks
 from engine.errors import ColumnNotFoundError, DataflowError
@@ -346,15 +346,7 @@ class Dataset:
         ``ray_remote_args`` (``num_cpus``, ``num_gpus``, ``resources``, ``accelerator_type``)
         are what each of its reduce tasks holds while it runs, as Ray gives them to the
         shuffle's tasks; the other remote arguments have no meaning for it and are refused."""
-        resources = None
-        if ray_remote_args:
-            args = remote_args("random_shuffle", None, None, None, None, ray_remote_args)
-            unused = sorted(set(ray_remote_args) - {"num_cpus", "num_gpus", "resources", "accelerator_type"})
-            if unused:
-                msg = (f"random_shuffle({unused[0]}=...): only num_cpus, num_gpus, resources and accelerator_type "
-                       "apply to the shuffle's tasks")
-                raise ValueError(msg)
-            resources = args.resources
+        resources = task_resources("random_shuffle", ray_remote_args, "ray_remote_args")
         return self._derive(all_to_all.random_shuffle(self._plan, seed, num_blocks, resources))
 
     def randomize_block_order(self, *, seed: int | None = None) -> Dataset:
@@ -428,7 +420,7 @@ class Dataset:
         schemas = (self._arrow_schema(fetch_if_missing=False) if left_needed else None,
                    ds._arrow_schema(fetch_if_missing=False) if right_needed else None)
         return self._derive(join_node(self._plan, ds._plan, join_type, num_partitions, on, right_on,
-                                      left_suffix, right_suffix, schemas, join_resources(aggregator_ray_remote_args)))
+                                      left_suffix, right_suffix, schemas, task_resources("join", aggregator_ray_remote_args, "aggregator_ray_remote_args")))
 
     def zip(self, *other: Dataset) -> Dataset:
         """The columns of this dataset and the others, row by row (equal row counts, or

@@ -13,14 +13,12 @@ and each task gets the same range of rows from every input.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from dataflow.plan import Exchange, LogicalNode, Resources
 from dataflow.shuffle import HashPartitioner
-from dataflow.udf import remote_args
 from engine.errors import ColumnNotFoundError
 from engine.exchange import FINE_PARTITIONS, concat
 
@@ -192,26 +190,6 @@ def validate_key_types(left: pa.Schema | None, right: pa.Schema | None,
 
 def _columns(schema: pa.Schema | None) -> str:
     return "no schema" if schema is None else "{" + ", ".join(f"{f.name}: {f.type}" for f in schema) + "}"
-
-
-_JOIN_TASK_ARGS = frozenset({"num_cpus", "num_gpus", "resources", "accelerator_type"})
-
-
-def join_resources(aggregator_ray_remote_args: dict[str, Any] | None) -> Resources | None:
-    """What each join task holds while it runs: Ray gives ``aggregator_ray_remote_args`` to the
-    actors that join its partitions; here they are the reduce tasks' resources."""
-    if not aggregator_ray_remote_args:
-        return None
-    if not isinstance(aggregator_ray_remote_args, dict):
-        msg = f"aggregator_ray_remote_args must be a dict, got {type(aggregator_ray_remote_args).__name__}"
-        raise TypeError(msg)
-    args = remote_args("join", None, None, None, None, aggregator_ray_remote_args)
-    unused = sorted(set(aggregator_ray_remote_args) - _JOIN_TASK_ARGS)
-    if unused:
-        msg = (f"join(aggregator_ray_remote_args={{{unused[0]!r}: ...}}): only num_cpus, num_gpus, resources "
-               "and accelerator_type apply to the join's tasks")
-        raise ValueError(msg)
-    return args.resources
 
 
 def join_node(left: LogicalNode, right: LogicalNode, join_type: str, num_partitions: int | None,

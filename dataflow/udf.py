@@ -232,6 +232,28 @@ def remote_args(
     )
 
 
+RESOURCE_ARGS = frozenset({"num_cpus", "num_gpus", "resources", "accelerator_type"})
+"""The remote arguments an all-to-all step's tasks can hold (its other arguments mean nothing there)."""
+
+
+def task_resources(method: str, ray_remote_args: dict[str, Any] | None, what: str) -> Resources | None:
+    """What each task of an all-to-all step (``random_shuffle``'s, ``join``'s) holds while it
+    runs, from the Ray remote arguments it was given: checked as a map's, and any argument but
+    ``RESOURCE_ARGS`` refused, as it would have no effect. None when none were given."""
+    if not ray_remote_args:
+        return None
+    if not isinstance(ray_remote_args, dict):
+        msg = f"{what} must be a dict, got {type(ray_remote_args).__name__}"
+        raise TypeError(msg)
+    args = remote_args(method, None, None, None, None, ray_remote_args)
+    unused = sorted(set(ray_remote_args) - RESOURCE_ARGS)
+    if unused:  # named as the caller wrote it: random_shuffle(memory=...) or join(...={'memory': ...})
+        given = f"{unused[0]}=..." if what == "ray_remote_args" else f"{what}={{{unused[0]!r}: ...}}"
+        msg = f"{method}({given}): only num_cpus, num_gpus, resources and accelerator_type apply to its tasks"
+        raise ValueError(msg)
+    return args.resources
+
+
 def _check_names(method: str, args: dict[str, Any], where: str) -> None:
     unknown = sorted(name for name in args if name not in RAY_REMOTE_ARGS)
     if unknown:

@@ -122,12 +122,22 @@ def _reap(pid: int) -> int | None:
         time.sleep(0.001)
 
 
-def _parent_of(pid: int) -> int | None:
+def stat_fields(pid: int) -> list[bytes] | None:
+    """Process ``pid``'s ``/proc/<pid>/stat`` fields from the third on (state, parent, ...: field
+    N is item N - 3), read past the command name, which may hold spaces; None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        return int(stat[stat.rindex(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
+        return stat[stat.rindex(b")") + 2 :].split()
+    except (OSError, ValueError):
+        return None
+
+
+def _parent_of(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    try:
+        return int(fields[1]) if fields is not None else None
+    except (ValueError, IndexError):
         return None
 
 

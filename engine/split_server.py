@@ -31,6 +31,7 @@ import zmq
 
 from engine import protocol, serialization
 from engine.errors import DataflowError, SplitCoordinatorLostError
+from engine.forkserver import stat_fields
 from engine.object_store import BlockRef
 from engine.split import WAIT, Piece
 from engine.wakeup import WakeupPipe
@@ -51,18 +52,16 @@ _MAX_LOOP_FAILURES = 100
 """Failures of the serving loop itself in a row after which the server gives up."""
 
 
-def _start_time(pid: int) -> str | None:
+def _start_time(pid: int) -> bytes | None:
     """When process ``pid`` started (``/proc/<pid>/stat``'s field 22), or None if it is gone
     (a zombie included: killed, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = stat_fields(pid)
+    if fields is None or len(fields) < 20 or fields[0] in (b"Z", b"X"):
         return None
-    return None if fields[0] in ("Z", "X") else fields[19]
+    return fields[19]
 
 
-def _same_process_alive(pid: int, started: str) -> bool:
+def _same_process_alive(pid: int, started: bytes) -> bool:
     """Process ``pid`` runs, and is the one first seen (not a later one given the same pid)."""
     return _start_time(pid) == started
 
@@ -109,7 +108,7 @@ class SplitServer:
         """Pieces dealt to each client and not released yet: a release of anything else is dropped."""
         self._reading: dict[bytes, set[int]] = {}
         """The splits each client has asked for: its departure lets them go."""
-        self._processes: dict[bytes, tuple[int, str]] = {}
+        self._processes: dict[bytes, tuple[int, bytes]] = {}
         """Each client's process (pid, start time), checked every ``KEEPALIVE_S``: clients share
         this machine (the socket is an ipc path), and one whose process is gone has departed."""
         self._next_check = time.monotonic() + KEEPALIVE_S

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.forkserver import HEAVY_MODULES, ForkServer
+from engine.forkserver import HEAVY_MODULES, ForkServer, stat_fields
 
 STARTING, IDLE, BUSY, RETIRING, DEAD = "starting", "idle", "busy", "retiring", "dead"
 TASK_KIND = "task"
@@ -228,14 +228,12 @@ def zombie_exit_code(pid: int) -> int | None:
     """How process ``pid`` ended (-N for signal N, else its exit code), read from the kernel
     while it is a zombie not yet reaped by its parent (the zygote reaps a worker only when asked,
     so at the moment the driver sees its pidfd fire this is known); None otherwise."""
+    fields = stat_fields(pid)
+    if fields is None or fields[0] != b"Z" or len(fields) < 50:  # field 52, exit_code, since Linux 3.5
+        return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if fields[0] != b"Z" or len(fields) < 50:  # field 52, exit_code, since Linux 3.5
-            return None
         return os.waitstatus_to_exitcode(int(fields[-1]))
-    except (OSError, ValueError, IndexError):
+    except ValueError:
         return None
 
 

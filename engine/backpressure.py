@@ -76,6 +76,20 @@ def op_budget(
     return max(min(floor, share), min(want, share))
 
 
+MIN_TASK_OUTPUT = 1 << 20
+"""A task's output cap never goes below this (a smaller store than that makes tasks tiny)."""
+
+
+def task_output_cap(store_capacity: int, task_operators: int, slots: int, block_target: int) -> int:
+    """Bytes one task of an operator should leave in the store at most: ``block_target`` (the
+    execution's ``target_max_block_size``), or less where a store this small would not hold
+    ``WAVES`` waves of the operator's ``slots`` tasks in its share. Bundles stop growing and big
+    input blocks are cut at this size, so a task never outgrows what its budget admits."""
+    share = store_capacity * STORE_SHARE / max(1, task_operators)
+    fits = int(share / (WAVES * max(1, slots)))
+    return max(1, min(block_target, max(MIN_TASK_OUTPUT, fits)))
+
+
 def blocked_reason(load: OpLoad) -> str | None:
     """None when one more task may start, else the reason it may not."""
     if load.max_concurrency is not None and load.in_flight >= load.max_concurrency:

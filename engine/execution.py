@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine import row_errors
-from engine.backpressure import WAIT_BUDGET, WAIT_RESOURCES, OpLoad, blocked_reason, op_budget
+from engine.backpressure import WAIT_BUDGET, WAIT_RESOURCES, OpLoad, blocked_reason, op_budget, task_output_cap
 from engine.errors import DataflowError, EngineError, WorkerDiedError, make_user_error
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.operators.base import OperatorContext, PhysicalOperator
@@ -154,6 +154,10 @@ class Execution:
             op.start(ctx)
         self._task_ops: list[MapOperator] = [op for op in ops if op.runs_tasks]  # type: ignore[misc]
         self._feeds_consumer = {id(op) for op in self._task_ops if self._task_downstream(op) is None}
+        for op in self._task_ops:
+            cap = task_output_cap(self.store_capacity, len(self._task_ops), op.slots(options.resolved_num_cpus()),
+                                  op.max_task_output_bytes)
+            op.max_task_output_bytes = cap
         self.consumer_held = 0
         """Bytes handed to the consumer and not yet released by it."""
         self.started = time.perf_counter()

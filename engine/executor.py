@@ -745,14 +745,9 @@ class StreamingExecutor:
         return self._dispatch(execution, op, slot)
 
     def _running_output_bytes(self) -> float:
-        """Bytes the tasks running on workers are expected to add to the store: each operator's
-        learned output per task, or a task's input size before one has finished."""
-        total = 0.0
-        for handle in self.pool.live():
-            for _execution, op, pending in handle.tasks:
-                learned = op.learned_output_bytes()
-                total += pending.input_bytes if learned is None else learned
-        return total
+        """Bytes the tasks running on workers are expected to add to the store (each task's
+        estimate from its operator: ``MapOperator.expected_bytes_of``)."""
+        return sum(op.expected_bytes_of(pending) for handle in self.pool.live() for _e, op, pending in handle.tasks)
 
     def _actor_wait(self, op: MapOperator) -> str:
         pool = self._actors.get(f"actor:{op.key}", [])

@@ -416,9 +416,24 @@ class MapOperator(PhysicalOperator):
         """
         if self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
             return 0.0
+        if self._out_ratio is not None and (self._queue or self.retry_queue):
+            # bundles grow once the ratio is known: the next one's input, not the last tasks' average
+            head = self.next_input_bytes()
+            return self._out_ratio * max(head, min(self._queued_bytes, self._bundle_limit()))
         if self._out_bytes_per_task is not None:
             return self._out_bytes_per_task
         return float(max(min(self._queued_bytes, self.min_bundle_bytes), prior))
+
+    def expected_bytes_of(self, pending: Pending) -> float:
+        """Bytes a running task is expected to leave in the store: its input times the learned
+        output-to-input ratio, else the learned output per task, else its input size."""
+        if self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
+            return 0.0
+        if self._out_ratio is not None and pending.input_bytes > 0:
+            return self._out_ratio * pending.input_bytes
+        if self._out_bytes_per_task is not None:
+            return self._out_bytes_per_task
+        return float(pending.input_bytes)
 
     def learned_output_bytes(self) -> float | None:
         """Bytes a task left in the store, on average, once one has finished (else None)."""

@@ -842,11 +842,17 @@ def _wide(batch):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 @pytest.mark.parametrize("step", ["sort", "sort_files", "shuffle", "map_groups", "groupby", "join"])
-def test_out_of_core_at_three_times_the_store(step, fresh_engine, tmp_path):
+def test_out_of_core_at_three_times_the_store(step, warm, fresh_engine, tmp_path):
+    """Cold, the first tasks run while workers start; warm, both workers take the first wave at
+    once (bundles of up to 24 MiB each overshot a 32 MiB store to 94 MB before tasks were capped
+    to fit their operator's share)."""
     from engine import session
 
     dataflow.init(execution_mode="streaming", num_cpus=2, object_store_memory=32 * MiB)
+    if warm:
+        assert session.current_session().executor.wait_for_workers()
     ds = dataflow.range(12_000, override_num_blocks=48).map_batches(_wide)  # ~96 MiB
     if step == "sort_files":  # the same rows from files: sampled by a key-only read, partitioned as read
         ds.write_parquet(str(tmp_path / "wide"), min_rows_per_file=500)
@@ -877,7 +883,7 @@ def test_out_of_core_at_three_times_the_store(step, fresh_engine, tmp_path):
     print(stats)
     if step != "groupby":
         assert stats["spilled_bytes"] > 32 * MiB  # the map outputs went to disk...
-    assert stats["store_peak"] <= 32 * MiB + 16 * MiB  # ...and shared memory stayed near its capacity
+    assert stats["store_peak"] <= 32 * MiB + 8 * MiB  # ...and shared memory stayed near its capacity
     assert [f for f in os.listdir(executor.store.spill_dir) if f.endswith(".arrow")] == []  # nothing left behind
 
 

@@ -99,6 +99,20 @@ def test_budgets_scale_with_block_size_and_stay_within_the_store_share():
     assert op_budget(64 * MiB_, 2, 2, 1 * MiB_, 192 * MiB_) == 16 * MiB_
 
 
+def test_a_tasks_output_is_capped_to_fit_its_operators_share_of_a_small_store():
+    from engine.backpressure import MIN_TASK_OUTPUT, task_output_cap
+
+    MiB_ = 1 << 20
+    # a big store: the block target (target_max_block_size) is the cap
+    assert task_output_cap(8 << 30, 2, 2, 128 * MiB_) == 128 * MiB_
+    # 32 MiB, three operators of two slots: two waves of each one's tasks fit its share
+    cap = task_output_cap(32 * MiB_, 3, 2, 128 * MiB_)
+    assert cap * 2 * 2 * 3 <= 16 * MiB_ and cap >= MIN_TASK_OUTPUT
+    # never below the floor, never above the target
+    assert task_output_cap(4 * MiB_, 8, 16, 128 * MiB_) == MIN_TASK_OUTPUT
+    assert task_output_cap(4 * MiB_, 8, 16, 1000) == 1000
+
+
 def test_a_starved_downstream_admits_over_budget_and_a_backlogged_one_admits_one_task():
     from engine.backpressure import WAIT_BUDGET, OpLoad, blocked_reason
 

@@ -150,3 +150,27 @@ def test_key_order_fixes_keys_that_tie_in_their_packed_top_bits(n):
     keys[pick[1::2]] = (keys[pick[: len(pick) // 2 * 2 : 2]] & ~low) | (keys[pick[1::2]] & low)  # same top bits
     keys[pick[:2]] = keys[pick[2]] if n > 2 else keys[pick[:2]]  # exact duplicates
     assert np.array_equal(key_order(keys), np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint64", "int32"])
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("base", [0, -(1 << 40), 1 << 40])
+def test_keys_spanning_32_bits_or_less_sort_by_radix_as_argsort(dtype, descending, base):
+    """Keys whose span fits 32 bits (at the edge, wherever they start) are ordered by two
+    16-bit counting passes: the result is the stable argsort's, ties in row order."""
+    from dataflow.sort import packed_order
+
+    rng = np.random.default_rng(7)
+    if dtype == "uint64":
+        base = abs(base) + (1 << 63) if base else (1 << 64) - (1 << 32) - 1  # near the top of uint64
+    elif dtype == "int32":
+        base = -(1 << 31)
+    span = (1 << 32) - 1
+    offsets = rng.integers(0, span, 30_000, dtype=np.uint64, endpoint=True)
+    offsets[:3] = (0, span, span)  # both ends, and a tie
+    offsets[100:200] = offsets[5]
+    values = (offsets + np.uint64(base % (1 << 64))).astype(np.uint64).view(np.int64).astype(dtype)
+    low, high = int(values.min()), int(values.max())
+    order = packed_order(values, low, high, descending)
+    want = np.argsort(-values.astype(object) if descending else values.astype(object), kind="stable")
+    assert np.array_equal(order, want)

@@ -416,7 +416,8 @@ class MapOperator(PhysicalOperator):
         """
         if self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
             return 0.0
-        if self._out_ratio is not None and (self._queue or self.retry_queue):
+        sized_by_bytes = self.exact_batch_rows is None and self.min_rows_per_task is None and not self.whole_units
+        if self._out_ratio is not None and sized_by_bytes and (self._queue or self.retry_queue):
             # bundles grow once the ratio is known: the next one's input, not the last tasks' average
             head = self.next_input_bytes()
             return self._out_ratio * max(head, min(self._queued_bytes, self._bundle_limit()))

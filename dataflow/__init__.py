@@ -46,6 +46,7 @@ from dataflow.errors import DataflowError, UserCodeError, WorkerDiedError
 from dataflow.expressions import col, lit
 from dataflow.iterator import DataIterator
 from dataflow.mixing import MixStoppingCondition
+from dataflow.random_seed import RandomSeedConfig
 from dataflow.read_api import (
     from_arrow,
     from_blocks,
@@ -203,6 +204,7 @@ __all__ = [
     "MixStoppingCondition",
     "PathPartitionFilter",
     "Preprocessor",
+    "RandomSeedConfig",
     "ReadTask",
     "ResumeMismatchError",
     "RowBasedFileDatasink",

@@ -11,24 +11,25 @@ from collections.abc import Sequence
 from typing import Any
 
 from dataflow.plan import Exchange, LogicalNode
+from dataflow.random_seed import StepSeed
 from dataflow.shuffle import ConcatReducer, HashPartitioner, RandomPartitioner, RoundRobinPartitioner, ShuffleReducer
 from dataflow.sort import RangePartitioner, SortKey, SortReducer, TopKPartitioner, TopKReducer
 from engine.exchange import FINE_PARTITIONS
 
 
-def random_shuffle(plan: LogicalNode, seed: int | None, num_blocks: int | None = None, resources: Any = None) -> Exchange:
+def random_shuffle(plan: LogicalNode, seed: StepSeed, num_blocks: int | None = None, resources: Any = None) -> Exchange:
     partitions = max(FINE_PARTITIONS, num_blocks or 0)
     return Exchange(
         (plan,), "RandomShuffle", (RandomPartitioner(seed, partitions),), ShuffleReducer(exact_blocks=num_blocks is not None),
         # with a seed the order is the result: the steps after it keep it, as after a sort
-        num_tasks=num_blocks, ordered_input=seed is not None, orders_output=seed is not None, preserves_rows=True,
+        num_tasks=num_blocks, ordered_input=seed.given, orders_output=seed.given, preserves_rows=True,
         small_in_one_task=num_blocks is None, resources=resources,
     )
 
 
-def randomize_block_order(plan: LogicalNode, seed: int | None) -> Exchange:
+def randomize_block_order(plan: LogicalNode, seed: StepSeed) -> Exchange:
     return Exchange((plan,), "RandomizeBlockOrder", grouping="blocks", seed=seed,
-                    ordered_input=seed is not None, orders_output=seed is not None, preserves_rows=True)
+                    ordered_input=seed.given, orders_output=seed.given, preserves_rows=True)
 
 
 def sort(plan: LogicalNode, key: str | Sequence[str], descending: bool | Sequence[bool],

@@ -20,6 +20,8 @@ from typing import Any
 from dataflow import plan
 from dataflow.expressions import FilterExpr, WithColumns
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Mix, Read, Union
+from dataflow.random_seed import StepSeed, compiling
+from dataflow.shuffle import RandomSample
 from engine.exchange import PartitionTransform, ReduceTransform, WholeExchangeTransform
 from engine.operators.base import PhysicalOperator
 from engine.operators.exchange import MERGE_FAN_IN, PartitionOperator, ReduceOperator, SampledReadPartitionOperator
@@ -72,7 +74,7 @@ class _Compiler:
 def _bound(stage: Stage) -> Stage:
     """``stage`` for one execution: an expression step gets its copy for the execution (a
     ``random()`` in it draws new values in each execution)."""
-    if isinstance(stage.fn, (WithColumns, FilterExpr)):
+    if isinstance(stage.fn, (WithColumns, FilterExpr, RandomSample)):
         return dataclasses.replace(stage, fn=stage.fn.for_execution())
     return stage
 
@@ -208,13 +210,17 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     partitioned = len(fed) == 1 and isinstance(fed[0], MapOperator) and fed[0].output == OUTPUT_PARTITIONS
     merges = MERGE_FAN_IN if partitioned and reducer is not None else 0
     reduce = ReduceOperator(node.label, transform, fed, grouping=node.grouping, num_tasks=node.num_tasks,
-                            rows_per_task=node.rows_per_task, seed=node.seed, merge_fan_in=merges,
+                            rows_per_task=node.rows_per_task, seed=_seed_for_execution(node.seed), merge_fan_in=merges,
                             resources=_resources(node.resources) if node.resources is not None else None)
     reduce.max_concurrency = node.max_concurrency
     reduce.keep_empty_blocks = node.keep_empty_blocks
     if node.orders_output:
         c.ordering.add(id(reduce))
     return c.add(reduce)
+
+
+def _seed_for_execution(seed: StepSeed | int | None) -> int | None:
+    return seed.for_execution() if isinstance(seed, StepSeed) else seed
 
 
 def _may_fit_one_task(c: _Compiler, node: Exchange) -> bool:
@@ -333,7 +339,8 @@ def compile_plan(
     how many more times a callable class's constructor that raised is called (-1: no limit)."""
     options.check()
     c = _Compiler(options)
-    last = c.build(node)
+    with compiling():  # one execution number per random step, however often it is asked
+        last = c.build(node)
     for op in c.ops:  # what follows a sort keeps its order
         if any(id(up) in c.ordering for up in op.upstream):
             op.ordered_output = True

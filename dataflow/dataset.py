@@ -7,7 +7,6 @@ consuming call runs the plan again, except on a MaterializedDataset.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import numbers
 import os
@@ -41,8 +40,9 @@ from dataflow.join import join_node, key_tuple, needs_schemas, validate_key_type
 from dataflow.mixing import MixStoppingCondition, mix_node
 from dataflow.optimizer import count_from_metadata, optimize
 from dataflow.plan import Exchange, InputBlocks, Limit, LogicalNode, MapStages, Read, Union, explain, walk
+from dataflow.random_seed import RandomSeedConfig, StepSeed
 from dataflow.schema import Schema
-from dataflow.shuffle import random_sample_batch
+from dataflow.shuffle import RandomSample
 from dataflow.sources import input_sources
 from dataflow.summary import DatasetSummary
 from dataflow.udf import builtin_node, map_node, task_resources, with_remote_args
@@ -339,26 +339,34 @@ class Dataset:
         return self._derive(mix_node((self._plan, *(o._plan for o in other)), weights, stopping_condition))
 
     # all-to-all ------------------------------------------------------------------------------
-    def random_shuffle(self, *, seed: int | None = None, num_blocks: int | None = None, **ray_remote_args: Any) -> Dataset:
+    def random_shuffle(
+        self, *, seed: int | RandomSeedConfig | None = None, num_blocks: int | None = None, **ray_remote_args: Any
+    ) -> Dataset:
         """The rows in a uniformly random order: with ``seed``, the same order on every run
-        (any number of workers, any block sizes); without, a different one each time.
+        (any number of workers, any block sizes); without, a different one each time. A
+        ``RandomSeedConfig(seed)`` gives each execution (each epoch) its own order, the same
+        from one run of the program to the next (``dataflow.random_seed``).
 
         ``ray_remote_args`` (``num_cpus``, ``num_gpus``, ``resources``, ``accelerator_type``)
         are what each of its reduce tasks holds while it runs, as Ray gives them to the
         shuffle's tasks; the other remote arguments have no meaning for it and are refused."""
+        step_seed = StepSeed(seed)
         resources = task_resources("random_shuffle", ray_remote_args, "ray_remote_args")
-        return self._derive(all_to_all.random_shuffle(self._plan, seed, num_blocks, resources))
+        return self._derive(all_to_all.random_shuffle(self._plan, step_seed, num_blocks, resources))
 
-    def randomize_block_order(self, *, seed: int | None = None) -> Dataset:
-        """The blocks in a random order; rows inside a block keep theirs (no data moves)."""
-        return self._derive(all_to_all.randomize_block_order(self._plan, seed))
+    def randomize_block_order(self, *, seed: int | RandomSeedConfig | None = None) -> Dataset:
+        """The blocks in a random order; rows inside a block keep theirs (no data moves). The
+        seed as ``random_shuffle``'s."""
+        return self._derive(all_to_all.randomize_block_order(self._plan, StepSeed(seed)))
 
-    def random_sample(self, fraction: float, *, seed: int | None = None) -> Dataset:
-        """Each row kept with probability ``fraction`` (about ``fraction`` of the rows)."""
+    def random_sample(self, fraction: float, *, seed: int | RandomSeedConfig | None = None) -> Dataset:
+        """Each row kept with probability ``fraction`` (about ``fraction`` of the rows). The seed
+        as ``random_shuffle``'s."""
+        step_seed = StepSeed(seed)
         if not 0 <= fraction <= 1:
             msg = f"fraction must be between 0 and 1, got {fraction}"
             raise ValueError(msg)
-        sample = functools.partial(random_sample_batch, fraction=fraction, seed=seed)
+        sample = RandomSample(fraction, step_seed)
         return self._derive(builtin_node(self._plan, "RandomSample", sample, preserves_rows=False))
 
     def sort(self, key: str | list[str], descending: bool | list[bool] = False, boundaries: list[Any] | None = None) -> Dataset:

@@ -199,7 +199,8 @@ class Exchange(LogicalNode):
     """What feeds it must emit in input order (a seeded shuffle, a stable sort, zip, repartition)."""
     orders_output: bool = False
     """Its output order is the result (sort): what follows keeps it."""
-    seed: int | None = None
+    seed: Any = None
+    """``randomize_block_order``'s ``dataflow.random_seed.StepSeed`` (bound at each compile)."""
     preserves_rows: bool = False
     """Its output has exactly its first input's rows (shuffle, sort, repartition)."""
     columns: tuple[str, ...] | None = None

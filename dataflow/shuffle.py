@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from dataflow.random_seed import StepSeed
 from engine.errors import ColumnNotFoundError
 from engine.exchange import FINE_PARTITIONS, concat
 
@@ -53,14 +54,15 @@ def resolve_seed(seed: int | None) -> int:
 
 
 class RandomPartitioner:
-    def __init__(self, seed: int | None, num_partitions: int = FINE_PARTITIONS) -> None:
-        self.seed = seed
+    def __init__(self, seed: StepSeed | int | None, num_partitions: int = FINE_PARTITIONS) -> None:
+        self.seed: StepSeed | int | None = seed
         self.num_partitions = num_partitions
 
     def for_execution(self) -> RandomPartitioner:
         """A copy with a concrete seed: fixed for every task and retry of one execution."""
         bound = copy.copy(self)
-        bound.seed = resolve_seed(self.seed)
+        seed = self.seed.for_execution() if isinstance(self.seed, StepSeed) else self.seed
+        bound.seed = resolve_seed(seed)
         return bound
 
     def assign(self, table: pa.Table, row_offset: int) -> tuple[pa.Table, np.ndarray]:
@@ -72,7 +74,7 @@ class RandomPartitioner:
         return table.append_column(SHUFFLE_KEY, pa.array(self._keys(table, row_offset)))
 
     def _keys(self, table: pa.Table, row_offset: int) -> np.ndarray:
-        assert self.seed is not None
+        assert isinstance(self.seed, int)
         keys = np.arange(row_offset, row_offset + table.num_rows, dtype=np.uint64)
         keys ^= splitmix64(np.array([self.seed], dtype=np.uint64))
         return splitmix64(keys, inplace=True)
@@ -183,6 +185,22 @@ class ConcatReducer:
     def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
         if sides[0]:
             yield concat(sides[0]).combine_chunks()
+
+
+class RandomSample:
+    """``random_sample``'s step: its seed is drawn for each execution (``for_execution``)."""
+
+    def __init__(self, fraction: float, seed: StepSeed | int | None) -> None:
+        self.fraction = fraction
+        self.seed = seed
+
+    def for_execution(self) -> RandomSample:
+        seed = self.seed.for_execution() if isinstance(self.seed, StepSeed) else self.seed
+        return RandomSample(self.fraction, seed)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        assert not isinstance(self.seed, StepSeed), "bound to an execution first"
+        return random_sample_batch(batch, self.fraction, self.seed)
 
 
 def random_sample_batch(batch: pa.Table, fraction: float, seed: int | None) -> pa.Table:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -70,6 +73,74 @@ def test_seeded_shuffle_does_not_depend_on_blocks_or_workers(mode, exchange):
     assert [r["id"] for r in _rows(5000, blocks=50).random_shuffle(seed=1).take_all()] == expected
     with dataflow.options(num_cpus=1):
         assert [r["id"] for r in _rows(5000, blocks=11).random_shuffle(seed=1).take_all()] == expected
+
+
+def _ids(ds) -> list[int]:
+    return [r["id"] for r in ds.take_all()]
+
+
+_EPOCHS_IN_A_FRESH_PROCESS = """
+import json, dataflow
+dataflow.init(num_cpus=1)
+ds = dataflow.range(2000, override_num_blocks=5).random_shuffle(seed=dataflow.RandomSeedConfig(11))
+print(json.dumps([[r["id"] for r in ds.take_all()] for _ in range(2)]))
+"""
+
+
+def test_a_random_seed_config_gives_each_execution_its_own_order_the_same_run_after_run(mode, exchange):
+    """Ray's RandomSeedConfig(seed): each execution (epoch) of the dataset a different order,
+    the sequence of orders the same for a new dataset and in a new process; with
+    reseed_after_execution=False (or an int seed) one order for every execution."""
+    config = dataflow.RandomSeedConfig(11)
+    ds = dataflow.range(2000, override_num_blocks=5).random_shuffle(seed=config)
+    epochs = [_ids(ds) for _ in range(3)]
+    assert all(sorted(e) == list(range(2000)) for e in epochs)
+    assert len({tuple(e) for e in epochs}) == 3
+    again = dataflow.range(2000, override_num_blocks=5).random_shuffle(seed=config)
+    assert [_ids(again) for _ in range(3)] == epochs
+    # an epoch of a dataset made from it is the next execution of the shuffle
+    after = ds.map(lambda r: r)
+    assert _ids(after) not in epochs
+    fresh = subprocess.run([sys.executable, "-c", _EPOCHS_IN_A_FRESH_PROCESS], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    assert json.loads(fresh.stdout.strip().splitlines()[-1]) == epochs[:2]
+    fixed = dataflow.range(2000, override_num_blocks=5).random_shuffle(seed=dataflow.RandomSeedConfig(11, reseed_after_execution=False))
+    assert _ids(fixed) == _ids(fixed) == _ids(dataflow.range(2000, override_num_blocks=5).random_shuffle(seed=11))
+    unseeded = dataflow.range(2000).random_shuffle(seed=dataflow.RandomSeedConfig())
+    assert _ids(unseeded) != _ids(unseeded)
+
+
+def test_random_sample_and_block_order_take_a_random_seed_config(mode):
+    sample = dataflow.range(1000, override_num_blocks=4).random_sample(0.3, seed=dataflow.RandomSeedConfig(5))
+    picks = [sorted(_ids(sample)) for _ in range(2)]  # (the rows picked; their order follows the tasks)
+    assert picks[0] != picks[1] and all(0 < len(p) < 1000 for p in picks)
+    again = dataflow.range(1000, override_num_blocks=4).random_sample(0.3, seed=dataflow.RandomSeedConfig(5))
+    assert [sorted(_ids(again)) for _ in range(2)] == picks
+    order = dataflow.range(1000, override_num_blocks=20).randomize_block_order(seed=dataflow.RandomSeedConfig(5))
+    orders = [_ids(order) for _ in range(3)]
+    assert all(sorted(o) == list(range(1000)) for o in orders) and len({tuple(o) for o in orders}) > 1
+
+
+def test_bad_seeds_raise_as_ray():
+    with pytest.raises(ValueError, match=r"Seed must be an integer or None\."):
+        dataflow.RandomSeedConfig("x")
+    for step in (lambda ds, s: ds.random_shuffle(seed=s), lambda ds, s: ds.randomize_block_order(seed=s),
+                 lambda ds, s: ds.random_sample(0.5, seed=s)):
+        with pytest.raises(ValueError, match="Invalid seed type: <class 'float'>"):
+            step(dataflow.range(3), 1.5)
+
+
+def test_a_steps_execution_number_is_drawn_once_per_compile():
+    """A compile that asks a random step for its seed twice (a sort-like exchange over a read
+    asks the partitioner in two places) numbers the execution once."""
+    from dataflow.random_seed import StepSeed, compiling, execution_seed
+
+    seed = StepSeed(dataflow.RandomSeedConfig(3))
+    with compiling():
+        assert seed.for_execution() == seed.for_execution() == execution_seed(3, 0)
+    with compiling():
+        assert seed.for_execution() == execution_seed(3, 1)
+    assert StepSeed(3).for_execution() == 3 and StepSeed(None).for_execution() is None
 
 
 def _padded(batch):

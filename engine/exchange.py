@@ -63,19 +63,6 @@ def grouping_order(parts: np.ndarray, num_partitions: int) -> np.ndarray:
     return np.argsort(parts, kind="stable")
 
 
-def sort_with_positions(values: np.ndarray, row_bits: int) -> np.ndarray:
-    """The positions of ``values`` in ascending order, ties by position: each value (int64,
-    ``0 <= v < 2 ** (63 - row_bits)``) is packed with its position in its low ``row_bits``
-    bits and one ``np.sort`` orders them (several times faster than an argsort). ``values``
-    is changed in place: afterwards it holds the values sorted."""
-    values <<= row_bits
-    values |= np.arange(len(values), dtype=np.int64)
-    values.sort()
-    order = values & ((1 << row_bits) - 1)
-    values >>= row_bits
-    return order
-
-
 class PartitionTransform(TaskTransform):
     """The map side of an exchange: one partitioned block per task."""
 

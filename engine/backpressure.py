@@ -54,6 +54,10 @@ class OpLoad:
     backlogged: bool = False
     """What it feeds is behind (its downstream has input queued and every slot busy, or the
     consumer has a block unread besides the one it is reading): one task at a time is enough."""
+    consumer_blocks: int = 0
+    """For the operator feeding the consumer: blocks made and not yet taken by the consumer."""
+    max_consumer_blocks: int = 0
+    """No more tasks while ``consumer_blocks`` is at this (0: no cap)."""
 
 
 def op_budget(
@@ -90,12 +94,21 @@ def task_output_cap(store_capacity: int, task_operators: int, slots: int, block_
     return max(1, min(block_target, max(MIN_TASK_OUTPUT, fits)))
 
 
+def consumer_block_cap(slots: int) -> int:
+    """Blocks that may wait for the consumer before the operator feeding it stops: a byte budget
+    alone lets a job whose blocks are tiny (a UDF that sums each batch to one row) run to its end
+    on a worker while nobody reads it. Two waves of the operator's tasks, at least 32."""
+    return max(32, 2 * slots)
+
+
 def blocked_reason(load: OpLoad) -> str | None:
     """None when one more task may start, else the reason it may not."""
     if load.max_concurrency is not None and load.in_flight >= load.max_concurrency:
         return WAIT_CONCURRENCY
     if load.in_flight == 0 and load.held_bytes == 0:
         return None
+    if load.max_consumer_blocks and load.consumer_blocks >= load.max_consumer_blocks:
+        return WAIT_BUDGET
     if load.downstream_starved:
         return None
     if load.backlogged and load.in_flight >= 1:

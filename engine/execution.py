@@ -18,7 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from engine import row_errors
-from engine.backpressure import WAIT_BUDGET, WAIT_RESOURCES, OpLoad, blocked_reason, op_budget, task_output_cap
+from engine.backpressure import (
+    WAIT_BUDGET,
+    WAIT_RESOURCES,
+    OpLoad,
+    blocked_reason,
+    consumer_block_cap,
+    op_budget,
+    task_output_cap,
+)
 from engine.errors import DataflowError, EngineError, WorkerDiedError, make_user_error
 from engine.object_store import BlockRef, BlockSlice, BlockStore
 from engine.operators.base import OperatorContext, PhysicalOperator
@@ -275,7 +283,8 @@ class Execution:
         active = (sum(1 for o in self._task_ops if not o.completed()) or 1) if self.shares_finished_budgets else len(self._task_ops)
         budget = op_budget(self.store_capacity, active, slots, learned or 0.0, floor, consumer)
         starved = down is not None and down.needs_more_input()
-        return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved, backlogged)
+        return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved, backlogged,
+                      len(self.buffer) if consumer else 0, consumer_block_cap(slots) if consumer else 0)
 
     def _backlogged(self, op: MapOperator, down: MapOperator | None, cpus: int) -> bool:
         """What ``op`` feeds is behind: its downstream has input queued while every one of its

@@ -130,6 +130,35 @@ def test_an_abandoned_but_referenced_iterator_stops_at_its_budget(streaming):
     del it
 
 
+def _busy_to_one_row(batch):
+    end = time.perf_counter() + 0.02
+    while time.perf_counter() < end:
+        pass
+    return {"n": np.array([len(batch["id"])])}
+
+
+def test_an_abandoned_iterator_of_tiny_blocks_stops_too(streaming):
+    """Blocks of 8 bytes never fill a byte budget: the job ran on, one task at a time, until
+    its last block (5,000 tasks of 20 ms here) while nobody read it. It stops once the
+    consumer has a few dozen blocks unread, and goes on when they are read."""
+    from engine.backpressure import consumer_block_cap
+
+    executor = engine_session.current_session().executor
+    assert executor.wait_for_workers()
+    with dataflow.options(min_task_input_bytes=1):
+        ds = dataflow.range(10**6, override_num_blocks=5000).map_batches(_busy_to_one_row)
+        it = iter(ds.iter_batches(batch_size=None))
+        next(it)  # (the execution starts here, under these options)
+    time.sleep(1.0)
+    tasks = ds._last_handle.stats().operators[-1].tasks
+    time.sleep(1.0)
+    assert ds._last_handle.stats().operators[-1].tasks == tasks, "the abandoned job kept running"
+    assert tasks <= consumer_block_cap(2) + 4
+    rows = sum(int(next(it)["n"][0]) for _ in range(100))  # read on: it resumes
+    assert rows == 100 * 200
+    del it
+
+
 def _sleepy(batch):
     time.sleep(0.05)
     return batch

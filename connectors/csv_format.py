@@ -4,10 +4,15 @@ Each file is read as a stream (decompressed by extension as it goes) with
 ``pyarrow.csv.open_csv``, ``read_options.block_size`` bytes at a time, and comes out in tables of
 about ``block_bytes`` (16 MiB): a 10 GB file never needs more than a few such blocks in memory.
 
+A file well over a read task's bytes (uncompressed, UTF-8, ``newlines_in_values=False``) is read
+as byte ranges, one task each (``connectors.line_ranges``, ``read_csv_piece``): every range is
+parsed with the header's column names and the types inferred from the start of the file.
+
 Types: pyarrow infers each column's type from the first ``block_size`` bytes of the file. Until
 the first table of a file is handed on (its first ``block_bytes``), a value that does not convert
 (a column that looks numeric for thousands of rows, then holds ``"n/a"``) makes the file be read
-again from the start with that column as ``string``. Past that point the rows before it are
+again from the start with that column as ``string`` (not in a file read as byte ranges, whose
+other ranges may already be read). Past that point the rows before it are
 gone downstream, so such a value raises ``FileFormatError`` naming the file and the column, and
 saying which ``column_types`` to pass. A row with the wrong number of fields raises
 ``FileFormatError`` naming the file and the line.
@@ -25,10 +30,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from connectors import line_ranges
 from connectors.errors import FileFormatError
 from connectors.file_datasink import FileDatasink, combine
 from connectors.file_datasource import FileDatasource, FilePiece, coalesce
-from connectors.filesystem import NO_STREAM_ARGS, STREAM_BLOCK_BYTES, StreamArgs, iter_stream, open_input_stream
+from connectors.filesystem import (
+    NO_STREAM_ARGS,
+    STREAM_BLOCK_BYTES,
+    FileEntry,
+    StreamArgs,
+    iter_stream,
+    open_input_stream,
+    open_stream,
+    parsing,
+)
 from connectors.retry import Retrier
 
 _CONVERSION = re.compile(r"In CSV column #(\d+): (?:Row #\d+: )?CSV conversion error to ([^:]+): invalid value '(.*)'")
@@ -64,8 +79,20 @@ class CSVDatasource(FileDatasource):
         retrier = Retrier(self._retry_policy)
         yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
 
+    def _split_files(self) -> bool | Callable[[FileEntry], bool]:
+        """A big file is read as byte ranges, one task each, where a newline always ends a row
+        (``connectors.line_ranges``)."""
+        if self._parse_options_kwargs["newlines_in_values"]:
+            return False
+        encoding = self._read_options.encoding
+        return lambda entry: line_ranges.splittable(entry.path, self._stream_args, encoding)
+
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
         parse_options = pacsv.ParseOptions(**self._parse_options_kwargs)
+        if piece.count > 1:
+            yield from read_csv_piece(fs, piece, display, retrier, self._read_options, parse_options,
+                                      self._convert_options, block_bytes=self._block_bytes)
+            return
         yield from read_csv_stream(
             fs,
             piece.entry.path,
@@ -135,19 +162,127 @@ def read_csv_stream(
                     forced[name] = pa.string()
                     continue
                 if name is not None and name not in forced:
-                    msg = (
-                        f"the column was read as {conversion.group(2)} (inferred from the start of the file), "
-                        f"but a value after the first {rows} rows is {conversion.group(3)!r}; pass "
-                        f"convert_options=pyarrow.csv.ConvertOptions(column_types={{{name!r}: pyarrow.string()}})"
-                    )
-                    raise FileFormatError(msg, path=display, column=name) from exc
-            fields = _FIELDS.search(message)
-            if fields is not None:
-                line = _bad_line(fs, path, display, retrier, read_options, parse_options, int(fields.group(1)),
-                                 stream_args)
-                msg = f"expected {fields.group(1)} fields, got {fields.group(2)}"
-                raise FileFormatError(msg, path=display, row=line) from exc
-            raise FileFormatError(f"could not parse as CSV: {message}", path=display) from exc
+                    raise _misfit(conversion, name, f"a value after the first {rows} rows", display) from exc
+            raise _row_error(message, fs, path, display, retrier, read_options, parse_options, stream_args) from exc
+
+
+def read_csv_piece(
+    fs: Any,
+    piece: FilePiece,
+    display: str,
+    retrier: Retrier,
+    read_options: pacsv.ReadOptions,
+    parse_options: pacsv.ParseOptions,
+    convert_options: pacsv.ConvertOptions,
+    *,
+    block_bytes: int = STREAM_BLOCK_BYTES,
+) -> Iterator[pa.Table]:
+    """Tables of the rows of one byte range of a big CSV file (``connectors.line_ranges``).
+
+    Every piece parses with the column names and types pyarrow finds at the start of the file
+    (its header and first ``read_options.block_size`` bytes), so the pieces agree; a later value
+    that does not convert raises ``FileFormatError`` naming the column, as past the first table
+    of a file read whole. The first piece reads the header (and ``skip_rows``...) as usual."""
+    path = piece.entry.path
+    size = piece.entry.size or 0
+    head = _head_schema(fs, path, display, retrier, read_options, parse_options, convert_options)
+    options = _with_column_types(convert_options, {field.name: field.type for field in head})
+    file_options = read_options
+    if piece.index > 0:  # the header is the first piece's: name the columns, skip nothing
+        read_options = pacsv.ReadOptions(
+            use_threads=read_options.use_threads, block_size=read_options.block_size, skip_rows=0,
+            skip_rows_after_names=0, column_names=_head_names(fs, path, display, retrier, read_options, parse_options),
+            autogenerate_column_names=False, encoding=read_options.encoding,
+        )
+
+    def opener() -> pa.NativeFile:
+        return line_ranges.open_lines(fs, path, size, piece.index, piece.count)
+
+    parse = functools.partial(_csv_items, read_options=read_options, parse_options=parse_options, options=options)
+    yielded = False
+    try:
+        for table in _blocks(iter_stream(fs, path, retrier, display, parse, opener=opener), block_bytes):
+            yielded = True
+            yield table
+    except pa.ArrowInvalid as exc:
+        message = str(exc)
+        if "Empty CSV file" in message and not yielded:  # a range that holds no line
+            yield head.empty_table()
+            return
+        conversion = _CONVERSION.search(message)
+        if conversion is not None:
+            names = _head_names(fs, path, display, retrier, file_options, parse_options)
+            index = int(conversion.group(1))
+            if index < len(names):
+                raise _misfit(conversion, names[index], "a later value", display) from exc
+        raise _row_error(message, fs, path, display, retrier, file_options, parse_options, NO_STREAM_ARGS) from exc
+
+
+def _misfit(conversion: re.Match[str], name: str, where: str, display: str) -> FileFormatError:
+    """A value of column ``name`` that does not convert to the type inferred for it."""
+    msg = (
+        f"the column was read as {conversion.group(2)} (inferred from the start of the file), but {where} is "
+        f"{conversion.group(3)!r}; pass convert_options=pyarrow.csv.ConvertOptions(column_types={{{name!r}: "
+        "pyarrow.string()}})"
+    )
+    return FileFormatError(msg, path=display, column=name)
+
+
+def _row_error(
+    message: str,
+    fs: Any,
+    path: str,
+    display: str,
+    retrier: Retrier,
+    read_options: pacsv.ReadOptions,
+    parse_options: pacsv.ParseOptions,
+    stream_args: StreamArgs,
+) -> FileFormatError:
+    """pyarrow's parse error ``message`` restated: a row with the wrong number of fields names
+    its line (the first such in the file), anything else the file."""
+    fields = _FIELDS.search(message)
+    if fields is not None:
+        line = _bad_line(fs, path, display, retrier, read_options, parse_options, int(fields.group(1)), stream_args)
+        return FileFormatError(f"expected {fields.group(1)} fields, got {fields.group(2)}", path=display, row=line)
+    return FileFormatError(f"could not parse as CSV: {message}", path=display)
+
+
+def _head_schema(
+    fs: Any,
+    path: str,
+    display: str,
+    retrier: Retrier,
+    read_options: pacsv.ReadOptions,
+    parse_options: pacsv.ParseOptions,
+    convert_options: pacsv.ConvertOptions,
+) -> pa.Schema:
+    """The columns and types pyarrow infers from the start of ``path`` (what reading the whole
+    file as one stream would use); a read cut short is retried, a parse error is not."""
+
+    def head() -> pa.Schema:
+        with open_stream(fs, path, decompress=False) as stream:
+            return pacsv.open_csv(stream, read_options, parse_options, convert_options).schema
+
+    try:
+        return parsing(retrier).call(head, path=display)
+    except pa.ArrowInvalid as exc:
+        raise FileFormatError(f"could not parse as CSV: {exc}", path=display) from exc
+
+
+def _head_names(
+    fs: Any,
+    path: str,
+    display: str,
+    retrier: Retrier,
+    read_options: pacsv.ReadOptions,
+    parse_options: pacsv.ParseOptions,
+) -> list[str]:
+    """Every column's name (``include_columns`` aside), from the header or ``column_names``."""
+    if read_options.column_names:
+        return list(read_options.column_names)
+    return parsing(retrier).call(
+        lambda: _column_names(fs, path, display, retrier, read_options, parse_options, NO_STREAM_ARGS), path=display
+    )
 
 
 def _csv_items(

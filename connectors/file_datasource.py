@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +66,12 @@ def plan_pieces(
     target_task_bytes: int = DEFAULT_TASK_BYTES,
     min_task_bytes: int = 0,
     max_files_per_task: int = MAX_FILES_PER_TASK,
-    split_files: bool = False,
+    split_files: bool | Callable[[FileEntry], bool] = False,
     lookahead: int = LOOKAHEAD,
 ) -> Iterator[list[FilePiece]]:
-    """Groups of pieces, one group per read task, produced while ``files`` is still being listed."""
+    """Groups of pieces, one group per read task, produced while ``files`` is still being listed.
+    ``split_files``: a file well over a task's bytes is cut into byte ranges, one task each (for
+    every file, or those the predicate accepts)."""
     it = iter(files)
     head: list[FileEntry] = []
     for entry in it:
@@ -90,7 +92,7 @@ def plan_pieces(
     ramp = FIRST_TASK_FILES
     for entry in _chain(head, it):
         size = entry.size or 0
-        if split_files and size > per_task * 1.5:
+        if split_files and size > per_task * 1.5 and (split_files is True or split_files(entry)):
             if group:
                 yield group
                 group, group_bytes = [], 0
@@ -222,7 +224,9 @@ class FileDatasource(Datasource):
         """The resolved filesystem and roots."""
         return self._files
 
-    def _split_files(self) -> bool:
+    def _split_files(self) -> bool | Callable[[FileEntry], bool]:
+        """Whether a big file is read as byte ranges, one task each (all, none, or those a
+        predicate accepts)."""
         return False
 
     def _partition_schema(self, first: FileEntry | None) -> pa.Schema | None:

@@ -348,11 +348,6 @@ def iter_stream(
     ``ArrowInvalid``, a ``FileFormatError``) is a parse error and raised at once, as it is: the
     same bytes would fail again.
     """
-    classify = retrier.classify
-
-    def classify_parse_errors(exc: BaseException) -> ErrorKind:
-        return ErrorKind.PERMANENT if isinstance(exc, ValueError) else classify(exc)
-
     def open_items() -> _StreamItems[T]:
         stream = opener() if opener is not None else open_stream(fs, path, decompress, args)
         try:
@@ -361,7 +356,19 @@ def iter_stream(
             stream.close()
             raise
 
-    yield from dataclasses.replace(retrier, classify=classify_parse_errors).iterate(open_items, path=display)
+    yield from parsing(retrier).iterate(open_items, path=display)
+
+
+def parsing(retrier: Retrier) -> Retrier:
+    """``retrier`` for reads that parse as they go: a ``ValueError`` (pyarrow's ``ArrowInvalid``,
+    a ``FileFormatError``) is a parse error, raised at once as it is (the same bytes would fail
+    again); I/O errors are retried as ``retrier`` says."""
+    classify = retrier.classify
+
+    def classify_parse_errors(exc: BaseException) -> ErrorKind:
+        return ErrorKind.PERMANENT if isinstance(exc, ValueError) else classify(exc)
+
+    return dataclasses.replace(retrier, classify=classify_parse_errors)
 
 
 class _StreamItems(Generic[T]):

@@ -116,6 +116,74 @@ def test_read_csv_and_read_json_through_the_engine(tmp_path: Path) -> None:
             assert pa.concat_tables(blocks).sort_by("id")["id"].to_numpy().tolist() == list(range(rows))
 
 
+def _piece_tasks(source: Datasource) -> list:
+    return list(source.get_read_tasks(200))
+
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n"])
+def test_a_big_csv_is_read_as_byte_ranges_each_line_once(tmp_path: Path, line_end: str) -> None:
+    """A file well over a task's bytes is cut into ranges, one task each: every row once, in
+    order, whatever lines straddle the cuts, with the header's names and the head's types."""
+    rows = 1_200_000
+    table = _table(0, rows)
+    text = "id,s" + line_end + line_end.join(f"{i},{s}" for i, s in zip(range(rows), table["s"].to_pylist(), strict=True))
+    (tmp_path / "big.csv").write_text(text + line_end)
+    assert (tmp_path / "big.csv").stat().st_size > 64 * MiB
+    source = CSVDatasource(str(tmp_path / "big.csv"))
+    tasks = _piece_tasks(source)
+    assert len(tasks) >= 2, len(tasks)
+    read = 0
+    for task in tasks:
+        for block in cloudpickle.loads(cloudpickle.dumps(task))():
+            assert block.schema.field("id").type == pa.int64()
+            read = _check_rows(block, read)
+    assert read == rows
+
+
+def test_csv_byte_ranges_keep_the_read_options(tmp_path: Path) -> None:
+    """Rows skipped before the header and after it, given column names, chosen columns and a
+    column's type apply as to the whole file; a range with no line start gives no rows."""
+    rows = 1_000_000
+    body = "\n".join(f"{i},{i * 2},{PAD}" for i in range(rows))
+    (tmp_path / "h.csv").write_text("junk line\na,b,c\n0,0,skipped\n" + body + "\n")
+    read_options = pacsv.ReadOptions(skip_rows=1, skip_rows_after_names=1)
+    convert = pacsv.ConvertOptions(include_columns=["a", "b"], column_types={"b": pa.float64()})
+    out = read_all(CSVDatasource(str(tmp_path / "h.csv"), read_options=read_options, convert_options=convert))
+    assert len(_piece_tasks(CSVDatasource(str(tmp_path / "h.csv")))) >= 2
+    assert out.column_names == ["a", "b"] and out.schema.field("b").type == pa.float64()
+    assert out["a"].to_pylist() == list(range(rows)) and out["b"][-1].as_py() == 2.0 * (rows - 1)
+    (tmp_path / "n.csv").write_text(body + "\n")
+    named = pacsv.ReadOptions(column_names=["x", "y", "z"])
+    out = read_all(CSVDatasource(str(tmp_path / "n.csv"), read_options=named))
+    assert out.column_names == ["x", "y", "z"] and out["x"].to_pylist() == list(range(rows))
+    one_line = "a\n" + "1" * (80 * MiB) + "\n"  # two ranges, one line: the second holds no line start
+    (tmp_path / "one.csv").write_text(one_line)
+    tasks = _piece_tasks(CSVDatasource(str(tmp_path / "one.csv"), read_options=pacsv.ReadOptions(block_size=100 * MiB)))
+    assert len(tasks) >= 2
+    blocks = [b for task in tasks for b in task()]
+    assert sum(b.num_rows for b in blocks) == 1
+
+
+def test_csv_byte_ranges_only_where_a_newline_ends_a_row(tmp_path: Path) -> None:
+    """Compressed files, newlines_in_values=True and other encodings are read whole."""
+    _big_csv(tmp_path / "big.csv", 1_000_000)
+    (tmp_path / "big.csv.gz").write_bytes(gzip.compress((tmp_path / "big.csv").read_bytes(), compresslevel=1))
+    assert len(_piece_tasks(CSVDatasource(str(tmp_path / "big.csv")))) >= 2
+    assert len(_piece_tasks(CSVDatasource(str(tmp_path / "big.csv.gz")))) == 1
+    quoted = pacsv.ParseOptions(newlines_in_values=True)
+    assert len(_piece_tasks(CSVDatasource(str(tmp_path / "big.csv"), parse_options=quoted))) == 1
+    latin = pacsv.ReadOptions(encoding="utf16")
+    assert len(_piece_tasks(CSVDatasource(str(tmp_path / "big.csv"), read_options=latin))) == 1
+
+
+def test_a_late_misfit_in_a_csv_byte_range_names_the_column(tmp_path: Path) -> None:
+    lines = ["a,b"] + [f"{i},{i}{PAD[:20]}" for i in range(1_500_000)] + ["unknown,x"]
+    (tmp_path / "f.csv").write_text("\n".join(lines) + "\n")
+    assert len(_piece_tasks(CSVDatasource(str(tmp_path / "f.csv")))) >= 2
+    with pytest.raises(FileFormatError, match=r"f\.csv, column 'a': .*'unknown'.*column_types=\{'a'"):
+        read_all(CSVDatasource(str(tmp_path / "f.csv")))
+
+
 def test_csv_text_after_the_first_pyarrow_block_falls_back_to_string(tmp_path: Path) -> None:
     # pyarrow infers from its first block (1 MiB); "unknown" comes ~3 MiB in, still in our first block
     lines = ["a,b"] + [f"{i},{i}" for i in range(300_000)] + ["unknown,1"]
@@ -260,3 +328,23 @@ def test_s3_streams_are_retried_after_a_cut_body_and_exact(s3) -> None:
             start = _check_rows(block, start)
         assert start == 40_000
     assert s3.hits() == [1, 1]
+
+
+def test_a_big_csv_on_s3_is_read_as_byte_ranges_and_a_cut_range_is_retried(s3) -> None:
+    """Ranged reads of one object: each task asks for its range (and a line beyond); a body cut
+    short is read again, and every row comes once."""
+    buf = pa.BufferOutputStream()
+    pacsv.write_csv(_table(0, 1_000_000), buf)
+    data = buf.getvalue().to_pybytes()
+    assert len(data) > 55 * MiB
+    s3.put("r/big.csv", data)
+    source = CSVDatasource("s3://test-bucket/r/big.csv")
+    tasks = _piece_tasks(source)
+    assert len(tasks) >= 2
+    s3.fault("truncate", method="GET", path=r"/r/big", times=1)
+    start = 0
+    for task in tasks:
+        for block in cloudpickle.loads(cloudpickle.dumps(task))():
+            start = _check_rows(block, start)
+    assert start == 1_000_000
+    assert s3.hits() == [1]

@@ -191,7 +191,7 @@ def read_csv_piece(
     if piece.index > 0:  # the header is the first piece's: name the columns, skip nothing
         read_options = pacsv.ReadOptions(
             use_threads=read_options.use_threads, block_size=read_options.block_size, skip_rows=0,
-            skip_rows_after_names=0, column_names=_head_names(fs, path, display, retrier, read_options, parse_options),
+            skip_rows_after_names=0, column_names=_head_names(head, convert_options, fs, path, display, retrier, read_options, parse_options),
             autogenerate_column_names=False, encoding=read_options.encoding,
         )
 
@@ -211,7 +211,7 @@ def read_csv_piece(
             return
         conversion = _CONVERSION.search(message)
         if conversion is not None:
-            names = _head_names(fs, path, display, retrier, file_options, parse_options)
+            names = _head_names(head, convert_options, fs, path, display, retrier, file_options, parse_options)
             index = int(conversion.group(1))
             if index < len(names):
                 raise _misfit(conversion, names[index], "a later value", display) from exc
@@ -270,6 +270,8 @@ def _head_schema(
 
 
 def _head_names(
+    head: pa.Schema,
+    convert_options: pacsv.ConvertOptions,
     fs: Any,
     path: str,
     display: str,
@@ -277,9 +279,12 @@ def _head_names(
     read_options: pacsv.ReadOptions,
     parse_options: pacsv.ParseOptions,
 ) -> list[str]:
-    """Every column's name (``include_columns`` aside), from the header or ``column_names``."""
+    """Every column's name (``include_columns`` aside): ``column_names``, the head's own names
+    when every column is read, else the header read once more."""
     if read_options.column_names:
         return list(read_options.column_names)
+    if not convert_options.include_columns:
+        return list(head.names)
     return parsing(retrier).call(
         lambda: _column_names(fs, path, display, retrier, read_options, parse_options, NO_STREAM_ARGS), path=display
     )

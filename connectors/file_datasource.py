@@ -15,7 +15,7 @@ import copy
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -52,6 +52,9 @@ class FilePiece:
     entry: FileEntry
     index: int = 0
     count: int = 1
+    head: Any = field(default=None, compare=False)
+    """What the format's split predicate learned of the whole file, once, while planning (the
+    column types of a JSON Lines file), for every range of it; None otherwise."""
 
     @property
     def size(self) -> int:
@@ -66,12 +69,13 @@ def plan_pieces(
     target_task_bytes: int = DEFAULT_TASK_BYTES,
     min_task_bytes: int = 0,
     max_files_per_task: int = MAX_FILES_PER_TASK,
-    split_files: bool | Callable[[FileEntry], bool] = False,
+    split_files: bool | Callable[[FileEntry], Any] = False,
     lookahead: int = LOOKAHEAD,
 ) -> Iterator[list[FilePiece]]:
     """Groups of pieces, one group per read task, produced while ``files`` is still being listed.
     ``split_files``: a file well over a task's bytes is cut into byte ranges, one task each (for
-    every file, or those the predicate accepts)."""
+    every file, or those the predicate accepts: what it returns, when not simply True, is every
+    range's ``head``)."""
     it = iter(files)
     head: list[FileEntry] = []
     for entry in it:
@@ -92,13 +96,15 @@ def plan_pieces(
     ramp = FIRST_TASK_FILES
     for entry in _chain(head, it):
         size = entry.size or 0
-        if split_files and size > per_task * 1.5 and (split_files is True or split_files(entry)):
+        split = split_files and size > per_task * 1.5 and (split_files is True or split_files(entry))
+        if split:
             if group:
                 yield group
                 group, group_bytes = [], 0
             count = math.ceil(size / per_task)
+            head = None if split is True else split
             for index in range(count):
-                yield [FilePiece(entry, index, count)]
+                yield [FilePiece(entry, index, count, head)]
             continue
         group.append(FilePiece(entry))
         group_bytes += size
@@ -224,9 +230,10 @@ class FileDatasource(Datasource):
         """The resolved filesystem and roots."""
         return self._files
 
-    def _split_files(self) -> bool | Callable[[FileEntry], bool]:
+    def _split_files(self) -> bool | Callable[[FileEntry], Any]:
         """Whether a big file is read as byte ranges, one task each (all, none, or those a
-        predicate accepts)."""
+        predicate accepts; a predicate may return what every range needs to know of the file,
+        which each piece carries as its ``head``)."""
         return False
 
     def _partition_schema(self, first: FileEntry | None) -> pa.Schema | None:

@@ -9,14 +9,18 @@ by extension as it goes) in chunks of whole lines of about ``block_bytes`` (16 M
 with ``pyarrow.json.read_json`` and pyarrow's ``read_options``/``parse_options``; with
 ``newlines_in_values=True`` (objects spanning lines) a file is parsed whole.
 
+A JSON Lines file well over a read task's bytes (uncompressed, ``newlines_in_values=False``) is
+read as byte ranges, one task each (``connectors.line_ranges``): the driver parses the file's
+first chunk once while it plans the tasks, and every range parses with the types found there.
+
 Types: the first chunk of a file is parsed on its own, so its types are inferred from all of its
 rows (a column that is null at first and numbers later is a number column; ints and floats make a
-float column). That schema then parses the chunks after it, so later blocks have the same columns
-and types. A later value that does not fit (text in a number column, a float in an int column, a
-value in a column that was all null) or a field that appears only later raises
-``FileFormatError`` naming the file, the column (and the row where pyarrow says) and saying to
-pass ``explicit_schema``. A malformed line raises ``FileFormatError`` naming the file and the row
-(1-based, counting rows, not blank lines).
+float column). That schema then parses the chunks after it (and every range of a split file), so
+later blocks have the same columns and types. A later value that does not fit (text in a number
+column, a float in an int column, a value in a column that was all null) or a field that appears
+only later raises ``FileFormatError`` naming the file, the column (and the row where pyarrow
+says) and saying to pass ``explicit_schema``. A malformed line raises ``FileFormatError`` naming
+the file and the row (1-based, counting rows, not blank lines; in a range of a split file too).
 """
 
 from __future__ import annotations
@@ -28,16 +32,18 @@ import functools
 import json as stdlib_json
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
+from connectors import line_ranges
 from connectors.errors import FileFormatError
 from connectors.file_datasink import FileDatasink
 from connectors.file_datasource import FileDatasource, FilePiece, coalesce
-from connectors.filesystem import STREAM_BLOCK_BYTES, iter_stream
+from connectors.filesystem import STREAM_BLOCK_BYTES, FileEntry, iter_stream, open_stream, parsing
 from connectors.retry import Retrier
 
 _ROW = re.compile(r"in row (\d+)")
@@ -74,7 +80,35 @@ class JSONDatasource(FileDatasource):
         retrier = Retrier(self._retry_policy)
         yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
 
+    def _split_files(self) -> bool | Callable[[FileEntry], Any]:
+        """A big JSON Lines file is read as byte ranges, one task each: the predicate (run while
+        the tasks are planned) returns the types of the file's first chunk, or False for a file
+        that is not JSON Lines (an array, pretty-printed objects), compressed, or whose first
+        chunk does not parse (its one read task then reports why, naming the row)."""
+        if self._parse_options.newlines_in_values:
+            return False
+        return self._lines_head
+
+    def _lines_head(self, entry: FileEntry) -> _LinesHead | bool:
+        if not line_ranges.splittable(entry.path, self._stream_args):
+            return False
+        display = self._files.display(entry.path)
+
+        def head() -> _LinesHead | bool:
+            with open_stream(self._files.filesystem, entry.path, decompress=False) as stream:
+                return lines_head(stream, display=display, read_options=self._read_options,
+                                  parse_options=self._parse_options, chunk_bytes=self._block_bytes, lines=self._lines)
+
+        try:
+            return parsing(Retrier(self._retry_policy)).call(head, path=display)
+        except Exception:  # (a planning shortcut only: the file's one read task reads it and says what fails)
+            return False
+
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
+        if piece.count > 1:
+            yield from read_json_piece(fs, piece, display, retrier, self._read_options, self._parse_options,
+                                       chunk_bytes=self._block_bytes)
+            return
         parse = functools.partial(
             parse_json_stream,
             display=display,
@@ -128,6 +162,94 @@ def parse_json_stream(
         yield table
 
 
+@dataclass(frozen=True)
+class _LinesHead:
+    """What every range of a split JSON Lines file parses with: the first chunk's types."""
+
+    schema: pa.Schema
+
+
+def lines_head(
+    stream: pa.NativeFile,
+    *,
+    display: str,
+    read_options: pajson.ReadOptions,
+    parse_options: pajson.ParseOptions,
+    chunk_bytes: int,
+    lines: bool,
+) -> _LinesHead | bool:
+    """The types of the first chunk of ``stream``, exactly as ``parse_json_stream`` infers them,
+    or False when the file is not JSON Lines (as ``parse_json_stream`` decides) or is empty."""
+    head = stream.read(chunk_bytes)
+    while head and not head.strip():
+        head = stream.read(chunk_bytes)
+    if not head or (not lines and (head.lstrip()[:1] == b"[" or _spans_lines(head))):
+        return False
+    first = next(_line_chunks(stream, chunk_bytes, head), None)
+    if first is None:
+        return False
+    return _LinesHead(_parse_lines(first, 0, None, display, read_options, parse_options).schema)
+
+
+def read_json_piece(
+    fs: Any,
+    piece: FilePiece,
+    display: str,
+    retrier: Retrier,
+    read_options: pajson.ReadOptions,
+    parse_options: pajson.ParseOptions,
+    *,
+    chunk_bytes: int = STREAM_BLOCK_BYTES,
+) -> Iterator[pa.Table]:
+    """Tables of the lines of one byte range of a big JSON Lines file, parsed with the types of
+    the file's first chunk (``piece.head``). An error names the row in the whole file: the rows
+    before the range are counted then (only then: it reads the file up to the range)."""
+    path, size = piece.entry.path, piece.entry.size or 0
+    schema = piece.head.schema
+
+    def parse(stream: pa.NativeFile) -> Iterator[pa.Table]:
+        rows = 0
+        for chunk in _line_chunks(stream, chunk_bytes, b""):
+            try:
+                table = _parse_lines(chunk, rows, schema, display, read_options, parse_options)
+            except FileFormatError as exc:
+                if piece.index == 0:
+                    raise
+                before = _rows_before(fs, path, line_ranges.range_start(fs, path, size, piece.index, piece.count))
+                _parse_lines(chunk, before + rows, schema, display, read_options, parse_options)  # raises again
+                raise exc from None  # (a parse that failed once fails again: never reached)
+            rows += table.num_rows
+            yield table
+        if not rows:  # a range that holds no line (one long line spans it)
+            yield schema.empty_table()
+
+    def opener() -> pa.NativeFile:
+        return line_ranges.open_lines(fs, path, size, piece.index, piece.count)
+
+    yield from iter_stream(fs, path, retrier, display, parse, opener=opener)
+
+
+_BLANK_LINE = re.compile(rb"(?m)^[ \t\r]*\n")
+
+
+def _rows_before(fs: Any, path: str, end: int) -> int:
+    """The rows (non-blank lines) of ``path`` before byte ``end`` (a line start)."""
+    rows = 0
+    with open_stream(fs, path, decompress=False) as stream:
+        left = end
+        carry = b""
+        while left > 0:
+            data = stream.read(min(left, STREAM_BLOCK_BYTES))
+            if not data:
+                break
+            left -= len(data)
+            data = carry + data
+            cut = data.rfind(b"\n") + 1
+            rows += data.count(b"\n", 0, cut) - len(_BLANK_LINE.findall(data, 0, cut))
+            carry = data[cut:]
+    return rows
+
+
 def _spans_lines(head: bytes) -> bool:
     """The first object of ``head`` does not end on its first line (a pretty-printed file)."""
     first = head.lstrip().split(b"\n", 1)[0].strip()
@@ -163,21 +285,21 @@ def _parse_array(data: bytes, display: str) -> pa.Table:
 
 
 def _line_chunks(stream: pa.NativeFile, chunk_bytes: int, head: bytes) -> Iterator[bytes]:
-    """``head`` and the rest of ``stream`` cut after a newline every ``chunk_bytes`` or so."""
-    rest = head
+    """``head`` and the rest of ``stream`` cut after a newline every ``chunk_bytes`` or so: the
+    first chunk is ``head``'s whole lines (the same however much of the file follows)."""
+    data = head
     while True:
-        data = stream.read(chunk_bytes)
-        if not data:
-            if rest.strip():
-                yield rest
-            return
-        data = rest + data
         cut = data.rfind(b"\n") + 1
-        if cut == 0:  # one line longer than a chunk: read on until it ends
-            rest = data
-            continue
-        rest = data[cut:]
-        yield data[:cut]
+        if cut:
+            chunk, data = data[:cut], data[cut:]
+            if not chunk.isspace():
+                yield chunk
+        more = stream.read(chunk_bytes)
+        if not more:
+            if data.strip():
+                yield data
+            return
+        data += more  # (what is left of a line, or one line longer than a chunk: read on until it ends)
 
 
 def _parse_lines(

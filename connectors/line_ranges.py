@@ -67,6 +67,12 @@ def open_lines(fs: Any, path: str, size: int, index: int, count: int) -> pa.Nati
     return pa.PythonFile(_Range(file, end - start), mode="r")
 
 
+def range_start(fs: Any, path: str, size: int, index: int, count: int) -> int:
+    """Where piece ``index`` of ``count`` of ``path`` starts: the first byte of its first line."""
+    with fs.open_input_file(path) as file:
+        return line_start(file, piece_bounds(size, index, count)[0], size)
+
+
 class _Range:
     """The next ``length`` bytes of ``file``, as a read-only Python file."""
 

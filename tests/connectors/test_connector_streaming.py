@@ -184,6 +184,74 @@ def test_a_late_misfit_in_a_csv_byte_range_names_the_column(tmp_path: Path) -> N
         read_all(CSVDatasource(str(tmp_path / "f.csv")))
 
 
+def _lines_with_blanks(rows: int, blank_every: int, line_end: str = "\n") -> str:
+    """JSON Lines of rows ``{"id": i, "s": ...}``, a blank line after every ``blank_every``-th."""
+    lines = []
+    for i in range(rows):
+        lines.append(f'{{"id": {i}, "s": "name-{i}{PAD}"}}{line_end}')
+        if i % blank_every == blank_every - 1:
+            lines.append(" " + line_end)
+    return "".join(lines)
+
+
+def test_a_big_json_lines_file_is_read_as_byte_ranges_each_line_once(tmp_path: Path) -> None:
+    """Ranges of one file, one task each: every row once and in order, blank lines skipped,
+    every range with the types of the file's first chunk (a column null at first is a number)."""
+    rows = 700_000
+    lines = _lines_with_blanks(rows, 1000, "\r\n").split("\r\n")
+    last = max(i for i, line in enumerate(lines) if line.startswith("{"))
+    lines[0] = lines[0][:-1] + ', "late": null}'
+    lines[1] = lines[1][:-1] + ', "late": 5}'
+    lines[last] = lines[last][:-1] + ', "late": 7}'
+    (tmp_path / "big.jsonl").write_text("\r\n".join(lines))
+    assert (tmp_path / "big.jsonl").stat().st_size > 48 * MiB  # (1.5 tasks of 32 MiB: split)
+    tasks = _piece_tasks(JSONDatasource(str(tmp_path / "big.jsonl"), block_bytes=4 * MiB))
+    assert len(tasks) >= 2, len(tasks)
+    read, late = 0, []
+    for task in tasks:
+        for block in cloudpickle.loads(cloudpickle.dumps(task))():
+            assert block.schema.field("id").type == pa.int64() and block.schema.field("late").type == pa.int64()
+            read = _check_rows(block, read)
+            late += block["late"].drop_null().to_pylist()
+    assert read == rows and late == [5, 7]
+
+
+def test_json_byte_ranges_only_for_json_lines_where_a_newline_ends_a_row(tmp_path: Path) -> None:
+    """Compressed files, newlines_in_values=True, a JSON array and a file whose first chunk does
+    not parse are each read whole, by one task (which names a bad row as ever)."""
+    text = _lines_with_blanks(800_000, 10**9)
+    (tmp_path / "big.jsonl").write_text(text)
+    assert len(_piece_tasks(JSONDatasource(str(tmp_path / "big.jsonl")))) >= 2
+    (tmp_path / "big.jsonl.gz").write_bytes(gzip.compress(text.encode(), compresslevel=1))
+    assert len(_piece_tasks(JSONDatasource(str(tmp_path / "big.jsonl.gz")))) == 1
+    spanning = pajson.ParseOptions(newlines_in_values=True)
+    assert len(_piece_tasks(JSONDatasource(str(tmp_path / "big.jsonl"), parse_options=spanning))) == 1
+    (tmp_path / "array.json").write_text("[" + text.replace("}\n", "},\n").rstrip(",\n") + "]")
+    assert len(_piece_tasks(JSONDatasource(str(tmp_path / "array.json")))) == 1
+    (tmp_path / "bad.jsonl").write_text('{"id": 0}\n{"id": nope}\n' + text)
+    tasks = _piece_tasks(JSONDatasource(str(tmp_path / "bad.jsonl")))
+    assert len(tasks) == 1
+    with pytest.raises(FileFormatError, match=r"bad\.jsonl, row 2"):
+        list(tasks[0]())
+
+
+def test_a_bad_line_in_a_later_json_byte_range_names_its_row_in_the_file(tmp_path: Path) -> None:
+    rows = 800_000
+    lines = _lines_with_blanks(rows, 7).split("\n")
+    assert lines[-2].startswith('{"id": 799999')
+    lines[-2] = '{"id": "unknown", "s": "x"}'  # the last row, in the last range
+    (tmp_path / "f.jsonl").write_text("\n".join(lines))
+    tasks = _piece_tasks(JSONDatasource(str(tmp_path / "f.jsonl")))
+    assert len(tasks) >= 2
+    with pytest.raises(FileFormatError, match=r"f\.jsonl, row 800000, column 'id'.*explicit_schema") as info:
+        list(tasks[-1]())
+    assert info.value.row == rows
+    lines[-2] = '{"id": 1, nope}'
+    (tmp_path / "f.jsonl").write_text("\n".join(lines))
+    with pytest.raises(FileFormatError, match=r"f\.jsonl, row 800000"):
+        list(_piece_tasks(JSONDatasource(str(tmp_path / "f.jsonl")))[-1]())
+
+
 def test_csv_text_after_the_first_pyarrow_block_falls_back_to_string(tmp_path: Path) -> None:
     # pyarrow infers from its first block (1 MiB); "unknown" comes ~3 MiB in, still in our first block
     lines = ["a,b"] + [f"{i},{i}" for i in range(300_000)] + ["unknown,1"]

@@ -34,9 +34,12 @@ BUCKETS = 1 << 14
 """Buckets ``count_at_most`` cuts the span of a sort's boundaries into (a 16k-entry table fits
 the L2 cache; with 255 boundaries about 1.6% of the rows still need a binary search)."""
 
+RADIX_MAX_ROWS = 1 << 19
+"""Up to this many keys spanning at most 32 bits, two counting passes beat a packed sort."""
+
 COUNTING_SORT_RANGE = 4096
 """Arrow sorts integers whose values span at most about this many by counting (faster than
-anything else); wider integer keys are sorted by polars' radix sort, 2.5-3x faster than
+anything else); wider integer keys are sorted by polars (``sort_indices``), 2.5-6x faster than
 Arrow's (250k int64 keys: 8 against 21 ms; 2M: 60-85 against 240 ms, on one thread)."""
 
 
@@ -185,20 +188,34 @@ def count_at_most(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
     """The stable sort order of ``table`` on ``key`` (nulls last, as ``pc.sort_indices`` with
-    ``at_end``). A single integer key whose span is past counting range is sorted by two 16-bit
-    counting passes when the span fits 32 bits and there are no nulls (``radix_order``), else
-    by polars (stable, one thread: a task is one CPU's work); every other key by Arrow.
+    ``at_end``). A single integer key with no nulls whose span is past counting range is sorted
+    by two 16-bit counting passes when the span fits 32 bits and there are at most
+    ``RADIX_MAX_ROWS`` rows (``radix_order``), else as one unsigned 64-bit word per row, its
+    offset in the span above its row number, when the two fit (``packed_order``); any other
+    integer key by polars' stable arg_sort, every other key by Arrow. All run on one thread: a
+    task is one CPU's work.
 
-    Measured on this machine (one thread, 200k keys): a 32-bit span, radix 5.8-7.0 ms against
-    polars 6.8-7.1; a 40-bit span, polars 7.1 ms against 9.2 for ``np.sort`` of the keys packed
-    with their row numbers (400k keys: 13.2 against 22.8), which this used before."""
+    Measured on this machine (one thread, the workers' allocator settings, median of 30):
+
+    ====================  ==========  ==========  ==============  =================
+    keys (span)           counting    packed      polars argsort  used
+    ====================  ==========  ==========  ==============  =================
+    200k (24, 32 bits)    2.3-4.0 ms  3.2-4.2 ms  -               counting
+    200k (40 bits)        -           4.6-4.8 ms  8.3-8.8 ms      packed
+    1M (24, 32 bits)      21-29 ms    18-19 ms    -               packed
+    1M (40 bits)          -           18 ms       41-43 ms        packed
+    ====================  ==========  ==========  ==============  =================
+    """
     if len(key.columns) == 1 and table.num_rows > COUNTING_SORT_RANGE:
         column = table.column(key.columns[0])
         if pa.types.is_integer(column.type):
             low, high = pc.min_max(column).values()
             if low.is_valid and high.as_py() - low.as_py() > COUNTING_SORT_RANGE:
-                if column.null_count == 0 and (high.as_py() - low.as_py()).bit_length() <= 32:
+                span = high.as_py() - low.as_py()
+                if column.null_count == 0 and span.bit_length() <= 32 and len(column) <= RADIX_MAX_ROWS:
                     return radix_order(column.to_numpy(), low.as_py(), high.as_py(), key.descending[0])
+                if column.null_count == 0 and span.bit_length() + _row_bits(len(column)) <= 64:
+                    return packed_order(column.to_numpy(), low.as_py(), high.as_py(), key.descending[0])
                 import polars as pl
 
                 frame = pl.from_arrow(pa.table({"k": column}), rechunk=False)
@@ -207,6 +224,32 @@ def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
                                                     multithreaded=False, maintain_order=True))
                 return order.to_series().to_numpy()
     return pc.sort_indices(table, sort_keys=key.arrow())
+
+
+def _row_bits(n: int) -> int:
+    """Bits that hold every row number below ``n``."""
+    return max(1, (n - 1).bit_length())
+
+
+def packed_order(values: np.ndarray, low: int, high: int, descending: bool) -> np.ndarray:
+    """The stable order of integer ``values`` (in ``[low, high]``, no nulls, a span that fits
+    beside the row numbers in 64 bits): each value's offset from ``low`` (from ``high`` when
+    descending) shifted above its row number, the words sorted (polars' radix sort, one thread),
+    the row numbers read back. Equal values keep their input order: their row numbers decide."""
+    n = len(values)
+    bits = _row_bits(n)
+    assert (high - low).bit_length() + bits <= 64
+    words = values.astype(np.uint64)  # arithmetic modulo 2**64: each true offset fits its bits
+    if descending:
+        words = np.uint64(high % (1 << 64)) - words
+    else:
+        words -= np.uint64(low % (1 << 64))
+    words <<= np.uint64(bits)
+    words |= np.arange(n, dtype=np.uint64)
+    import polars as pl
+
+    ordered = pl.Series(words).sort(multithreaded=False).to_numpy()
+    return (ordered & np.uint64((1 << bits) - 1)).astype(np.int64)
 
 
 def radix_order(values: np.ndarray, low: int, high: int, descending: bool) -> np.ndarray:

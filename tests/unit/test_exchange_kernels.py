@@ -9,7 +9,15 @@ import pyarrow.compute as pc
 import pytest
 
 from dataflow.shuffle import key_order, splitmix64
-from dataflow.sort import COUNTING_SORT_RANGE, RangePartitioner, SortKey, count_at_most, radix_order, sort_indices
+from dataflow.sort import (
+    COUNTING_SORT_RANGE,
+    RangePartitioner,
+    SortKey,
+    count_at_most,
+    packed_order,
+    radix_order,
+    sort_indices,
+)
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 1000, 200_000])
@@ -55,8 +63,9 @@ def test_sort_indices_is_arrows_stable_order(dtype, span, descending):
 @pytest.mark.parametrize("span", [COUNTING_SORT_RANGE * 4, 1 << 30, 1 << 44])
 @pytest.mark.parametrize("descending", [False, True])
 def test_a_wide_integer_key_without_nulls_sorts_as_arrow(dtype, span, descending):
-    """Two counting passes (a span of 32 bits or less) or polars: Arrow's stable order, for
-    negative values, values past int64 (uint64) and ties alike, across chunks."""
+    """Two counting passes (a span of 32 bits or less), packed words (a span that fits beside the
+    row numbers) or polars: Arrow's stable order, for negative values, values past int64
+    (uint64) and ties alike, across chunks."""
     rng = np.random.default_rng([span, descending, len(dtype)])
     info = np.iinfo(dtype)
     n = 5 * COUNTING_SORT_RANGE
@@ -72,6 +81,8 @@ def test_a_wide_integer_key_without_nulls_sorts_as_arrow(dtype, span, descending
     want = pc.sort_indices(table, sort_keys=key.arrow()).to_numpy()
     if (high - low).bit_length() <= 32:
         assert np.array_equal(radix_order(values, low, high, descending), want)
+    if (high - low).bit_length() + (n - 1).bit_length() <= 64:
+        assert np.array_equal(packed_order(values, low, high, descending), want)
     order = sort_indices(table, key)
     assert isinstance(order, np.ndarray) and np.array_equal(order, want)
 
@@ -169,5 +180,30 @@ def test_keys_spanning_32_bits_or_less_sort_by_radix_as_argsort(dtype, descendin
     values = (offsets + np.uint64(base % (1 << 64))).astype(np.uint64).view(np.int64).astype(dtype)
     low, high = int(values.min()), int(values.max())
     order = radix_order(values, low, high, descending)
+    want = np.argsort(-values.astype(object) if descending else values.astype(object), kind="stable")
+    assert np.array_equal(order, want)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint64", "int32"])
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("base", [0, -(1 << 40), 1 << 40])
+def test_keys_whose_span_fits_beside_the_row_numbers_sort_packed_as_argsort(dtype, descending, base):
+    """Keys whose span leaves just room for the row numbers in 64 bits (at the edge, wherever
+    they start) are ordered as packed words: the result is the stable argsort's, ties in row
+    order."""
+    rng = np.random.default_rng(7)
+    n = 30_000
+    if dtype == "uint64":
+        base = abs(base) + (1 << 62) if base else (1 << 64) - (1 << 49)  # near the top of uint64
+    elif dtype == "int32":
+        base = -(1 << 31)
+    span = (1 << 32) - 1 if dtype == "int32" else (1 << (64 - (n - 1).bit_length())) - 1
+    offsets = rng.integers(0, span, n, dtype=np.uint64, endpoint=True)
+    offsets[:3] = (0, span, span)  # both ends, and a tie
+    offsets[100:200] = offsets[5]
+    values = (offsets + np.uint64(base % (1 << 64))).astype(np.uint64).view(np.int64).astype(dtype)
+    low, high = int(values.min()), int(values.max())
+    assert high - low == span
+    order = packed_order(values, low, high, descending)
     want = np.argsort(-values.astype(object) if descending else values.astype(object), kind="stable")
     assert np.array_equal(order, want)

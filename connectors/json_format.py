@@ -103,6 +103,8 @@ class JSONDatasource(FileDatasource):
             return parsing(Retrier(self._retry_policy)).call(head, path=display)
         except Exception:  # (a planning shortcut only: the file's one read task reads it and says what fails)
             return False
+        finally:  # the driver parsed up to a chunk's worth of rows: its allocator gives the pages back
+            pa.default_memory_pool().release_unused()
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
         if piece.count > 1:

@@ -798,7 +798,12 @@ class StreamingExecutor:
         expected = op.expected_output_bytes(prior=float(execution.options.target_max_block_size))
         # what the tasks already running will add counts too: two tasks sent in one turn would
         # otherwise both see room for one and both write to shared memory
-        spec.spill = self.store_used + self._running_output_bytes() + expected > self.store_capacity
+        room = self.store_capacity - self.store_used - self._running_output_bytes()
+        spec.spill = expected > room
+        # a task may overshoot what was expected of it (a flat_map's unknown fan-out): past its
+        # share of the room its outputs go to disk, so the tasks running at once cannot fill
+        # shared memory far past the store's capacity before any of them reports
+        spec.shm_room = None if spec.spill else max(2 * expected, room / max(1, self.options.resolved_num_cpus()))
         frames: list[bytes] = []
         if isinstance(slot, WorkerHandle):
             try:

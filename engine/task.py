@@ -50,6 +50,12 @@ class TaskSpec:
     task_index: int = 0
     attempt: int = 0
     spill: bool = False
+    shm_room: float | None = None
+    """Bytes of output this task may write to shared memory; its outputs past them go to disk
+    (None: no limit). The driver sets it from the store's free room when it sends the task: a
+    task whose outputs far exceed what was expected (a flat_map that turns each row into
+    hundreds) would otherwise fill shared memory many times past the store's capacity, since
+    its outputs are counted only when it ends."""
     params: Any = None
     """Plain data the transform needs for this task only (an exchange's row offset, the
     number of inputs from each side of a reduce)."""
@@ -282,11 +288,19 @@ def _run_task(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> Ta
         _SCOPE.reset(scope)
 
 
+def _spills(spec: TaskSpec, in_shm: int) -> bool:
+    """Whether the task's next output goes to disk: all of them when the driver said so, the
+    rest once the ``in_shm`` bytes it put in shared memory reach its ``shm_room`` (so it passes
+    the room by at most one block)."""
+    return spec.spill or (spec.shm_room is not None and in_shm >= spec.shm_room)
+
+
 def _run_task_in_scope(spec: TaskSpec, transform: TaskTransform, store: BlockStore) -> TaskResult:
     start, cpu_start = time.perf_counter(), time.process_time()
     io_start = _io_counters()
     result = TaskResult(spec.task_id)
     written: list[BlockRef] = []
+    in_shm = 0
     skips = row_errors.start(spec.task_index)
     try:
         if spec.output == OUTPUT_COUNT:
@@ -304,14 +318,17 @@ def _run_task_in_scope(spec: TaskSpec, transform: TaskTransform, store: BlockSto
                 raise UDFFailure(spec.sink.get_name(), err) from err
         elif spec.output == OUTPUT_PARTITIONS:
             for block, counts in transform.partition(_input_blocks(spec, store), spec.params):  # type: ignore[attr-defined]
-                ref = dataclasses.replace(store.put(block, spill=spec.spill, sliced=True), partitions=counts)
+                ref = store.put(block, spill=_spills(spec, in_shm), sliced=True)
+                ref = dataclasses.replace(ref, partitions=counts)
+                in_shm += 0 if ref.spilled else ref.size_bytes
                 written.append(ref)
                 result.num_rows += ref.num_rows
                 result.size_bytes += ref.size_bytes
             result.refs = written
         else:
             for block in transform(_input_blocks(spec, store), spec.params):
-                ref = store.put(block, spill=spec.spill)
+                ref = store.put(block, spill=_spills(spec, in_shm))
+                in_shm += 0 if ref.spilled else ref.size_bytes
                 if spec.sampler is not None:
                     ref = dataclasses.replace(ref, sample=_sample(spec.sampler, block))
                 written.append(ref)

@@ -66,3 +66,29 @@ def test_waits_are_charged_to_the_whole_wait(small_engine):
     stats = ds._last_handle.stats()
     for op in stats.operators:
         assert sum(op.waits.values()) <= stats.wall_s + 0.05, (op.name, op.waits, stats.wall_s)
+
+
+def _fan_out(batch):
+    """Each row becomes 400 rows of 4 KiB: a task's outputs are ~400 times its input."""
+    ids = np.repeat(batch["id"], 400)
+    return {"id": ids, "pad": np.ones((len(ids), 512), dtype=np.float64)}
+
+
+def test_a_fan_out_past_every_estimate_stays_within_shared_memory(fresh_engine):
+    """Outputs are counted when a task ends: a task that makes hundreds of times what was
+    expected of it (flat_map's unknown fan-out) puts only its share of the free room in shared
+    memory and the rest on disk (it filled 2.4 GiB of it for a 256 MiB store before)."""
+    from engine import session
+
+    dataflow.init(execution_mode="streaming", num_cpus=2, object_store_memory=32 * MiB)
+    seen = []
+    with dataflow.options(target_max_block_size=4 * MiB):  # a first task is expected to leave a block
+        ds = dataflow.range(160, override_num_blocks=2).map_batches(_fan_out)  # 2 tasks of ~125 MiB
+        for batch in ds.iter_batches(batch_size=None):
+            seen.append(batch["id"])
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.repeat(np.arange(160), 400))
+    executor = session.current_session().executor
+    executor.sync()
+    stats = executor.statistics()
+    assert stats["spilled_bytes"] > 100 * MiB, stats
+    assert stats["store_peak"] <= 32 * MiB + 2 * 4 * MiB, stats  # each task's room, plus a block past it

@@ -21,6 +21,7 @@ from connectors.base import Datasource
 from connectors.csv_format import CSVDatasource
 from connectors.errors import FileFormatError
 from connectors.json_format import JSONDatasource
+from connectors.text_format import TextDatasource
 
 MiB = 1 << 20
 PAD = "x" * 40
@@ -250,6 +251,50 @@ def test_a_bad_line_in_a_later_json_byte_range_names_its_row_in_the_file(tmp_pat
     (tmp_path / "f.jsonl").write_text("\n".join(lines))
     with pytest.raises(FileFormatError, match=r"f\.jsonl, row 800000"):
         list(_piece_tasks(JSONDatasource(str(tmp_path / "f.jsonl")))[-1]())
+
+
+def _text_lines(rows: int) -> list[str]:
+    return [f"line {i} {PAD}" if i % 97 else "" for i in range(rows)]  # every 97th line empty
+
+
+def test_a_text_file_streams_in_bounded_blocks_and_big_ones_in_ranges(tmp_path: Path) -> None:
+    """read_text: blocks of about block_bytes however big the file (it was decoded whole, as
+    Python strings), and a file well over a task's bytes read as ranges, one task each: every
+    line once and in order, \r\n endings and blank lines as before, a line longer than a block."""
+    lines = _text_lines(1_000_000)
+    lines[500_000] = "y" * (3 * MiB)  # longer than a block
+    (tmp_path / "big.txt").write_text("\r\n".join(lines) + "\r\n")
+    size = (tmp_path / "big.txt").stat().st_size
+    assert size > 48 * MiB  # (1.5 tasks of 32 MiB: split)
+    want = [line for line in lines if line]
+    tasks = _piece_tasks(TextDatasource(str(tmp_path / "big.txt"), block_bytes=2 * MiB))
+    assert len(tasks) >= 2, len(tasks)
+    got: list[str] = []
+    for task in tasks:
+        for block in cloudpickle.loads(cloudpickle.dumps(task))():
+            got += block["text"].to_pylist()
+    assert got == want
+    baseline = pa.total_allocated_bytes()
+    peak = largest = 0
+    whole = TextDatasource(str(tmp_path / "big.txt"), block_bytes=2 * MiB, drop_empty_lines=False)
+    for task in whole.get_read_tasks(1):  # one task: the file as one stream
+        got = []
+        for block in task():
+            peak = max(peak, pa.total_allocated_bytes() - baseline)
+            largest = max(largest, block.nbytes)
+            got += block["text"].to_pylist()
+        assert got == lines
+    assert largest < 8 * MiB and peak < 24 * MiB < size / 2, (largest, peak)
+
+
+def test_text_files_other_than_utf8_are_read_whole_and_bad_bytes_name_the_file(tmp_path: Path) -> None:
+    (tmp_path / "l.txt").write_bytes("caf\xe9\r\n\n  \nna\xefve".encode("latin-1"))
+    assert read_all(TextDatasource(str(tmp_path / "l.txt"), encoding="latin-1"))["text"].to_pylist() == ["caf\xe9", "na\xefve"]
+    (tmp_path / "e.txt").write_bytes(b"")
+    assert read_all(TextDatasource(str(tmp_path / "e.txt"), drop_empty_lines=False))["text"].to_pylist() == [""]  # as Ray
+    (tmp_path / "bad.txt").write_bytes(("ok\n" * 2_000_000).encode() + b"\xff\xfe\n")
+    with pytest.raises(FileFormatError, match=r"bad\.txt.*UTF8"):
+        read_all(TextDatasource(str(tmp_path / "bad.txt"), block_bytes=MiB))
 
 
 def test_csv_text_after_the_first_pyarrow_block_falls_back_to_string(tmp_path: Path) -> None:

@@ -4,6 +4,12 @@ A ``(n, ...)`` array gives ``n`` rows; rows of more than one dimension are store
 tensor column (``pa.fixed_shape_tensor``), zero-copy to NumPy. Pickled object arrays are refused
 unless the caller passes ``allow_pickle=True`` (as Ray): a data file must not run code unasked.
 
+An uncompressed array of plain values in C order (what ``np.save`` writes for numbers, strings
+and tensors) is read from its header and then ``block_bytes`` (16 MiB) of rows at a time: a file
+of 20 GB of embeddings never needs more than a block or two in memory, and one well over a read
+task's bytes is cut into ranges of rows, one task each. Other files (pickled objects, Fortran
+order, compressed) are loaded whole with ``np.load``.
+
 ``NumpyDatasink`` writes one column back: one ``.npy`` file per write task (the rows of the blocks
 that task received, or ``max_rows_per_file`` at most), staged and committed by ``file_datasink``.
 Numbers and booleans, strings (a fixed-width unicode array), and tensors (fixed-shape tensor,
@@ -14,7 +20,7 @@ that would need pickling (ragged arrays, structs) is refused with the column's n
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -22,8 +28,8 @@ import pyarrow as pa
 
 from connectors.errors import FileFormatError
 from connectors.file_datasink import FileDatasink, combine
-from connectors.file_datasource import FileDatasource, FilePiece
-from connectors.filesystem import read_file_bytes
+from connectors.file_datasource import FileDatasource, FilePiece, coalesce
+from connectors.filesystem import STREAM_BLOCK_BYTES, FileEntry, compression_of, iter_stream, read_file_bytes
 from connectors.retry import Retrier
 from engine.block_format import tensor_array
 from engine.ragged_tensors import is_ragged, ragged_to_numpy
@@ -54,7 +60,13 @@ class NumpyDatasource(FileDatasource):
     FILE_EXTENSIONS = (".npy",)
 
     def __init__(
-        self, paths: Any, *, allow_pickle: bool = False, numpy_load_args: dict[str, Any] | None = None, **kwargs: Any
+        self,
+        paths: Any,
+        *,
+        allow_pickle: bool = False,
+        numpy_load_args: dict[str, Any] | None = None,
+        block_bytes: int = STREAM_BLOCK_BYTES,
+        **kwargs: Any,
     ) -> None:
         unknown = sorted(set(numpy_load_args or ()) - set(NUMPY_LOAD_ARGS))
         if unknown:
@@ -63,8 +75,37 @@ class NumpyDatasource(FileDatasource):
         super().__init__(paths, **kwargs)
         self._allow_pickle = bool(allow_pickle)
         self._load_args = dict(numpy_load_args or {})
+        self._block_bytes = block_bytes
+
+    def _read_pieces(self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None) -> Iterator[pa.Table]:
+        retrier = Retrier(self._retry_policy)
+        yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
+
+    def _split_files(self) -> bool | Callable[[FileEntry], bool]:
+        """A big uncompressed file is cut into ranges of rows (a file that turns out not to be
+        plain values in C order is loaded whole by its first range)."""
+        return self._plain
+
+    def _plain(self, entry: FileEntry) -> bool:
+        return self._stream_args.compression is None and compression_of(entry.path) is None
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
+        if self._plain(piece.entry):
+
+            def parse(file: pa.NativeFile) -> Iterator[pa.Table]:
+                return _plain_rows(file, piece, self._block_bytes, self._load_args.get("max_header_size"), display)
+
+            def opener() -> pa.NativeFile:
+                return fs.open_input_file(piece.entry.path)
+
+            plain = True
+            for table in iter_stream(fs, piece.entry.path, retrier, display, parse, opener=opener):
+                if table is _NOT_PLAIN:
+                    plain = False
+                    break
+                yield table
+            if plain or piece.index > 0:  # (a file that is not plain values: its first range loads it whole)
+                return
         data = read_file_bytes(fs, piece.entry.path, retrier, display, args=self._stream_args)
         try:
             array = np.load(io.BytesIO(data), allow_pickle=self._allow_pickle, **self._load_args)
@@ -80,6 +121,55 @@ class NumpyDatasource(FileDatasource):
             yield pa.table({"data": tensor_array(array, "data", objects=True)})
             return
         yield pa.table({"data": tensor_column(array)})
+
+
+_NOT_PLAIN = pa.table({})
+"""What ``_plain_rows`` yields for a file it cannot stream (it is then loaded whole)."""
+
+
+def _plain_rows(
+    file: pa.NativeFile,
+    piece: FilePiece,
+    block_bytes: int,
+    max_header_size: int | None,
+    display: str,
+) -> Iterator[pa.Table]:
+    """The rows of ``piece`` (all of the file, or the ``index``-th of ``count`` equal ranges of
+    its rows) of a plain C-order ``.npy`` file, ``block_bytes`` at a time; nothing but
+    ``_NOT_PLAIN`` when the file is not one (pickled objects, Fortran order, a 0-d array, a
+    header version this NumPy reads only whole, or no ``.npy`` header at all)."""
+    try:
+        version = np.lib.format.read_magic(file)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(file, max_header_size=max_header_size or 10_000)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(file, max_header_size=max_header_size or 10_000)
+        else:
+            yield _NOT_PLAIN
+            return
+    except ValueError:  # (an .npz archive, not NumPy at all: np.load says which, loading it whole)
+        yield _NOT_PLAIN
+        return
+    if fortran or dtype.hasobject or not shape:
+        yield _NOT_PLAIN
+        return
+    start = file.tell()
+    row_shape = tuple(shape[1:])
+    row_bytes = dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
+    n = shape[0]
+    lo, hi = n * piece.index // piece.count, n * (piece.index + 1) // piece.count
+    step = max(1, block_bytes // max(1, row_bytes))
+    if row_bytes == 0 or lo == hi:  # (rows of no bytes: nothing to read)
+        yield pa.table({"data": tensor_column(np.zeros((hi - lo, *row_shape), dtype=dtype))})
+        return
+    file.seek(start + lo * row_bytes)
+    for first in range(lo, hi, step):
+        count = min(step, hi - first)
+        data = file.read(count * row_bytes)
+        if len(data) != count * row_bytes:
+            msg = f"the file ends after {first + len(data) // row_bytes} of the {n} rows its header announces"
+            raise FileFormatError(msg, path=display)
+        yield pa.table({"data": tensor_column(np.frombuffer(data, dtype=dtype).reshape(count, *row_shape))})
 
 
 def column_to_ndarray(column: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:

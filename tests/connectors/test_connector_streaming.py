@@ -21,6 +21,7 @@ from connectors.base import Datasource
 from connectors.csv_format import CSVDatasource
 from connectors.errors import FileFormatError
 from connectors.json_format import JSONDatasource
+from connectors.numpy_format import NumpyDatasource
 from connectors.text_format import TextDatasource
 
 MiB = 1 << 20
@@ -295,6 +296,28 @@ def test_text_files_other_than_utf8_are_read_whole_and_bad_bytes_name_the_file(t
     (tmp_path / "bad.txt").write_bytes(("ok\n" * 2_000_000).encode() + b"\xff\xfe\n")
     with pytest.raises(FileFormatError, match=r"bad\.txt.*UTF8"):
         read_all(TextDatasource(str(tmp_path / "bad.txt"), block_bytes=MiB))
+
+
+def test_a_big_npy_file_is_read_in_bounded_blocks_and_in_ranges_of_rows(tmp_path: Path) -> None:
+    """Plain C-order values: the header, then block_bytes of rows at a time (the file was
+    loaded whole), and ranges of rows, one task each, for a file well over a task's bytes;
+    Fortran order is loaded whole by the first range; a file cut short names itself."""
+    emb = np.arange(250_000 * 64, dtype=np.float32).reshape(250_000, 64)
+    np.save(tmp_path / "emb.npy", emb)
+    assert (tmp_path / "emb.npy").stat().st_size > 48 * MiB
+    tasks = _piece_tasks(NumpyDatasource(str(tmp_path / "emb.npy"), block_bytes=2 * MiB))
+    assert len(tasks) >= 2, len(tasks)
+    blocks = [b for task in tasks for b in cloudpickle.loads(cloudpickle.dumps(task))()]
+    assert max(b.nbytes for b in blocks) <= 2 * MiB
+    assert np.array_equal(np.concatenate([b["data"].combine_chunks().to_numpy_ndarray() for b in blocks]), emb)
+    np.save(tmp_path / "f.npy", np.asfortranarray(emb))
+    tasks = _piece_tasks(NumpyDatasource(str(tmp_path / "f.npy")))
+    assert len(tasks) >= 2
+    blocks = [b for task in tasks for b in task()]
+    assert np.array_equal(np.concatenate([b["data"].combine_chunks().to_numpy_ndarray() for b in blocks]), emb)
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "emb.npy").read_bytes()[: 10 * MiB])
+    with pytest.raises(FileFormatError, match=r"cut\.npy.*ends after 40959 of the 250000 rows"):
+        read_all(NumpyDatasource(str(tmp_path / "cut.npy")))
 
 
 def test_csv_text_after_the_first_pyarrow_block_falls_back_to_string(tmp_path: Path) -> None:

@@ -320,6 +320,25 @@ def test_a_big_npy_file_is_read_in_bounded_blocks_and_in_ranges_of_rows(tmp_path
         read_all(NumpyDatasource(str(tmp_path / "cut.npy")))
 
 
+def test_a_parquet_row_group_past_the_batching_size_is_decoded_a_batch_at_a_time(tmp_path: Path, monkeypatch) -> None:
+    """A row group that decodes to more than BATCHED_ROW_GROUP_BYTES (256 MiB; 2 MiB here) is
+    read in batches of about a block: the same rows, in order, holding far less at once."""
+    import pyarrow.parquet as pq
+
+    import connectors.parquet_format as parquet_format
+    from connectors import file_datasource
+    from connectors.parquet_format import ParquetDatasource
+
+    table = _table(0, 600_000)
+    pq.write_table(table, tmp_path / "one.parquet", row_group_size=600_000)  # ~40 MiB decoded
+    monkeypatch.setattr(parquet_format, "BATCHED_ROW_GROUP_BYTES", 2 * MiB)
+    monkeypatch.setattr(parquet_format, "STREAM_BLOCK_BYTES", MiB)
+    monkeypatch.setattr(file_datasource, "DEFAULT_BLOCK_BYTES", 4 * MiB)  # the blocks the batches make
+    count, rows, largest, peak = _stream_and_measure(ParquetDatasource(str(tmp_path / "one.parquet")))
+    assert rows == 600_000 and count >= 8 and largest < 6 * MiB, (count, largest)
+    assert peak < 20 * MiB, peak  # (decoded whole: the row group's ~40 MiB and more)
+
+
 def test_csv_text_after_the_first_pyarrow_block_falls_back_to_string(tmp_path: Path) -> None:
     # pyarrow infers from its first block (1 MiB); "unknown" comes ~3 MiB in, still in our first block
     lines = ["a,b"] + [f"{i},{i}" for i in range(300_000)] + ["unknown,1"]

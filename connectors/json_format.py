@@ -288,20 +288,27 @@ def _parse_array(data: bytes, display: str) -> pa.Table:
 
 def _line_chunks(stream: pa.NativeFile, chunk_bytes: int, head: bytes) -> Iterator[bytes]:
     """``head`` and the rest of ``stream`` cut after a newline every ``chunk_bytes`` or so: the
-    first chunk is ``head``'s whole lines (the same however much of the file follows)."""
-    data = head
+    first chunk is ``head``'s whole lines (the same however much of the file follows). A line
+    longer than a chunk is gathered in pieces and joined once it ends (not re-copied per read)."""
+    pending: list[bytes] = []
+    more = head
     while True:
-        cut = data.rfind(b"\n") + 1
+        cut = more.rfind(b"\n") + 1
         if cut:
-            chunk, data = data[:cut], data[cut:]
+            data = b"".join([*pending, more]) if pending else more
+            cut += len(data) - len(more)
+            chunk, rest = data[:cut], data[cut:]
+            pending = [rest] if rest else []
             if not chunk.isspace():
                 yield chunk
+        elif more:
+            pending.append(more)
         more = stream.read(chunk_bytes)
         if not more:
-            if data.strip():
-                yield data
+            tail = b"".join(pending)
+            if tail.strip():
+                yield tail
             return
-        data += more  # (what is left of a line, or one line longer than a chunk: read on until it ends)
 
 
 def _parse_lines(
@@ -312,10 +319,20 @@ def _parse_lines(
     read_options: pajson.ReadOptions,
     parse_options: pajson.ParseOptions,
 ) -> pa.Table:
-    """``chunk`` (whole lines) as a table; after the first chunk, with the first chunk's ``schema``."""
+    """``chunk`` (whole lines) as a table; after the first chunk, with the first chunk's ``schema``.
+
+    A line longer than pyarrow's ``block_size`` ("straddling object straddles two block
+    boundaries") is parsed again with the whole chunk as one block, as Ray's reader grows its
+    block size: the chunk holds whole lines, so that always fits."""
     options = parse_options if schema is None else _with_schema(parse_options, schema)
     try:
-        table = pajson.read_json(pa.py_buffer(chunk), read_options, options)
+        try:
+            table = pajson.read_json(pa.py_buffer(chunk), read_options, options)
+        except pa.ArrowInvalid as exc:
+            if "straddl" not in str(exc) or read_options.block_size > len(chunk):
+                raise
+            read_options = pajson.ReadOptions(use_threads=read_options.use_threads, block_size=len(chunk) + 1)
+            table = pajson.read_json(pa.py_buffer(chunk), read_options, options)
     except pa.ArrowInvalid as exc:
         raise _lines_error(exc, chunk, rows_before, schema, display, read_options, parse_options) from exc
     if schema is not None and not table.schema.equals(schema):

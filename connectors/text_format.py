@@ -86,23 +86,26 @@ class TextDatasource(FileDatasource):
 
 def _parse_lines(stream: pa.NativeFile, *, block_bytes: int, drop_empty: bool, whole_file: bool) -> Iterator[pa.Table]:
     """Tables of the lines of ``stream`` (UTF-8), about ``block_bytes`` of them at a time. An
-    empty file is one empty line, as Ray's (a range with no line in it is none)."""
-    rest = b""
+    empty file is one empty line, as Ray's (a range with no line in it is none). A line longer
+    than a block is gathered in pieces and joined once it ends (not re-copied per read)."""
+    pending: list[bytes] = []
     yielded = False
     while True:
         more = stream.read(block_bytes)
-        data = rest + more if rest else more
         if not more:
+            data = b"".join(pending)
             if data or (whole_file and not yielded):
                 yield _table(_split(data, 0), drop_empty)
             elif not yielded:
                 yield _table(pa.array([], pa.large_string()), drop_empty)
             return
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:  # one line longer than a chunk: read on until it ends
-            rest = data
+        cut = more.rfind(b"\n") + 1
+        if cut == 0:
+            pending.append(more)
             continue
-        rest = data[cut:]
+        data = b"".join([*pending, more]) if pending else more
+        cut += len(data) - len(more)
+        pending = [data[cut:]] if cut < len(data) else []
         yield _table(_split(data, cut), drop_empty)
         yielded = True
 

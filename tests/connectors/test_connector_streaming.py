@@ -449,6 +449,17 @@ def test_json_bad_line_deep_in_a_file_names_its_row(tmp_path: Path) -> None:
     assert info.value.row == 30_001 and "in row" not in str(info.value)
 
 
+def test_a_json_line_longer_than_pyarrows_block_is_read(tmp_path: Path) -> None:
+    """pyarrow refuses a line longer than its block_size ("straddling object"); Ray's reader
+    grows the block size, and so does this one, in the first chunk and in later ones."""
+    rows = [{"a": i, "s": "x" * (200_000 if i in (3, 7000) else 5)} for i in range(10_000)]
+    _write_jsonl(tmp_path / "f.jsonl", rows)
+    source = JSONDatasource(str(tmp_path / "f.jsonl"), read_options=pajson.ReadOptions(block_size=65_536),
+                            block_bytes=256 * 1024)
+    out = read_all(source)
+    assert out["a"].to_pylist() == list(range(10_000)) and [len(s) for s in out["s"].to_pylist()][3::6997] == [200_000] * 2
+
+
 def test_json_nested_field_after_the_first_chunk_names_the_column(tmp_path: Path) -> None:
     _write_jsonl(tmp_path / "f.jsonl", [{"a": {"x": i}} for i in range(30_000)] + [{"a": {"x": 1, "y": 2}}])
     with pytest.raises(FileFormatError, match=r"column 'a': the objects in \['a'\] have fields .*explicit_schema"):

@@ -142,28 +142,33 @@ def read_csv_stream(
     Conversion failures in the first table fall back to string; bad rows name their line.
     """
     forced: dict[str, pa.DataType] = {}
+    reading = read_options
+    handed = _Handed()
     while True:
         options = _with_column_types(convert_options, forced) if forced else convert_options
-        parse = functools.partial(_csv_items, read_options=read_options, parse_options=parse_options, options=options)
-        rows = 0
+        parse = functools.partial(_csv_items, read_options=reading, parse_options=parse_options, options=options)
         try:
-            for table in _blocks(iter_stream(fs, path, retrier, display, parse, args=stream_args), block_bytes):
-                rows += table.num_rows
-                yield table
+            yield from handed.rest(_blocks(iter_stream(fs, path, retrier, display, parse, args=stream_args), block_bytes))
             return
         except pa.ArrowInvalid as exc:
             message = str(exc)
+            bigger = _bigger_blocks(reading, message)
+            if bigger is not None:  # a row longer than pyarrow's block: again with bigger blocks
+                reading = bigger
+                if handed.rows and handed.schema is not None:  # the rest keeps the types handed on
+                    forced = {field.name: field.type for field in handed.schema}
+                continue
             conversion = _CONVERSION.search(message)
             if conversion is not None:
                 names = _column_names(fs, path, display, retrier, read_options, parse_options, stream_args)
                 index = int(conversion.group(1))
                 name = names[index] if index < len(names) else None
-                if name is not None and name not in forced and rows == 0:
+                if name is not None and name not in forced and handed.rows == 0:
                     forced[name] = pa.string()
                     continue
                 if name is not None and name not in forced:
-                    raise _misfit(conversion, name, f"a value after the first {rows} rows", display) from exc
-            raise _row_error(message, fs, path, display, retrier, read_options, parse_options, stream_args) from exc
+                    raise _misfit(conversion, name, f"a value after the first {handed.rows} rows", display) from exc
+            raise _row_error(message, fs, path, display, retrier, reading, parse_options, stream_args) from exc
 
 
 def read_csv_piece(
@@ -198,24 +203,69 @@ def read_csv_piece(
     def opener() -> pa.NativeFile:
         return line_ranges.open_lines(fs, path, size, piece.index, piece.count)
 
-    parse = functools.partial(_csv_items, read_options=read_options, parse_options=parse_options, options=options)
-    yielded = False
-    try:
-        for table in _blocks(iter_stream(fs, path, retrier, display, parse, opener=opener), block_bytes):
-            yielded = True
-            yield table
-    except pa.ArrowInvalid as exc:
-        message = str(exc)
-        if "Empty CSV file" in message and not yielded:  # a range that holds no line
-            yield head.empty_table()
+    handed = _Handed()
+    while True:
+        parse = functools.partial(_csv_items, read_options=read_options, parse_options=parse_options, options=options)
+        try:
+            yield from handed.rest(_blocks(iter_stream(fs, path, retrier, display, parse, opener=opener), block_bytes))
             return
-        conversion = _CONVERSION.search(message)
-        if conversion is not None:
-            names = _head_names(head, convert_options, fs, path, display, retrier, file_options, parse_options)
-            index = int(conversion.group(1))
-            if index < len(names):
-                raise _misfit(conversion, names[index], "a later value", display) from exc
-        raise _row_error(message, fs, path, display, retrier, file_options, parse_options, NO_STREAM_ARGS) from exc
+        except pa.ArrowInvalid as exc:
+            message = str(exc)
+            bigger = _bigger_blocks(read_options, message)
+            if bigger is not None:
+                read_options = bigger
+                continue
+            if "Empty CSV file" in message and handed.schema is None:  # a range that holds no line
+                yield head.empty_table()
+                return
+            conversion = _CONVERSION.search(message)
+            if conversion is not None:
+                names = _head_names(head, convert_options, fs, path, display, retrier, file_options, parse_options)
+                index = int(conversion.group(1))
+                if index < len(names):
+                    raise _misfit(conversion, names[index], "a later value", display) from exc
+            raise _row_error(message, fs, path, display, retrier, file_options, parse_options, NO_STREAM_ARGS) from exc
+
+
+class _Handed:
+    """The rows one read handed on so far, over its attempts: a read that starts again (with
+    bigger blocks) skips them, so each row is handed on once."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.schema: pa.Schema | None = None
+
+    def rest(self, tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
+        """``tables`` (an attempt's, from the file's start) past the rows handed on already."""
+        seen = 0
+        for table in tables:
+            n = table.num_rows
+            if self.rows and seen + n <= self.rows:
+                seen += n
+                continue
+            table = table.slice(self.rows - seen) if seen < self.rows else table
+            seen += n
+            self.rows += table.num_rows
+            self.schema = table.schema
+            yield table
+
+
+MAX_BLOCK_SIZE = 1 << 30
+"""The largest ``block_size`` a read grows pyarrow's to for a row longer than its block."""
+
+
+def _bigger_blocks(options: pacsv.ReadOptions, message: str) -> pacsv.ReadOptions | None:
+    """``options`` with a block 8 times bigger when pyarrow failed on a row longer than its
+    block ("straddling object straddles two block boundaries"; Ray's reader fails there), else
+    None (another error, or blocks already ``MAX_BLOCK_SIZE``)."""
+    if "straddl" not in message or options.block_size >= MAX_BLOCK_SIZE:
+        return None
+    return pacsv.ReadOptions(
+        use_threads=options.use_threads, block_size=min(MAX_BLOCK_SIZE, options.block_size * 8),
+        skip_rows=options.skip_rows, skip_rows_after_names=options.skip_rows_after_names,
+        column_names=options.column_names, autogenerate_column_names=options.autogenerate_column_names,
+        encoding=options.encoding,
+    )
 
 
 def _misfit(conversion: re.Match[str], name: str, where: str, display: str) -> FileFormatError:
@@ -259,14 +309,18 @@ def _head_schema(
     """The columns and types pyarrow infers from the start of ``path`` (what reading the whole
     file as one stream would use); a read cut short is retried, a parse error is not."""
 
-    def head() -> pa.Schema:
+    def head(options: pacsv.ReadOptions) -> pa.Schema:
         with open_stream(fs, path, decompress=False) as stream:
-            return pacsv.open_csv(stream, read_options, parse_options, convert_options).schema
+            return pacsv.open_csv(stream, options, parse_options, convert_options).schema
 
-    try:
-        return parsing(retrier).call(head, path=display)
-    except pa.ArrowInvalid as exc:
-        raise FileFormatError(f"could not parse as CSV: {exc}", path=display) from exc
+    while True:
+        try:
+            return parsing(retrier).call(functools.partial(head, read_options), path=display)
+        except pa.ArrowInvalid as exc:
+            bigger = _bigger_blocks(read_options, str(exc))  # (as a read of the whole file grows them)
+            if bigger is None:
+                raise FileFormatError(f"could not parse as CSV: {exc}", path=display) from exc
+            read_options = bigger
 
 
 def _head_names(

@@ -339,6 +339,27 @@ def test_a_parquet_row_group_past_the_batching_size_is_decoded_a_batch_at_a_time
     assert peak < 20 * MiB, peak  # (decoded whole: the row group's ~40 MiB and more)
 
 
+def test_a_csv_row_longer_than_pyarrows_block_is_read(tmp_path: Path) -> None:
+    """pyarrow fails on a row longer than its block_size ("straddling object"; so does Ray's
+    reader): the read goes on with bigger blocks, handing on each row once, in the first block,
+    deep in a file read whole, and in a later range of a file read as ranges."""
+    long_rows = {1: 300_000, 150_000: 300_000, 1_400_000: 300_000}
+    lines = ["a,b"] + [f"{i},{'y' * long_rows.get(i, 26)}" for i in range(1_500_000)]
+    (tmp_path / "f.csv").write_text("\n".join(lines) + "\n")
+    assert (tmp_path / "f.csv").stat().st_size > 48 * MiB  # (ranges of 32 MiB)
+    small_blocks = pacsv.ReadOptions(block_size=65_536)
+    for parallelism in (1, 200):  # one task; ranges
+        source = CSVDatasource(str(tmp_path / "f.csv"), read_options=small_blocks, block_bytes=4 * MiB)
+        tasks = list(source.get_read_tasks(parallelism))
+        assert (len(tasks) >= 2) == (parallelism == 200)
+        blocks = [b for task in tasks for b in cloudpickle.loads(cloudpickle.dumps(task))()]
+        assert all(b.schema.field("a").type == pa.int64() for b in blocks)
+        out = pa.concat_tables(blocks)
+        assert out["a"].to_pylist() == list(range(1_500_000))
+        lengths = pc.binary_length(out["b"]).to_numpy()
+        assert [int(lengths[i]) for i in long_rows] == list(long_rows.values()) and lengths[2] == 26
+
+
 def test_csv_text_after_the_first_pyarrow_block_falls_back_to_string(tmp_path: Path) -> None:
     # pyarrow infers from its first block (1 MiB); "unknown" comes ~3 MiB in, still in our first block
     lines = ["a,b"] + [f"{i},{i}" for i in range(300_000)] + ["unknown,1"]

@@ -44,6 +44,7 @@ class TextDatasource(FileDatasource):
         block_bytes: int = STREAM_BLOCK_BYTES,
         **kwargs: Any,
     ) -> None:
+        codecs.lookup(encoding)  # (an unknown one raises LookupError here, not in every task)
         super().__init__(paths, **kwargs)
         self._encoding = encoding
         self._drop_empty_lines = drop_empty_lines

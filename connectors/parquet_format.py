@@ -400,13 +400,13 @@ class ParquetDatasource(FileDatasource):
             kept = [i for i in ids if i in matching_ids]
         io_stats.record(files_read=1, row_groups_read=len(kept), row_groups_skipped=len(ids) - len(kept))
         columns = self._projected_file_columns()
-        for rg_id in kept:
+        for run, decoded, _big in _row_group_runs(metadata, kept, columns):
             # use_threads=False: a task is one thread of work (the engine runs one per CPU), and
             # with page checksums on the threaded scanner is ~3x slower on one row group
-            table = fragment.subset(row_group_ids=[rg_id]).to_table(
+            table = fragment.subset(row_group_ids=run).to_table(
                 schema=dataset_schema, columns=columns, filter=self._filter, use_threads=False
             )
-            io_stats.record(bytes_read=_group_bytes(metadata.row_group(rg_id), columns))
+            io_stats.record(bytes_read=decoded)
             yield table
 
     def _read_plain(self, fs: Any, piece: FilePiece, display: str, expected: pa.Schema) -> Iterator[pa.Table]:
@@ -429,17 +429,15 @@ class ParquetDatasource(FileDatasource):
             metadata = parquet.metadata
             ids = _piece_row_groups(metadata, piece)
             io_stats.record(files_read=1, row_groups_read=len(ids), row_groups_skipped=0)
-            for rg_id in ids:
-                group = metadata.row_group(rg_id)
-                decoded = _group_bytes(group, columns)
-                if wanted and decoded > BATCHED_ROW_GROUP_BYTES and group.num_rows > 1:
-                    rows = max(1, group.num_rows * STREAM_BLOCK_BYTES // decoded)
-                    batches = parquet.iter_batches(batch_size=rows, row_groups=[rg_id], columns=wanted, use_threads=False)
+            for run, decoded, big in _row_group_runs(metadata, ids, columns):
+                if wanted and big:
+                    rows = max(1, metadata.row_group(run[0]).num_rows * STREAM_BLOCK_BYTES // decoded)
+                    batches = parquet.iter_batches(batch_size=rows, row_groups=run, columns=wanted, use_threads=False)
                     for batch in batches:
                         yield pa.Table.from_batches([batch]).replace_schema_metadata(expected.metadata)
                     io_stats.record(bytes_read=decoded)
                     continue
-                table = parquet.read_row_group(rg_id, columns=wanted, use_threads=False)
+                table = parquet.read_row_groups(run, columns=wanted, use_threads=False)
                 io_stats.record(bytes_read=decoded)
                 # (a table of no columns, when only path or row_hash is wanted, keeps its row
                 # count only as it is: pyarrow rebuilds it with 0 rows on any schema change)
@@ -481,6 +479,33 @@ def _piece_row_groups(metadata: pq.FileMetaData, piece: FilePiece) -> list[int]:
         lo, hi = size * piece.index // piece.count, size * (piece.index + 1) // piece.count
         ids = [i for i in ids if lo <= row_group_start(metadata.row_group(i)) < hi]
     return ids
+
+
+def _row_group_runs(
+    metadata: pq.FileMetaData, ids: list[int], columns: list[str] | None
+) -> Iterator[tuple[list[int], int, bool]]:
+    """``ids`` as runs read in one call each, with their decoded bytes: consecutive small row
+    groups together up to ``STREAM_BLOCK_BYTES`` (a file of 10,000 row groups of 100 rows read
+    one call each took 1.9-2.6 s, against 0.68 s for ``pq.read_table``), and a row group past
+    ``BATCHED_ROW_GROUP_BYTES`` alone, flagged to be read a batch at a time."""
+    run: list[int] = []
+    run_bytes = 0
+    for rg_id in ids:
+        group = metadata.row_group(rg_id)
+        decoded = _group_bytes(group, columns)
+        if decoded > BATCHED_ROW_GROUP_BYTES and group.num_rows > 1:
+            if run:
+                yield run, run_bytes, False
+                run, run_bytes = [], 0
+            yield [rg_id], decoded, True
+            continue
+        run.append(rg_id)
+        run_bytes += decoded
+        if run_bytes >= STREAM_BLOCK_BYTES:
+            yield run, run_bytes, False
+            run, run_bytes = [], 0
+    if run:
+        yield run, run_bytes, False
 
 
 def _group_bytes(group: pq.RowGroupMetaData, columns: list[str] | None) -> int:

@@ -358,5 +358,6 @@ class ProjectingFileDatasource(FileDatasource):
             return
         names = self._columns
         for table in tables:
-            arrays = [table[c] if c in table.column_names else pa.nulls(table.num_rows) for c in names]
+            present = set(table.column_names)
+            arrays = [table[c] if c in present else pa.nulls(table.num_rows) for c in names]
             yield pa.Table.from_arrays(arrays, names=names)

@@ -141,14 +141,15 @@ def unify_tensors(tables: Sequence[pa.Table]) -> list[pa.Table] | None:
     but not of one shape, made ragged in all of them; None when no column needs it."""
     changed = False
     out = list(tables)
-    for name in tables[0].column_names:
-        types = {t.schema.field(name).type for t in tables if name in t.column_names}
+    typed = [{field.name: field.type for field in t.schema} for t in tables]  # (once: .column_names builds a list)
+    for name in typed[0]:
+        types = {fields[name] for fields in typed if name in fields}
         keys = {_tensor_key(t) for t in types}
         if len(types) < 2 or len(keys) != 1 or None in keys:
             continue
         changed = True
         for i, table in enumerate(out):
-            if name in table.column_names and not is_ragged(table.schema.field(name).type):
+            if name in typed[i] and not is_ragged(typed[i][name]):
                 column = table.column(name)
                 chunks = [fixed_to_ragged(chunk) for chunk in column.chunks]
                 ragged = pa.chunked_array(chunks, type=ragged_type(*next(iter(keys))))

@@ -434,12 +434,16 @@ def _json_default(value: Any) -> Any:
 
 
 def _finite_floats(table: pa.Table) -> pa.Table:
-    """``table`` with its float columns' NaNs and infinities as nulls."""
-    for i, field in enumerate(table.schema):
+    """``table`` with its float columns' NaNs and infinities as nulls (the table built once:
+    a ``set_column`` per column copies the column list each time, quadratic in the width)."""
+    if not any(pa.types.is_floating(field.type) for field in table.schema):
+        return table
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
         if pa.types.is_floating(field.type):
-            column = table.column(i)
-            table = table.set_column(i, field, pc.if_else(pc.is_finite(column), column, pa.scalar(None, field.type)))
-    return table
+            column = pc.if_else(pc.is_finite(column), column, pa.scalar(None, field.type))
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=table.schema)
 
 
 class JSONDatasink(FileDatasink):

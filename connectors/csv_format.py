@@ -212,8 +212,8 @@ def read_csv_piece(
         except pa.ArrowInvalid as exc:
             message = str(exc)
             bigger = _bigger_blocks(read_options, message)
-            if bigger is not None:
-                read_options = bigger
+            if bigger is not None:  # (the options that find a bad line grow with them)
+                read_options, file_options = bigger, _bigger_blocks(file_options, message) or file_options
                 continue
             if "Empty CSV file" in message and handed.schema is None:  # a range that holds no line
                 yield head.empty_table()

@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -958,6 +959,11 @@ def test_out_of_core_at_three_times_the_store(step, warm, fresh_engine, tmp_path
     assert [f for f in os.listdir(executor.store.spill_dir) if f.endswith(".arrow")] == []  # nothing left behind
 
 
+def _slow_identity(batch):
+    time.sleep(0.004)
+    return batch
+
+
 def test_map_outputs_are_merged_while_the_map_tasks_run(mode):
     """Past 64 map outputs the reduce merges them 32 at a time while the maps still run (an
     aggregation's partial states merged per group): the results are those of no merge."""
@@ -966,12 +972,15 @@ def test_map_outputs_are_merged_while_the_map_tasks_run(mode):
     shuffled = [r["id"] for r in ds.random_shuffle(seed=5).take_all()]  # one task: no merge
     rows = ds.take_all()
     with dataflow.options(small_exchange_bytes=0, min_task_input_bytes=1):  # a map task per block
+        # map tasks of a few ms: outputs arrive over many turns of the loop, so merges run while
+        # maps remain even on a loaded machine (tasks of ~0.1 ms could all end in one turn)
+        slow = ds.map_batches(_slow_identity, batch_format="pyarrow")
         steps = {
-            "RandomShuffle": ds.random_shuffle(seed=5),
-            "Sort": ds.sort(["s", "v"], descending=[False, True]),
-            "Aggregate[k]": ds.groupby("k").aggregate(Count(), Sum("v"), Min("v"), Mean("v"), Std("v"), AbsMax("v")),
+            "RandomShuffle": slow.random_shuffle(seed=5),
+            "Sort": slow.sort(["s", "v"], descending=[False, True]),
+            "Aggregate[k]": slow.groupby("k").aggregate(Count(), Sum("v"), Min("v"), Mean("v"), Std("v"), AbsMax("v")),
             # every key distinct: the map side ships rows, not states, and the merges make them states
-            "Aggregate[id]": ds.groupby("id").aggregate(Count(), Sum("v"), Mean("v"), Std("v", ddof=0)),
+            "Aggregate[id]": slow.groupby("id").aggregate(Count(), Sum("v"), Mean("v"), Std("v", ddof=0)),
         }
         got, merges = {}, {}
         for name, step in steps.items():

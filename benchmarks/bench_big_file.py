@@ -3,7 +3,7 @@
 Data (generated once, deterministically, under ``benchmarks/data/bigfile/``, git-ignored; with
 ``--small`` a twentieth of each):
 
-    csv     3,000,000 rows (int, float, two strings), ~210 MB
+    csv     3,000,000 rows (int, float, two strings), ~237 MB
     json    2,000,000 rows of JSON Lines (the same columns), ~215 MB
     text    3,000,000 lines of 12 words, ~205 MB
     npy     1,600,000 x 64 float32, ~410 MB

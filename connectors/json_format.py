@@ -287,28 +287,8 @@ def _parse_array(data: bytes, display: str) -> pa.Table:
 
 
 def _line_chunks(stream: pa.NativeFile, chunk_bytes: int, head: bytes) -> Iterator[bytes]:
-    """``head`` and the rest of ``stream`` cut after a newline every ``chunk_bytes`` or so: the
-    first chunk is ``head``'s whole lines (the same however much of the file follows). A line
-    longer than a chunk is gathered in pieces and joined once it ends (not re-copied per read)."""
-    pending: list[bytes] = []
-    more = head
-    while True:
-        cut = more.rfind(b"\n") + 1
-        if cut:
-            data = b"".join([*pending, more]) if pending else more
-            cut += len(data) - len(more)
-            chunk, rest = data[:cut], data[cut:]
-            pending = [rest] if rest else []
-            if not chunk.isspace():
-                yield chunk
-        elif more:
-            pending.append(more)
-        more = stream.read(chunk_bytes)
-        if not more:
-            tail = b"".join(pending)
-            if tail.strip():
-                yield tail
-            return
+    """``line_ranges.whole_lines`` without chunks of blank lines only."""
+    return (chunk for chunk in line_ranges.whole_lines(stream, chunk_bytes, head) if not chunk.isspace())
 
 
 def _parse_lines(

@@ -12,6 +12,7 @@ such a value as a broken row anyway; JSON lines, where a newline inside a string
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -71,6 +72,29 @@ def range_start(fs: Any, path: str, size: int, index: int, count: int) -> int:
     """Where piece ``index`` of ``count`` of ``path`` starts: the first byte of its first line."""
     with fs.open_input_file(path) as file:
         return line_start(file, piece_bounds(size, index, count)[0], size)
+
+
+def whole_lines(stream: Any, chunk_bytes: int, head: bytes = b"") -> Iterator[bytes]:
+    """``head`` and the rest of ``stream`` cut after a newline every ``chunk_bytes`` or so (the
+    first chunk is ``head``'s whole lines), then what follows the last newline, if anything.
+    A line longer than a chunk is gathered in pieces and joined once it ends, not re-copied on
+    every read."""
+    pending: list[bytes] = []
+    more = head
+    while True:
+        cut = more.rfind(b"\n") + 1
+        if cut:
+            data = b"".join([*pending, more]) if pending else more
+            cut += len(data) - len(more)
+            pending = [data[cut:]] if cut < len(data) else []
+            yield data[:cut]
+        elif more:
+            pending.append(more)
+        more = stream.read(chunk_bytes)
+        if not more:
+            if pending:
+                yield b"".join(pending)
+            return
 
 
 class _Range:

@@ -87,28 +87,14 @@ class TextDatasource(FileDatasource):
 
 def _parse_lines(stream: pa.NativeFile, *, block_bytes: int, drop_empty: bool, whole_file: bool) -> Iterator[pa.Table]:
     """Tables of the lines of ``stream`` (UTF-8), about ``block_bytes`` of them at a time. An
-    empty file is one empty line, as Ray's (a range with no line in it is none). A line longer
-    than a block is gathered in pieces and joined once it ends (not re-copied per read)."""
-    pending: list[bytes] = []
+    empty file is one empty line, as Ray's (a range with no line in it is none)."""
     yielded = False
-    while True:
-        more = stream.read(block_bytes)
-        if not more:
-            data = b"".join(pending)
-            if data or (whole_file and not yielded):
-                yield _table(_split(data, 0), drop_empty)
-            elif not yielded:
-                yield _table(pa.array([], pa.large_string()), drop_empty)
-            return
-        cut = more.rfind(b"\n") + 1
-        if cut == 0:
-            pending.append(more)
-            continue
-        data = b"".join([*pending, more]) if pending else more
-        cut += len(data) - len(more)
-        pending = [data[cut:]] if cut < len(data) else []
-        yield _table(_split(data, cut), drop_empty)
+    for chunk in line_ranges.whole_lines(stream, block_bytes):
+        yield _table(_split(chunk, len(chunk) if chunk.endswith(b"\n") else 0), drop_empty)
         yielded = True
+    if not yielded:
+        lines = _split(b"", 0) if whole_file else pa.array([], pa.large_string())
+        yield _table(lines, drop_empty)
 
 
 def _split(data: bytes, cut: int) -> pa.Array:

@@ -76,7 +76,7 @@ class CSVDatasource(FileDatasource):
         self._block_bytes = block_bytes
 
     def _read_pieces(self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None) -> Iterator[pa.Table]:
-        retrier = Retrier(self._retry_policy)
+        retrier = self._retrier()
         yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
 
     def _split_files(self) -> bool | Callable[[FileEntry], bool]:

@@ -32,7 +32,7 @@ from connectors.partitioning import (
     partition_schema,
     typed_values,
 )
-from connectors.retry import Retrier, RetryPolicy, default_retry_policy
+from connectors.retry import Retrier, RetryPolicy, default_retry_policy, limiter_for
 from engine.block_format import concat_blocks
 
 MiB = 1 << 20
@@ -278,10 +278,14 @@ class FileDatasource(Datasource):
             schema=None,
         )
 
+    def _retrier(self) -> Retrier:
+        """A retrier for this source's files (no request cap for local ones)."""
+        return Retrier(self._retry_policy, limiter_for(self._files.filesystem))
+
     def _read_pieces(
         self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None
     ) -> Iterator[pa.Table]:
-        retrier = Retrier(self._retry_policy)
+        retrier = self._retrier()
         yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), DEFAULT_BLOCK_BYTES)
 
     def _iter_piece_tables(

@@ -77,7 +77,7 @@ class JSONDatasource(FileDatasource):
         self._block_bytes = block_bytes
 
     def _read_pieces(self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None) -> Iterator[pa.Table]:
-        retrier = Retrier(self._retry_policy)
+        retrier = self._retrier()
         yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
 
     def _split_files(self) -> bool | Callable[[FileEntry], Any]:
@@ -100,7 +100,7 @@ class JSONDatasource(FileDatasource):
                                   parse_options=self._parse_options, chunk_bytes=self._block_bytes, lines=self._lines)
 
         try:
-            return parsing(Retrier(self._retry_policy)).call(head, path=display)
+            return parsing(self._retrier()).call(head, path=display)
         except Exception:  # (a planning shortcut only: the file's one read task reads it and says what fails)
             return False
         finally:  # the driver parsed up to a chunk's worth of rows: its allocator gives the pages back

@@ -98,7 +98,7 @@ class ORCDatasource(FileDatasource):
         """Rows in all files, from their footers."""
         fs = self._files.filesystem
         entries = list(self._files.iter_files())
-        retrier = Retrier(self._retry_policy)
+        retrier = self._retrier()
 
         def rows(entry: FileEntry) -> int:
             return int(_read_footer(fs, entry, self._files.display(entry.path), retrier).nrows)

@@ -51,7 +51,7 @@ class TextDatasource(FileDatasource):
         self._block_bytes = block_bytes
 
     def _read_pieces(self, pieces: tuple[FilePiece, ...], part_schema: pa.Schema | None) -> Iterator[pa.Table]:
-        retrier = Retrier(self._retry_policy)
+        retrier = self._retrier()
         yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
 
     def _streams(self) -> bool:

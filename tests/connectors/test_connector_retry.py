@@ -11,7 +11,7 @@ import pytest
 
 from connectors import io_stats
 from connectors.errors import AccessDeniedError, FileFormatError, PathNotFoundError, RetriesExhaustedError
-from connectors.retry import AimdLimiter, ErrorKind, Retrier, RetryPolicy, classify
+from connectors.retry import LIMITER, AimdLimiter, ErrorKind, Retrier, RetryPolicy, classify, limiter_for
 
 
 @pytest.mark.parametrize(
@@ -54,6 +54,19 @@ def test_backoff_is_full_jitter_and_capped() -> None:
         assert max(delays) > cap / 2  # spread over the whole range, not a fixed step
 
 
+def _replaying(*outcomes: object):
+    """A call that raises or returns ``outcomes`` one after the other."""
+    calls = iter(outcomes)
+
+    def call() -> object:
+        item = next(calls)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    return call
+
+
 def _retrier(attempts: int = 5) -> tuple[Retrier, list[float]]:
     sleeps: list[float] = []
     retrier = Retrier(
@@ -67,13 +80,7 @@ def _retrier(attempts: int = 5) -> tuple[Retrier, list[float]]:
 
 def test_transient_errors_are_retried_then_succeed() -> None:
     retrier, sleeps = _retrier()
-    calls = iter([ConnectionResetError("reset"), TimeoutError("slow"), "ok"])
-
-    def flaky() -> str:
-        item = next(calls)
-        if isinstance(item, Exception):
-            raise item
-        return item
+    flaky = _replaying(ConnectionResetError("reset"), TimeoutError("slow"), "ok")
 
     before = io_stats.snapshot()["retries"]
     assert retrier.call(flaky, path="s3://b/k") == "ok"
@@ -180,17 +187,39 @@ def test_aimd_halves_on_throttle_and_grows_back() -> None:
 def test_throttling_lowers_the_limit_through_the_retrier() -> None:
     limiter = AimdLimiter(max_limit=32, cooldown_s=0.0)
     retrier = Retrier(RetryPolicy(max_attempts=5), limiter=limiter, sleep=lambda s: None)
-    calls = iter([OSError(errno.EBUSY, "SlowDown")] * 3 + ["ok"])
-
-    def throttled() -> str:
-        item = next(calls)
-        if isinstance(item, Exception):
-            raise item
-        return item
+    throttled = _replaying(*[OSError(errno.EBUSY, "SlowDown")] * 3, "ok")
 
     assert retrier.call(throttled, path="k") == "ok"
     assert limiter.limit < 5
     assert limiter.in_flight == 0
+
+
+def test_local_files_are_read_without_the_limiter_and_still_retried() -> None:
+    """Local files never throttle: their retrier holds no request slots (each costs a lock
+    round trip per file and row group), and transient and throttled errors are still retried
+    and reopened where the stream left off."""
+    import fsspec.implementations.local
+    import pyarrow.fs as pafs
+
+    assert limiter_for(pafs.LocalFileSystem()) is None
+    assert limiter_for(pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.implementations.local.LocalFileSystem()))) is LIMITER
+    sleeps: list[float] = []
+    retrier = Retrier(RetryPolicy(max_attempts=5, base_delay_s=0.01), limiter=None, sleep=sleeps.append)
+    flaky = _replaying(OSError(errno.EBUSY, "SlowDown"), ConnectionResetError("reset"), "ok")
+
+    assert retrier.call(flaky, path="/data/a") == "ok"
+    assert len(sleeps) == 2
+    opened = []
+
+    def stream():
+        opened.append(1)
+        yield 1
+        if len(opened) == 1:
+            raise TimeoutError("slow disk")
+        yield 2
+
+    assert list(retrier.iterate(stream, path="/data/b")) == [1, 2]
+    assert len(opened) == 2
 
 
 def test_retried_io_errors_from_the_data_context(tmp_path) -> None:

@@ -1,12 +1,13 @@
 """The shared half of every file sink: stage on workers, commit on the driver, clean up on failure.
 
 ``on_write_start`` creates ``<dest>/_staging-<write id>/`` (hidden from readers: ``_``-prefixed).
-Each ``write`` task encodes its blocks into files in memory, rolling over at ``max_rows_per_file``
-rows (or ``MAX_FILE_BYTES``), one set per partition when ``partition_cols`` is given (hive
-``key=value`` folders, partition columns left out of the files), and uploads each file into the
-staging folder as one retried request. File names start with the write id and carry the task
-index and attempt, so a retried task never overwrites another task's file. A format subclass
-implements ``_encode``.
+Each ``write`` task cuts its blocks into files, rolling over at ``max_rows_per_file`` rows (or
+``MAX_FILE_BYTES``), one set per partition when ``partition_cols`` is given (hive ``key=value``
+folders, partition columns left out of the files), and writes each file into the staging folder
+as one retried call: encoded straight into the staged file where the format's writer streams
+(``_encode_into``: Parquet, CSV, ORC), else as the bytes ``_encode`` makes. File names start
+with the write id and carry the task index and attempt, so a retried task never overwrites
+another task's file. A format subclass implements ``_encode`` (and may override ``_encode_into``).
 
 The commit (``on_write_complete``, on the driver, once every task succeeded) runs in this order:
 
@@ -652,19 +653,26 @@ class FileDatasink(Datasink):
             folder = "/".join(folder_name(name, key[name]) for name in self._partition_cols)
             yield folder, table.filter(mask).select(data_columns)
 
-    def _upload(self, finished: tuple[str, pa.Buffer], retrier: Retrier, files: list[str], ctx: TaskContext) -> int:
+    def _upload(self, finished: tuple[str, pa.Buffer | list[pa.Table]], retrier: Retrier, files: list[str],
+                ctx: TaskContext) -> int:
+        """Stage one file: its bytes, or its tables encoded straight into the staged file (a
+        retry encodes them again); returns the bytes written."""
         relative, data = finished
         target = f"{self._task_staging(ctx) if self.resumes else self.staging_dir}/{relative}"
         parent = target.rsplit("/", 1)[0]
 
-        def put() -> None:
+        def put() -> int:
             self._fs.create_dir(parent, recursive=True)
             with self._open_output(target) as out:
-                out.write(data)
+                if isinstance(data, pa.Buffer):
+                    out.write(data)
+                else:
+                    self._encode_into(data, out)
+                return int(out.tell())
 
-        retrier.call(put, path=self._display(target), action="write")
+        size = retrier.call(put, path=self._display(target), action="write")
         files.append(relative)
-        return data.size
+        return size
 
     def _open_output(self, path: str) -> pa.NativeFile:
         """``path`` (a staged file) opened for writing, with ``arrow_open_stream_args``."""
@@ -673,6 +681,12 @@ class FileDatasink(Datasink):
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
         """The bytes of one file holding ``tables`` (all with one schema); per format."""
         raise NotImplementedError
+
+    def _encode_into(self, tables: list[pa.Table], out: pa.NativeFile) -> None:
+        """Write one file holding ``tables`` into ``out``: the bytes of ``_encode``, unless the
+        format's writer streams (Parquet, CSV, ORC override this), so that a file is never
+        whole in memory (a 512 MiB file held 512 MiB, and up to twice that while its buffer grew)."""
+        out.write(self._encode(tables))
 
 
 class _RollingFile:
@@ -687,7 +701,7 @@ class _RollingFile:
         self._bytes = 0
         self._sequence = 0
 
-    def add(self, table: pa.Table) -> Iterator[tuple[str, pa.Buffer]]:
+    def add(self, table: pa.Table) -> Iterator[tuple[str, list[pa.Table]]]:
         limit = self._sink._max_rows
         while table.num_rows:
             take = table.num_rows if limit is None else min(table.num_rows, limit - self._rows)
@@ -698,11 +712,12 @@ class _RollingFile:
             if (limit is not None and self._rows >= limit) or self._bytes >= MAX_FILE_BYTES:
                 yield self._flush()
 
-    def finish(self) -> Iterator[tuple[str, pa.Buffer]]:
+    def finish(self) -> Iterator[tuple[str, list[pa.Table]]]:
         if self._rows:
             yield self._flush()
 
-    def _flush(self) -> tuple[str, pa.Buffer]:
+    def _flush(self) -> tuple[str, list[pa.Table]]:
+        """The next file's name and its tables (encoded as they are staged)."""
         sink, ctx = self._sink, self._ctx
         # a resumable write names files by input unit, never by attempt: a re-run writes the same names
         task = ctx.unit if sink.resumes and ctx.unit is not None else ctx.task_index
@@ -714,9 +729,9 @@ class _RollingFile:
         else:
             name = f"{sink._write_id}_{ctx.task_index:06d}_{ctx.attempt}_{self._sequence:04d}{sink.EXTENSION}"
         self._sequence += 1
-        data = sink._encode(self._pending)
+        tables = self._pending
         self._pending, self._rows, self._bytes = [], 0, 0
-        return (f"{self._folder}/{name}" if self._folder else name), data
+        return (f"{self._folder}/{name}" if self._folder else name), tables
 
 
 def combine(tables: list[pa.Table]) -> pa.Table:

@@ -230,14 +230,17 @@ class ORCDatasink(FileDatasink):
         return "WriteORC"
 
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
+        out = pa.BufferOutputStream()
+        self._encode_into(tables, out)
+        return out.getvalue()
+
+    def _encode_into(self, tables: list[pa.Table], out: pa.NativeFile) -> None:
         import pyarrow.orc as orc
 
         args = dict(self._orc_args)
         if self._orc_args_fn is not None:  # as Ray: called where the file is written, its keys win
             args.update(_check_orc_args(self._orc_args_fn()))
-        out = pa.BufferOutputStream()
         orc.write_table(combine(tables), out, **args)
-        return out.getvalue()
 
 
 def _check_orc_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -637,8 +637,12 @@ class ParquetDatasink(FileDatasink):
         super().on_write_start()
 
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
-        table = combine(tables)
         out = pa.BufferOutputStream()
+        self._encode_into(tables, out)
+        return out.getvalue()
+
+    def _encode_into(self, tables: list[pa.Table], out: pa.NativeFile) -> None:
+        table = combine(tables)
         options: dict[str, Any] = {
             "compression": self._compression,
             "row_group_size": self._row_group_size,
@@ -648,7 +652,6 @@ class ParquetDatasink(FileDatasink):
         if self._arrow_parquet_args_fn is not None:
             options.update(_check_writer_args(dict(self._arrow_parquet_args_fn()), "arrow_parquet_args_fn()"))
         pq.write_table(table, out, **options)
-        return out.getvalue()
 
 
 _WRITER_ARGS = frozenset(inspect.signature(pq.write_table).parameters) - {"table", "where", "filesystem", "kwargs"}

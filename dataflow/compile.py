@@ -219,6 +219,21 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     return c.add(reduce)
 
 
+def _writes_in_reduce(last: PhysicalOperator, sink: Any) -> bool:
+    """Whether the write that follows ``last`` runs in its tasks: a repartition's reduce task
+    hands its input blocks to the file it writes one by one, instead of concatenating them into
+    one block that a write task then reads (``repartition(1).write_parquet``: the whole dataset
+    copied twice in memory). Same rows, same order, same files."""
+    if sink is None or not isinstance(last, ReduceOperator) or len(last.upstream) != 1:
+        return False
+    transform = last.transform
+    as_pieces = getattr(getattr(transform, "reducer", None), "as_pieces", None)
+    if not isinstance(transform, ReduceTransform) or as_pieces is None or transform.partitioner is not None:
+        return False
+    transform.reducer = as_pieces()
+    return True
+
+
 def _seed_for_execution(seed: StepSeed | int | None) -> int | None:
     return seed.for_execution() if isinstance(seed, StepSeed) else seed
 
@@ -360,8 +375,9 @@ def compile_plan(
             _emit_in_order(last)
         # an actor pool's tasks are its batches: a minimum of rows per file may span several
         batched = isinstance(last, MapOperator) and last.actor_pool is not None
-        if (type(last) is not MapOperator or last.output != OUTPUT_BLOCKS or (min_rows and (reads_directly or batched))
-                or min_bytes or (resumes and not reads_directly)):
+        in_reduce = not (min_rows or min_bytes or resumes) and _writes_in_reduce(last, sink)
+        if not in_reduce and (type(last) is not MapOperator or last.output != OUTPUT_BLOCKS
+                              or (min_rows and (reads_directly or batched)) or min_bytes or (resumes and not reads_directly)):
             # a materialized dataset's blocks are written one file each, as Ray writes them
             bundle = 1 if isinstance(last, InputOperator) else _bundle_after(last, options.min_task_input_bytes)
             last = c.add(MapOperator("Write" if sink else "Count", c.transform([]), upstream=last,

@@ -175,15 +175,26 @@ class ShuffleReducer:
 
 
 class ConcatReducer:
-    """One output block per task, its inputs as they are (``repartition``)."""
+    """One output block per task, its inputs as they are (``repartition``).
+
+    ``pieces``: the task's inputs one by one instead, in the same order (``as_pieces``), for a
+    task that writes them to its file itself: nothing is copied into one block first."""
 
     exact_blocks = True
+
+    def __init__(self, pieces: bool = False) -> None:
+        self.pieces = pieces
 
     def for_execution(self) -> ConcatReducer:
         return self
 
+    def as_pieces(self) -> ConcatReducer:
+        return ConcatReducer(pieces=True)
+
     def __call__(self, sides: list[list[pa.Table]], index: int) -> Iterator[pa.Table]:
-        if sides[0]:
+        if self.pieces:
+            yield from sides[0]
+        elif sides[0]:
             yield concat(sides[0]).combine_chunks()
 
 

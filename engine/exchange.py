@@ -118,6 +118,16 @@ class ReduceTransform(TaskTransform):
 
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
         index, counts, *direct = params
+        if getattr(self.reducer, "pieces", False) and len(counts) == 1 and not (direct and direct[0]):
+            # a reducer that passes its input on piece by piece (a repartition whose task writes
+            # its file): one block at a time, not every block of the task mapped first
+            try:
+                yield from self.reducer([blocks], index)  # type: ignore[list-item]
+            except UDFFailure:
+                raise
+            except Exception as err:
+                raise UDFFailure(self.name, err) from err
+            return
         tables = list(blocks)
         sides, start = [], 0
         for n in counts:

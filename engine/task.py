@@ -308,7 +308,7 @@ def _run_task_in_scope(spec: TaskSpec, transform: TaskTransform, store: BlockSto
         elif spec.output == OUTPUT_WRITE:
             from connectors.base import TaskContext
 
-            counted = _counting(transform(_input_blocks(spec, store)), result)
+            counted = _counting(transform(_input_blocks(spec, store), spec.params), result)
             try:
                 ctx = TaskContext(spec.task_index, spec.attempt, unit=common_unit(spec.inputs))
                 result.value = spec.sink.write(counted, ctx)

@@ -362,6 +362,8 @@ class ReduceOperator(MapOperator):
             op_key=self.key,
             transform_digest=self.digest,
             inputs=list(bundle),
+            output=self.output,  # (a write straight after a repartition: its tasks write)
+            sink=self.sink,
             task_index=params[0],
             params=params,
         )

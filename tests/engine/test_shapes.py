@@ -6,6 +6,8 @@ them (spilled past the store's capacity); no batch size, file size or block size
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -92,3 +94,73 @@ def test_a_fan_out_past_every_estimate_stays_within_shared_memory(fresh_engine):
     stats = executor.statistics()
     assert stats["spilled_bytes"] > 100 * MiB, stats
     assert stats["store_peak"] <= 32 * MiB + 2 * 4 * MiB, stats  # each task's room, plus a block past it
+
+
+def _anon_bytes(pids: list[int]) -> int:
+    """Anonymous resident memory (heaps; not the mapped blocks) of ``pids``."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                total += next(int(line.split()[1]) << 10 for line in status if line.startswith("RssAnon:"))
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def _random_bytes(batch):
+    rng = np.random.default_rng(int(batch["id"][0]))
+    n = len(batch["id"])
+    pad = rng.integers(0, 255, (n, 1024), dtype=np.uint8)
+    return {"id": batch["id"], "pad": [row.tobytes() for row in pad]}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_repartition_to_one_file_is_written_without_copying_it_whole(fresh_engine, tmp_path, shuffle):
+    """``repartition(1).write_parquet`` (one output file): the reduce task hands its input
+    blocks to the file one by one and the file is encoded straight to disk, instead of
+    concatenating the dataset into one block (a copy in the heap and one in the store) that a
+    write task then encoded into a buffer in memory (up to twice its size while it grew)."""
+    import threading
+
+    import psutil
+
+    from engine import session
+
+    dataflow.init(execution_mode="streaming", num_cpus=2, object_store_memory=512 * MiB)
+    assert session.current_session().executor.wait_for_workers()  # (not the driver's first-task slot)
+    data = dataflow.range(96 * 1024, override_num_blocks=16).map_batches(_random_bytes).materialize()  # 96 MiB
+    tree = [os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))]
+    before = _anon_bytes(tree)
+    peak = [before]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _anon_bytes(tree))
+            done.wait(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    ds = data.repartition(1, shuffle=shuffle)
+    try:
+        ds.write_parquet(str(tmp_path))
+    finally:
+        done.set()
+        sampler.join()
+    files = sorted(tmp_path.glob("*.parquet"))
+    assert len(files) == 1
+    written = pq.read_table(files[0])
+    ids = written.column("id").to_numpy()
+    if shuffle:
+        ids = np.sort(ids)
+    else:  # the rows in the order of the materialized blocks
+        ordered = np.concatenate([b["id"] for b in data.iter_batches(batch_size=None, batch_format="numpy")])
+        assert np.array_equal(ids, ordered)
+    assert np.array_equal(np.sort(ids), np.arange(96 * 1024))
+    assert written.num_rows == 96 * 1024 and len(written.column("pad")[5].as_py()) == 1024
+    grew = peak[0] - before
+    assert grew < 40 * MiB, f"the workers' heaps grew by {grew / MiB:.0f} MiB writing 96 MiB"
+    last = ds._last_stats.operators[-1]
+    assert last.name.startswith("Repartition[1") and last.name.endswith("->Write[WriteParquet]"), last.name

@@ -163,6 +163,20 @@ def test_all_to_all_steps(on_ray):
     assert ds.repartition(4).materialize().num_blocks() == 4
 
 
+def test_a_repartition_writes_its_files_in_its_reduce_tasks(on_ray, tmp_path):
+    """As on the local engine: the reduce task of ``repartition(n)`` writes its file itself."""
+    import pyarrow.parquet as pq
+
+    ds = dataflow.range(10_000, override_num_blocks=8).repartition(1)
+    ds.write_parquet(str(tmp_path / "one"))
+    files = list((tmp_path / "one").glob("*.parquet"))
+    assert len(files) == 1 and sorted(pq.read_table(files[0]).column("id").to_pylist()) == list(range(10_000))
+    assert ds._last_stats.operators[-1].name == "Repartition[1]->Write[WriteParquet]"
+    dataflow.range(10_000, override_num_blocks=8).repartition(3, shuffle=True).write_csv(str(tmp_path / "three"))
+    assert len(list((tmp_path / "three").glob("*.csv"))) == 3
+    assert dataflow.read_csv(str(tmp_path / "three")).count() == 10_000
+
+
 def test_a_sort_samples_its_keys_on_the_cluster(on_ray, monkeypatch):
     """The tasks feeding a sort sample their own blocks: the driver fetches none of them."""
     from dataflow.sort import RangePartitioner

@@ -44,6 +44,34 @@ def test_sigkill_mid_task_is_retried_with_exact_results(tmp_path, streaming):
     assert "retried 1 tasks" in ds.stats()
 
 
+def test_a_repartition_task_killed_while_it_writes_its_file_is_retried(tmp_path, streaming):
+    """The reduce tasks of ``repartition(n)`` write their files themselves: one killed while it
+    names its file runs again, and the destination holds each row once, in n files."""
+    import pyarrow.parquet as pq
+
+    from dataflow.datasource import FilenameProvider
+
+    marker = str(tmp_path / "killed")
+    driver = os.getpid()
+
+    class KillOnce(FilenameProvider):
+        def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+            if os.getpid() != driver and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return f"{write_uuid}_{task_index:06d}.parquet"
+
+    ds = dataflow.range(20_000, override_num_blocks=8).repartition(2)
+    ds.write_parquet(str(tmp_path / "out"), filename_provider=KillOnce())
+    assert os.path.exists(marker), "the worker was never killed"
+    assert ds._last_stats.operators[-1].name == "Repartition[2]->Write[WriteParquet]"
+    files = sorted((tmp_path / "out").glob("*.parquet"))
+    assert len(files) == 2
+    ids = sorted(i for f in files for i in pq.read_table(f).column("id").to_pylist())
+    assert ids == list(range(20_000))
+    assert not list((tmp_path / "out").glob("_staging*"))
+
+
 def test_sigkill_of_an_actor_is_replaced(tmp_path, streaming):
     marker = str(tmp_path / "killed")
     driver = os.getpid()

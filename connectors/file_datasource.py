@@ -259,7 +259,7 @@ class FileDatasource(Datasource):
         part_schema = self._partition_schema(first)
         shared = SharedSource(self)
         for group in plan_pieces(
-            _chain([first], files),
+            self._prune(_chain([first], files), part_schema),
             parallelism,
             target_task_bytes=self._target_task_bytes,
             min_task_bytes=MIN_TASK_BYTES,
@@ -267,6 +267,11 @@ class FileDatasource(Datasource):
         ):
             metadata = self._task_metadata(group)
             yield ReadTask(functools.partial(shared.call, "_read_pieces", tuple(group), part_schema), metadata)
+
+    def _prune(self, entries: Iterator[FileEntry], part_schema: pa.Schema | None) -> Iterator[FileEntry]:
+        """The listed files worth reading (a format with a filter drops those whose partition
+        values rule it out); all of them here."""
+        return entries
 
     def _task_metadata(self, group: Sequence[FilePiece]) -> BlockMetadata:
         """What is known of a read task's output before it runs: its files and their bytes."""

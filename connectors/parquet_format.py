@@ -303,6 +303,45 @@ class ParquetDatasource(FileDatasource):
             self.schema()  # a column the data lacks (or not bytes): a ValueError naming it, here, once
         return super().get_read_tasks(parallelism)
 
+    def _prune(self, entries: Iterator[FileEntry], part_schema: pa.Schema | None) -> Iterator[FileEntry]:
+        """Without the files whose hive partition values rule the filter out (decided from the
+        path, once per folder, as Arrow's datasets prune: ``year == '2024' and x > 5`` skips
+        every other year's files unopened). A filter that cannot be decided from the values
+        alone (one comparing a string partition with a number) keeps the file: its read then
+        explains the error."""
+        if self._filter is None or part_schema is None:
+            yield from entries
+            return
+        fs = self._files.filesystem
+        expected = self._file_schema_cache
+        names = set(expected.names) if expected is not None else set()
+        schema = pa.schema(list(expected or []) + [f for f in part_schema if f.name not in names])
+        verdicts: dict[str, bool] = {}
+        skipped = 0
+        for entry in entries:
+            folder = entry.path.rsplit("/", 1)[0]
+            keep = verdicts.get(folder)
+            if keep is None:
+                keep = verdicts[folder] = self._partition_may_match(fs, entry, part_schema, schema)
+            if keep:
+                yield entry
+            else:
+                skipped += 1
+        io_stats.record(files_skipped=skipped)
+
+    def _partition_may_match(self, fs: Any, entry: FileEntry, part_schema: pa.Schema, schema: pa.Schema) -> bool:
+        values = self._partition_values(part_schema, entry, self._display(entry))
+        if not values:
+            return True
+        import pyarrow.dataset as pads
+
+        fragment = parquet_file_format().make_fragment(entry.path, fs, partition_expression=partition_expression(values))
+        dataset = pads.FileSystemDataset([fragment], schema=schema, format=parquet_file_format(), filesystem=fs)
+        try:  # (Arrow simplifies the filter with the partition's values; nothing is read)
+            return next(iter(dataset.get_fragments(filter=self._filter)), None) is not None
+        except (pa.ArrowException, ValueError, TypeError):
+            return True
+
     # ----- worker-side: reading ----------------------------------------------------------
 
     def _iter_piece_tables(

@@ -416,3 +416,30 @@ def test_partition_groups_with_more_combinations_than_an_int64_holds() -> None:
     for group, start in zip(groups, starts, strict=True):
         row = table.slice(int(order[start]), 1).to_pylist()[0]
         assert [values[j][code] for j, code in enumerate(group)] == [row[f"c{j}"] for j in range(4)]
+
+
+def test_partition_columns_without_a_filter_match_the_fragment_reads(tmp_path: Path, mode: str) -> None:
+    """Without a filter, files of hive folders are read straight from ``ParquetFile`` and their
+    folder values added as columns: the same rows, columns, order and types as the dataset
+    scanner gives (with a filter, which still reads through it)."""
+    table = pa.table({"id": pa.array(range(300), pa.int64()), "year": [str(2020 + i % 3) for i in range(300)],
+                      "k": [None if i % 5 == 0 else f"k{i % 2}" for i in range(300)]})
+    _write(table, tmp_path / "p", partition_cols=["year", "k"])
+    root = str(tmp_path / "p")
+
+    def arrow(ds: dataflow.Dataset) -> pa.Table:
+        return pa.concat_tables(list(ds.iter_batches(batch_size=None, batch_format="pyarrow")))
+
+    everything = pc.field("id") >= 0  # the same rows through the fragment path
+    for columns in (None, ["k", "id"], ["year"], ["k"], ["id", "year", "k"]):
+        plain = arrow(dataflow.read_parquet(root, columns=columns))
+        fragments = arrow(dataflow.read_parquet(root, columns=columns, filter=everything))
+        assert plain.schema == fragments.schema, (columns, plain.schema, fragments.schema)
+        key = [(c, "ascending") for c in plain.column_names]
+        assert plain.sort_by(key).to_pylist() == fragments.sort_by(key).to_pylist(), columns
+        assert plain.num_rows == 300
+    typed = dataflow.read_parquet(root, partitioning=pa.schema([("year", pa.int32()), ("k", pa.string())]))
+    rows = typed.take_all()
+    assert sorted((r["id"], r["year"], r["k"]) for r in rows) == [
+        (i, 2020 + i % 3, None if i % 5 == 0 else f"k{i % 2}") for i in range(300)]
+    assert typed.schema().field("year").type == pa.int32()

@@ -83,6 +83,8 @@ from connectors.retry import Retrier, RetryPolicy, default_retry_policy
 logger = logging.getLogger("dataflow.write")
 
 MAX_FILE_BYTES = 512 << 20
+PARTITIONED_WRITE_BYTES = 128 << 20
+"""In-memory bytes a partitioned write's task takes at least (``write_task_bytes``)."""
 COMMIT_THREADS = 16
 """Files put in place at once by the commit on object stores, where each is a copy request."""
 LOCAL_COMMIT_THREADS = 4
@@ -248,6 +250,7 @@ class FileDatasink(Datasink):
             raise TypeError(f"filename_provider must have a get_filename_for_task method, got {type(filename_provider).__name__}")
         self._filename_provider = filename_provider
         self._min_bytes = min_bytes_per_file
+        self._in_given_tasks = False
         self.skip_write = False
         """Set by ``on_write_start`` under ``SaveMode.IGNORE`` when the destination exists: write nothing."""
         self._replace_existing = False
@@ -303,8 +306,27 @@ class FileDatasink(Datasink):
     @property
     def min_bytes_per_write(self) -> int | None:
         """The engine bundles blocks until a write task has this many bytes (in memory), in a
-        write operator of its own (never fused with the step before it)."""
+        write operator of its own (never fused with the step before it).
+
+        (``write_task_bytes``, what the engine uses, adds a default for partitioned writes.)"""
         return self._min_bytes
+
+    @property
+    def write_task_bytes(self) -> int | None:
+        """Bytes (in memory) the engine gathers into each write task, in a write operator of its
+        own: ``min_bytes_per_file``, or for a partitioned write with no minimum of its own
+        ``PARTITIONED_WRITE_BYTES``: each task writes a file into every folder its rows reach,
+        so one task per small input file (32 files of 4M rows into 1,000 folders: 32,000 files
+        of ~125 rows) makes as many tiny files as folders times tasks. None after
+        ``write_in_given_tasks`` (the writes then run where the caller put them)."""
+        if self._min_bytes is None and self._partition_cols and self._min_rows is None and not self.resumes:
+            return None if self._in_given_tasks else PARTITIONED_WRITE_BYTES
+        return self._min_bytes
+
+    def write_in_given_tasks(self) -> None:
+        """Write in the tasks of the step before the write, with no default grouping
+        (``write_*(concurrency=..., ray_remote_args=...)``: those tasks have the resources)."""
+        self._in_given_tasks = True
 
     def _display(self, path: str) -> str:
         return self._prefix + path

@@ -362,7 +362,7 @@ def compile_plan(
             c.ordering.add(id(op))
     if output != OUTPUT_BLOCKS:
         min_rows = getattr(sink, "min_rows_per_write", None) if sink is not None else None
-        min_bytes = getattr(sink, "min_bytes_per_write", None) if sink is not None else None
+        min_bytes = getattr(sink, "write_task_bytes", getattr(sink, "min_bytes_per_write", None)) if sink is not None else None
         # a sink that wants a minimum of rows per write bundles blocks, whose row counts are
         # known; fused into a read it would be handed read tasks of unknown size. One that wants
         # a minimum of bytes gets a write operator of its own, whose inputs it bundles (as Ray)

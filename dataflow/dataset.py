@@ -846,6 +846,9 @@ class Dataset:
                 msg = ("concurrency and ray_remote_args cannot be combined with min_bytes_per_file or "
                        "mode='resume' yet: those writes run in an operator of their own that would not get them")
                 raise ValueError(msg)
+            in_given_tasks = getattr(datasink, "write_in_given_tasks", None)
+            if in_given_tasks is not None:
+                in_given_tasks()  # (a partitioned write's default grouping would run the writes elsewhere)
             node = with_remote_args(builtin_node(self._plan, "WriteTasks", bi.pass_through), "write",
                                     concurrency=concurrency, ray_remote_args=ray_remote_args)
             writing = self._derive(node)

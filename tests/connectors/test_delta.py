@@ -125,8 +125,9 @@ def test_shuffle_orders_the_logs_files_and_scanner_arguments_are_refused(mode, t
 def test_filter_prunes_files_on_the_driver(tmp_path):
     path = str(tmp_path / "t")
     with dataflow.options(execution_mode="local"):
-        # two tasks x three partitions: six files; the second task's ids are all >= 50
-        dataflow.from_arrow(_table(100), override_num_blocks=2).write_delta(path, partition_by=["k"])
+        # two writes x three partitions: six files; the second write's ids are all >= 50
+        dataflow.from_arrow(_table(100).slice(0, 50)).write_delta(path, partition_by=["k"])
+        dataflow.from_arrow(_table(100).slice(50)).write_delta(path, partition_by=["k"])
     source = DeltaDatasource(path)
     assert len(list(source.file_set.iter_files())) == 6
     io_stats.snapshot(reset=True)

@@ -148,6 +148,25 @@ def test_partition_cols_with_mode_and_provider(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("execution", ["local", "streaming"])
+def test_a_partitioned_write_groups_small_blocks_into_few_tasks(tmp_path: Path, execution: str) -> None:
+    """Each write task writes a file into every folder its rows reach: small blocks are
+    gathered into tasks of up to 128 MiB first, not written one task (and file per folder)
+    each; ``min_bytes_per_file`` sets the size, and ``concurrency=`` writes where it says."""
+    with dataflow.options(execution_mode=execution):
+        ds = dataflow.range(4000, override_num_blocks=40).map(lambda r: {"id": r["id"], "k": r["id"] % 5})
+        ds.write_parquet(str(tmp_path / "grouped"), partition_cols=["k"])
+        files = _data_files(tmp_path / "grouped")
+        assert len(files) == 5 and _ids(tmp_path / "grouped") == list(range(4000))
+        with dataflow.options(min_task_input_bytes=1):  # (one block per task where nothing groups them)
+            ds.write_parquet(str(tmp_path / "small"), partition_cols=["k"], min_bytes_per_file=1)
+            ds.write_parquet(str(tmp_path / "given"), partition_cols=["k"], concurrency=2)
+            ds.write_parquet(str(tmp_path / "one"), partition_cols=["k"])
+        assert len(_data_files(tmp_path / "one")) == 5
+        assert len(_data_files(tmp_path / "small")) == 200 and _ids(tmp_path / "small") == list(range(4000))
+        assert len(_data_files(tmp_path / "given")) == 200 and _ids(tmp_path / "given") == list(range(4000))
+
+
+@pytest.mark.parametrize("execution", ["local", "streaming"])
 def test_writing_no_rows_leaves_no_destination(tmp_path: Path, execution: str) -> None:
     """As Ray 2.60: a write of zero rows creates no folder (no ``_SUCCESS``-only folder); a
     destination that existed already is left as it was, with the marker of a finished job."""

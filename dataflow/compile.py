@@ -362,7 +362,11 @@ def compile_plan(
             c.ordering.add(id(op))
     if output != OUTPUT_BLOCKS:
         min_rows = getattr(sink, "min_rows_per_write", None) if sink is not None else None
-        min_bytes = getattr(sink, "write_task_bytes", getattr(sink, "min_bytes_per_write", None)) if sink is not None else None
+        min_bytes = getattr(sink, "min_bytes_per_write", None) if sink is not None else None
+        if min_bytes is None and sink is not None and _bundle_after(last, 0) != 1:
+            # a partitioned write's default grouping; not after a repartition, whose blocks
+            # are the write tasks the user asked for
+            min_bytes = getattr(sink, "write_task_bytes", None)
         # a sink that wants a minimum of rows per write bundles blocks, whose row counts are
         # known; fused into a read it would be handed read tasks of unknown size. One that wants
         # a minimum of bytes gets a write operator of its own, whose inputs it bundles (as Ray)

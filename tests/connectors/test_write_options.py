@@ -151,7 +151,8 @@ def test_partition_cols_with_mode_and_provider(tmp_path: Path) -> None:
 def test_a_partitioned_write_groups_small_blocks_into_few_tasks(tmp_path: Path, execution: str) -> None:
     """Each write task writes a file into every folder its rows reach: small blocks are
     gathered into tasks of up to 128 MiB first, not written one task (and file per folder)
-    each; ``min_bytes_per_file`` sets the size, and ``concurrency=`` writes where it says."""
+    each; ``min_bytes_per_file`` sets the size, ``concurrency=`` writes where it says, and a
+    repartition's blocks stay the write tasks."""
     with dataflow.options(execution_mode=execution):
         ds = dataflow.range(4000, override_num_blocks=40).map(lambda r: {"id": r["id"], "k": r["id"] % 5})
         ds.write_parquet(str(tmp_path / "grouped"), partition_cols=["k"])
@@ -162,6 +163,8 @@ def test_a_partitioned_write_groups_small_blocks_into_few_tasks(tmp_path: Path, 
             ds.write_parquet(str(tmp_path / "given"), partition_cols=["k"], concurrency=2)
             ds.write_parquet(str(tmp_path / "one"), partition_cols=["k"])
         assert len(_data_files(tmp_path / "one")) == 5
+        ds.repartition(2).write_parquet(str(tmp_path / "two"), partition_cols=["k"])  # its tasks, as asked
+        assert len(_data_files(tmp_path / "two")) == 10 and _ids(tmp_path / "two") == list(range(4000))
         assert len(_data_files(tmp_path / "small")) == 200 and _ids(tmp_path / "small") == list(range(4000))
         assert len(_data_files(tmp_path / "given")) == 200 and _ids(tmp_path / "given") == list(range(4000))
 

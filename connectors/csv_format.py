@@ -470,11 +470,6 @@ class CSVDatasink(FileDatasink):
             check_csv_write_args("arrow_csv_args_fn()", dict(self._args_fn()))
         super().on_write_start()
 
-    def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
-        out = pa.BufferOutputStream()
-        self._encode_into(tables, out)
-        return out.getvalue()
-
     def _encode_into(self, tables: list[pa.Table], out: pa.NativeFile) -> None:
         write_options = self._write_options
         if self._args_fn is not None:  # Ray's arrow_csv_args_fn: called in the write task, over write_options

@@ -7,7 +7,8 @@ folders, partition columns left out of the files), and writes each file into the
 as one retried call: encoded straight into the staged file where the format's writer streams
 (``_encode_into``: Parquet, CSV, ORC), else as the bytes ``_encode`` makes. File names start
 with the write id and carry the task index and attempt, so a retried task never overwrites
-another task's file. A format subclass implements ``_encode`` (and may override ``_encode_into``).
+another task's file. A format subclass implements ``_encode_into`` when its writer streams, else
+``_encode``.
 
 The commit (``on_write_complete``, on the driver, once every task succeeded) runs in this order:
 
@@ -59,7 +60,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import math
 import posixpath
 import uuid
 import warnings
@@ -68,9 +68,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from connectors import io_stats
@@ -79,6 +77,7 @@ from connectors.filesystem import resolve_filesystem
 from connectors.partitioning import folder_name
 from connectors.resumable_write import ResumeManifest, ResumeState
 from connectors.retry import Retrier, RetryPolicy, default_retry_policy
+from engine.exchange import grouped_rows
 
 logger = logging.getLogger("dataflow.write")
 
@@ -664,15 +663,14 @@ class FileDatasink(Datasink):
         if missing:
             raise ValueError(f"partition_cols {missing} are not columns of the data: {table.column_names}")
         data_columns = [c for c in table.column_names if c not in self._partition_cols]
-        groups, order, starts, values = partition_groups(table, self._partition_cols)
-        data = table.select(data_columns)
-        if len(starts) > 1:
-            data = data.take(pa.array(order))  # one gather; each partition is then a slice
-        ends = [*starts[1:], table.num_rows]
-        for group, start, end in zip(groups, starts, ends, strict=True):
-            folder = "/".join(folder_name(name, value[code]) for name, value, code in zip(
-                self._partition_cols, values, group, strict=True))
-            yield folder, data.slice(start, end - start)
+        # one grouping pass and one gather, then a slice per folder (a filter per partition value
+        # was a pass over the block each: 0.38 s for 125,000 rows and 1,000 values, now ~10 ms)
+        grouped, keys, offsets = grouped_rows(table.select([*data_columns, *self._partition_cols]), self._partition_cols)
+        data = grouped.select(data_columns)
+        for i, key in enumerate(keys):
+            values = key if len(self._partition_cols) > 1 else (key,)
+            folder = "/".join(folder_name(name, value) for name, value in zip(self._partition_cols, values, strict=True))
+            yield folder, data.slice(int(offsets[i]), int(offsets[i + 1] - offsets[i]))
 
     def _upload(self, finished: tuple[str, pa.Buffer | list[pa.Table]], retrier: Retrier, files: list[str],
                 ctx: TaskContext) -> int:
@@ -700,7 +698,8 @@ class FileDatasink(Datasink):
         return self._fs.open_output_stream(path, **self._open_args)
 
     def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
-        """The bytes of one file holding ``tables`` (all with one schema); per format."""
+        """The bytes of one file holding ``tables`` (all with one schema); per format, unless
+        it overrides ``_encode_into``."""
         raise NotImplementedError
 
     def _encode_into(self, tables: list[pa.Table], out: pa.NativeFile) -> None:
@@ -753,41 +752,6 @@ class _RollingFile:
         tables = self._pending
         self._pending, self._rows, self._bytes = [], 0, 0
         return (f"{self._folder}/{name}" if self._folder else name), tables
-
-
-def partition_groups(
-    table: pa.Table, columns: Sequence[str]
-) -> tuple[list[tuple[int, ...]], np.ndarray, list[int], list[list[Any]]]:
-    """``table``'s rows grouped by the values of ``columns`` (nulls are a value), in one pass:
-    ``(groups, order, starts, values)`` where ``order`` lists the rows group after group (each
-    group's rows in their order), group ``i`` starts at ``starts[i]`` in it, and its key is
-    ``values[c][groups[i][c]]`` for each column ``c``.
-
-    A filter per partition value cost a pass over the block each: a block of 125,000 rows with
-    1,000 values took 0.38 s to split, against ~10 ms."""
-    codes, values = [], []
-    for name in columns:
-        column = table.column(name)
-        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        if isinstance(column.type, pa.DictionaryType):
-            column = column.cast(column.type.value_type)
-        encoded = pc.dictionary_encode(column, null_encoding="encode")
-        codes.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
-        values.append(encoded.dictionary.to_pylist())
-    if not table.num_rows:
-        return [], np.zeros(0, dtype=np.int64), [], values
-    if math.prod(max(1, len(v)) for v in values) < 1 << 62:
-        ids = codes[0]
-        for code, value in zip(codes[1:], values[1:], strict=True):
-            ids = ids * len(value) + code
-    else:  # (so many distinct values that the combined code could overflow)
-        ids = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)[1].reshape(-1)
-    order = np.argsort(ids, kind="stable")
-    ordered = ids[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    first_rows = order[starts]
-    groups = [tuple(int(code[row]) for code in codes) for row in first_rows.tolist()]
-    return groups, order, starts.tolist(), values
 
 
 def combine(tables: list[pa.Table]) -> pa.Table:

@@ -229,11 +229,6 @@ class ORCDatasink(FileDatasink):
         """``WriteORC``."""
         return "WriteORC"
 
-    def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
-        out = pa.BufferOutputStream()
-        self._encode_into(tables, out)
-        return out.getvalue()
-
     def _encode_into(self, tables: list[pa.Table], out: pa.NativeFile) -> None:
         import pyarrow.orc as orc
 

@@ -705,11 +705,6 @@ class ParquetDatasink(FileDatasink):
             _check_writer_args(dict(self._arrow_parquet_args_fn()), "arrow_parquet_args_fn()")
         super().on_write_start()
 
-    def _encode(self, tables: list[pa.Table]) -> pa.Buffer:
-        out = pa.BufferOutputStream()
-        self._encode_into(tables, out)
-        return out.getvalue()
-
     def _encode_into(self, tables: list[pa.Table], out: pa.NativeFile) -> None:
         table = combine(tables)
         options: dict[str, Any] = {

@@ -23,15 +23,13 @@ import numpy as np
 import pyarrow as pa
 
 from engine.errors import ColumnNotFoundError
-from engine.exchange import concat
+from engine.exchange import concat, grouped_rows
 from engine.transform import USER_ERRORS, UDFFailure, udf_name
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
 else:
     from dataflow.lazy_compute import pc
-
-ROW_INDEX = "__dataflow_row"
 
 
 class AggregateFnV2:
@@ -578,23 +576,6 @@ def groups(table: pa.Table, keys: Sequence[str]) -> Iterator[tuple[Any, pa.Table
     grouped, group_keys, offsets = grouped_rows(table, keys)
     for i, key in enumerate(group_keys):
         yield key, grouped.slice(int(offsets[i]), int(offsets[i + 1] - offsets[i]))
-
-
-def grouped_rows(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[Any], np.ndarray]:
-    """``table`` with its rows grouped (the groups in key order, nulls last; a group's rows in
-    input order), each group's key (a tuple for several keys), and where each group starts,
-    the end last: one take of the whole table, then zero-copy slices, not a take per group."""
-    if not keys:
-        return table, [None], np.array([0, table.num_rows], dtype=np.int64)
-    indexed = table.select(list(keys)).append_column(ROW_INDEX, pa.array(np.arange(table.num_rows)))
-    listed = indexed.group_by(list(keys), use_threads=False).aggregate([(ROW_INDEX, "list")])
-    listed = listed.take(pc.sort_indices(listed, sort_keys=[(k, "ascending", "at_end") for k in keys]))
-    rows = listed.column(f"{ROW_INDEX}_list").combine_chunks()
-    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(pc.list_value_length(rows).to_numpy(zero_copy_only=False), out=offsets[1:])
-    key_rows = listed.select(list(keys)).to_pylist()
-    group_keys = [r[keys[0]] for r in key_rows] if len(keys) == 1 else [tuple(r[k] for k in keys) for r in key_rows]
-    return table.take(pc.list_flatten(rows)), group_keys, offsets
 
 
 def aggregate_groups(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateFnV2]) -> pa.Table:

@@ -16,7 +16,7 @@ moves rows. Errors they raise reach the caller as themselves, named after the st
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -61,6 +61,29 @@ def grouping_order(parts: np.ndarray, num_partitions: int) -> np.ndarray:
     if num_partitions <= 1 << 16:
         parts = parts.astype(np.uint16)
     return np.argsort(parts, kind="stable")
+
+
+_ROW_INDEX = "__dataflow_row"
+
+
+def grouped_rows(table: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, list[Any], np.ndarray]:
+    """``table`` with its rows grouped (the groups in key order, nulls last; a group's rows in
+    input order), each group's key (a tuple for several keys), and where each group starts,
+    the end last: one take of the whole table, then zero-copy slices, not a take per group
+    (``map_groups``, grouped aggregations, and a partitioned write's folders)."""
+    if not keys:
+        return table, [None], np.array([0, table.num_rows], dtype=np.int64)
+    import pyarrow.compute as pc  # (here: a process that never groups does not import it)
+
+    indexed = table.select(list(keys)).append_column(_ROW_INDEX, pa.array(np.arange(table.num_rows)))
+    listed = indexed.group_by(list(keys), use_threads=False).aggregate([(_ROW_INDEX, "list")])
+    listed = listed.take(pc.sort_indices(listed, sort_keys=[(k, "ascending", "at_end") for k in keys]))
+    rows = listed.column(f"{_ROW_INDEX}_list").combine_chunks()
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(pc.list_value_length(rows).to_numpy(zero_copy_only=False), out=offsets[1:])
+    key_rows = listed.select(list(keys)).to_pylist()
+    group_keys = [r[keys[0]] for r in key_rows] if len(keys) == 1 else [tuple(r[k] for k in keys) for r in key_rows]
+    return table.take(pc.list_flatten(rows)), group_keys, offsets
 
 
 class PartitionTransform(TaskTransform):

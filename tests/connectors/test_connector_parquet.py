@@ -404,18 +404,20 @@ def test_partitioned_write_of_many_values_keeps_each_partitions_rows_in_order(tm
 
 
 def test_partition_groups_with_more_combinations_than_an_int64_holds() -> None:
-    from connectors.file_datasink import partition_groups
+    """The grouping a partitioned write splits its blocks with (``grouped_rows``), on keys
+    whose combinations outnumber an int64."""
+    from engine.exchange import grouped_rows
 
     n = 1 << 16
     rng = np.random.default_rng(3)
     columns = {f"c{j}": pa.array(rng.permutation(n)) for j in range(4)}  # 2^64 combinations
     columns["c0"] = pa.array([i // 2 for i in range(n)])  # pairs of rows share c0 only
     table = pa.table(columns)
-    groups, order, starts, values = partition_groups(table, list(columns))
-    assert len(groups) == n and sorted(order.tolist()) == list(range(n))
-    for group, start in zip(groups, starts, strict=True):
-        row = table.slice(int(order[start]), 1).to_pylist()[0]
-        assert [values[j][code] for j, code in enumerate(group)] == [row[f"c{j}"] for j in range(4)]
+    grouped, keys, offsets = grouped_rows(table, list(columns))
+    assert len(keys) == n and sorted(grouped.column("c1").to_pylist()) == list(range(n))
+    for i, key in enumerate(keys):
+        rows = grouped.slice(int(offsets[i]), int(offsets[i + 1] - offsets[i])).to_pylist()
+        assert all(tuple(row[f"c{j}"] for j in range(4)) == key for row in rows)
 
 
 def test_partition_columns_without_a_filter_match_the_fragment_reads(tmp_path: Path, mode: str) -> None:

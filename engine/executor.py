@@ -714,6 +714,8 @@ class StreamingExecutor:
         """Dispatch the most urgent ready task of ``execution``; False when none may start."""
         candidates: list[Candidate] = []
         choices: list[tuple[MapOperator, WorkerHandle | str]] = []
+        queued_behind: list[bool] = []
+        starved_depth = -1  # the deepest operator with a plain CPU task ready and no worker for it
         for op in execution.map_ops():
             ready, reason = execution.dispatchable(op)
             if not ready:
@@ -727,6 +729,7 @@ class StreamingExecutor:
                 continue
             fits = self._ledger.fits(op.resources.num_cpus, op.resources.custom)
             slot = self._free_slot(op, execution) if fits else None
+            behind_running = slot is None
             if slot is None:
                 slot = self._pipeline_slot(op)
             if slot is None:
@@ -734,10 +737,19 @@ class StreamingExecutor:
                     waits[id(op)] = WAIT_RESOURCES
                 else:
                     waits[id(op)] = self._actor_wait(op) if op.actor_pool else WAIT_WORKER
+                if op.actor_pool is None and op.resources.num_gpus == 0 and not op.resources.custom:
+                    starved_depth = max(starved_depth, execution.depth[id(op)])
                 continue
             waits.pop(id(op), None)
             candidates.append(Candidate(op.key, execution.depth[id(op)], op.held_bytes, op.in_flight()))
             choices.append((op, slot))
+            queued_behind.append(behind_running)
+        # a task queued behind a running one takes that worker the moment it frees up: not while
+        # an operator further downstream (a pushed merge, a reduce) waits for a worker, or it
+        # would wait until the operators above it ran out of tasks
+        keep = [i for i, c in enumerate(candidates) if not (queued_behind[i] and c.depth < starved_depth)]
+        if len(keep) < len(candidates):
+            candidates, choices = [candidates[i] for i in keep], [choices[i] for i in keep]
         index = pick(candidates)
         if index is None:
             return False

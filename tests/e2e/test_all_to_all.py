@@ -998,4 +998,7 @@ def test_map_outputs_are_merged_while_the_map_tasks_run(mode):
     assert sorted((r["id"], r["count()"], r["sum(v)"], r["mean(v)"], r["std(v)"]) for r in got["Aggregate[id]"]) == sorted(
         (x["id"], 1, x["v"], x["v"], 0.0) for x in rows)
     if mode == "streaming":  # the in-process executor runs every map task first: nothing to merge
-        assert all(n >= 1 for n in merges.values()), merges
+        # a merge is ready at the 64th and the 96th of the 128 outputs, with 32 map tasks or more
+        # still to run: both run then (map tasks queued behind running ones used to take every
+        # worker that freed up, so a merge waited for a moment with a worker idle: 0 or 1 merges)
+        assert all(n == 2 for n in merges.values()), merges

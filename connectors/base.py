@@ -99,6 +99,12 @@ class SharedSource:
     of the driver's CPU per task for Parquet), and each worker task unpickles its own copy, so
     no task sees state another left behind.
 
+    A source whose own class says ``REUSED_BY_WORKERS = True`` (the built-in file formats, whose
+    reads never change the source) is unpickled once per worker instead: the next task that
+    carries the same bytes gets the same object (~70 us of a worker's CPU per task saved for
+    Parquet, a third of a small file's read). The flag is read from the class itself, not
+    inherited: a user's subclass may keep state between reads.
+
     The bytes are made on the first pickle: the source must not change after its read tasks
     are handed out (``get_read_tasks`` fixes what they need first)."""
 
@@ -116,6 +122,8 @@ class SharedSource:
             from engine.serialization import dumps_for_worker
 
             self._data = dumps_for_worker(self.source)
+        if type(self.source).__dict__.get("REUSED_BY_WORKERS", False):
+            return (_reused_source_from_bytes, (self._data,))
         return (_shared_source_from_bytes, (self._data,))
 
 
@@ -123,6 +131,22 @@ def _shared_source_from_bytes(data: bytes) -> SharedSource:
     import pickle
 
     return SharedSource(pickle.loads(data))
+
+
+_REUSED: dict[bytes, SharedSource] = {}
+"""This process's unpickled reusable sources, by their bytes (the last few executions')."""
+_REUSED_MAX = 8
+
+
+def _reused_source_from_bytes(data: bytes) -> SharedSource:
+    shared = _REUSED.get(data)
+    if shared is None:
+        shared = _shared_source_from_bytes(data)
+        shared._data = data  # (pickled again as it came, should it travel on)
+        while len(_REUSED) >= _REUSED_MAX:
+            del _REUSED[next(iter(_REUSED))]
+        _REUSED[data] = shared
+    return shared
 
 
 class Datasource:

@@ -21,6 +21,8 @@ BINARY_LIMIT = 2**31 - 1
 class BinaryDatasource(FileDatasource):
     """Whole files as bytes (not decompressed); ``include_paths=True`` adds a ``path`` column."""
 
+    REUSED_BY_WORKERS = True  # its reads never change it (connectors.base.SharedSource)
+
     FILE_EXTENSIONS = None
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:

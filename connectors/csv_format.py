@@ -56,6 +56,8 @@ class CSVDatasource(FileDatasource):
     ``block_bytes``: about how many bytes of table each block holds (see the module docstring).
     """
 
+    REUSED_BY_WORKERS = True  # its reads never change it (connectors.base.SharedSource)
+
     FILE_EXTENSIONS = None  # a folder: every file but hidden ones, as Ray's read_csv
     DEFAULT_PARTITIONING = "hive"
 

@@ -57,6 +57,8 @@ class JSONDatasource(FileDatasource):
     ``block_bytes``: about how many bytes of JSON Lines are parsed at a time (see the module docstring).
     """
 
+    REUSED_BY_WORKERS = True  # its reads never change it (connectors.base.SharedSource)
+
     FILE_EXTENSIONS = (".json", ".jsonl", ".ndjson")
     DEFAULT_PARTITIONING = "hive"
 

@@ -57,6 +57,8 @@ class NumpyDatasource(FileDatasource):
     arguments of ``np.load``.
     """
 
+    REUSED_BY_WORKERS = True  # its reads never change it (connectors.base.SharedSource)
+
     FILE_EXTENSIONS = (".npy",)
 
     def __init__(

@@ -57,6 +57,8 @@ class ORCDatasource(FileDatasource):
     fields. ``include_paths``: add a ``path`` column.
     """
 
+    REUSED_BY_WORKERS = True  # its reads never change it (connectors.base.SharedSource)
+
     READS_STREAMS = False  # opened for random access (footer first)
 
     FILE_EXTENSIONS = ORC_EXTENSIONS

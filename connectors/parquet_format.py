@@ -99,6 +99,8 @@ class ParquetDatasource(FileDatasource):
     values are raw C-ordered arrays; they come back as tensor columns.
     """
 
+    REUSED_BY_WORKERS = True  # its reads never change it (connectors.base.SharedSource)
+
     READS_STREAMS = False  # opened for random access (footer first)
 
     FILE_EXTENSIONS = PARQUET_EXTENSIONS

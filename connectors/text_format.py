@@ -33,6 +33,8 @@ class TextDatasource(FileDatasource):
     no extra empty line (Ray's is).
     """
 
+    REUSED_BY_WORKERS = True  # its reads never change it (connectors.base.SharedSource)
+
     FILE_EXTENSIONS = None
 
     def __init__(

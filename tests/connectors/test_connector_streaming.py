@@ -553,3 +553,19 @@ def test_a_big_csv_on_s3_is_read_as_byte_ranges_and_a_cut_range_is_retried(s3) -
             start = _check_rows(block, start)
     assert start == 1_000_000
     assert s3.hits() == [1]
+
+
+def test_coalesce_counts_what_rows_use_not_shared_buffers():
+    """Small tables are joined up to the block size; slices of one big table (whose buffers
+    each slice shares) count by their own rows, so they are joined too, not cut one by one."""
+    from connectors.file_datasource import coalesce
+
+    small = [pa.table({"x": list(range(i * 100, i * 100 + 100))}) for i in range(30)]  # 800 B each
+    blocks = list(coalesce(small, 8_000))
+    assert [b.num_rows for b in blocks] == [1000, 1000, 1000]
+    assert pa.concat_tables(blocks).column("x").to_pylist() == list(range(3000))
+    big = pa.table({"x": list(range(100_000))})  # 800 KB
+    slices = [big.slice(i * 1000, 1000) for i in range(100)]  # 8 KB of rows each, 800 KB of buffers
+    blocks = list(coalesce(slices, 80_000))
+    assert [b.num_rows for b in blocks] == [10_000] * 10
+    assert pa.concat_tables(blocks).column("x").to_pylist() == list(range(100_000))

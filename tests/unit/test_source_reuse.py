@@ -60,3 +60,4 @@ def test_the_process_keeps_a_few_sources(tmp_path):
         task = next(iter(ParquetDatasource(str(tmp_path / f"f{i}.parquet")).get_read_tasks(1)))
         pickle.loads(pickle.dumps(task))
     assert len(base._REUSED) == base._REUSED_MAX
+

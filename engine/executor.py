@@ -785,7 +785,8 @@ class StreamingExecutor:
 
         Only for short tasks (a task's cost is then mostly that round trip) of plain one-CPU
         operators behind another such task: the queued task takes over the CPU the running one
-        gives back, so the resource ledger never counts more than runs."""
+        gives back, so the resource ledger never counts more than runs. ``_dispatch_one`` uses
+        it only while no operator further downstream waits for a worker."""
         if not _pipelinable(op):
             return None
         for handle in self.pool.live(TASK_KIND):

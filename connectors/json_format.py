@@ -1,9 +1,10 @@
 """JSON files: JSON Lines (one object per line) through ``pyarrow.json``, streamed, and JSON arrays.
 
-A file whose first non-blank character is ``[`` is read whole as one array of objects (with the
-standard library, then ``pa.Table.from_pylist``): an array cannot be parsed piece by piece, so
-such a file needs its size in memory. So is a file holding one object spread over several lines
-(pretty-printed), which becomes one row, as in Ray. ``lines=True`` (Ray's ``read_json(lines=True)``)
+A file whose first non-blank character is ``[`` is an array of objects, read as a stream too:
+``connectors.json_arrays`` turns pieces of it into JSON Lines (an object a line), parsed as JSON
+Lines are, except that strings stay strings where pyarrow would infer timestamps (Ray reads an
+array with Python's ``json``). A file holding one object spread over several lines
+(pretty-printed) is read whole and becomes one row, as in Ray. ``lines=True`` (Ray's ``read_json(lines=True)``)
 says every file is JSON Lines: neither is looked for, and a file that is not fails naming it. Anything else is JSON Lines, read as a stream (decompressed
 by extension as it goes) in chunks of whole lines of about ``block_bytes`` (16 MiB), each parsed
 with ``pyarrow.json.read_json`` and pyarrow's ``read_options``/``parse_options``; with
@@ -39,13 +40,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from connectors import line_ranges
+from connectors import json_arrays, line_ranges
 from connectors.errors import FileFormatError
 from connectors.file_datasink import FileDatasink
 from connectors.file_datasource import FileDatasource, FilePiece, coalesce
 from connectors.filesystem import STREAM_BLOCK_BYTES, FileEntry, iter_stream, open_stream, parsing
 from connectors.retry import Retrier
 
+LINES = "JSON Lines"
+ARRAY = "a JSON array of objects"
 _ROW = re.compile(r"in row (\d+)")
 _COLUMN = re.compile(r"Column\(/?([^)]*)\)")
 _SCHEMA_HINT = "pass parse_options=pyarrow.json.ParseOptions(explicit_schema=...) with every field and its type"
@@ -142,7 +145,7 @@ def parse_json_stream(
         yield pa.table({})
         return
     if not lines and head.lstrip()[:1] == b"[":
-        yield _parse_array(head + stream.read(), display)
+        yield from _array_tables(stream, head, display, read_options, parse_options, chunk_bytes)
         return
     whole: bytes | None = None
     if not lines and _spans_lines(head):
@@ -164,6 +167,50 @@ def parse_json_stream(
             schema = table.schema
         rows += table.num_rows
         yield table
+
+
+def _array_tables(
+    stream: pa.NativeFile,
+    head: bytes,
+    display: str,
+    read_options: pajson.ReadOptions,
+    parse_options: pajson.ParseOptions,
+    chunk_bytes: int,
+) -> Iterator[pa.Table]:
+    """The objects of a JSON array, a table per chunk of about ``chunk_bytes``, parsed as JSON
+    Lines (``connectors.json_arrays``) with the first chunk's types, as JSON Lines are; strings
+    stay strings where pyarrow would infer timestamps, as Ray reads an array (with Python's
+    ``json``, then ``Table.from_pylist``)."""
+    schema: pa.Schema | None = None
+    rows = 0
+    for chunk in json_arrays.array_lines(stream.read, head, chunk_bytes, display):
+        table = _parse_lines(chunk, rows, schema, display, read_options, parse_options, ARRAY)
+        if schema is None:
+            strings = _timestamps_as_strings(table.schema, parse_options.explicit_schema)
+            if not strings.equals(table.schema):
+                table = _parse_lines(chunk, rows, strings, display, read_options, parse_options, ARRAY)
+            schema = table.schema
+        rows += table.num_rows
+        yield table
+    if schema is None:  # []
+        yield pa.table({})
+
+
+def _timestamps_as_strings(schema: pa.Schema, explicit: pa.Schema | None) -> pa.Schema:
+    """``schema`` with the timestamps pyarrow inferred (not those of ``explicit``) as strings."""
+    given = set(explicit.names) if explicit is not None else set()
+    return pa.schema([f if f.name in given else f.with_type(_strings_for(f.type)) for f in schema],
+                     metadata=schema.metadata)
+
+
+def _strings_for(typ: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(typ):
+        return pa.string()
+    if pa.types.is_struct(typ):
+        return pa.struct([typ.field(i).with_type(_strings_for(typ.field(i).type)) for i in range(typ.num_fields)])
+    if pa.types.is_list(typ):
+        return pa.list_(typ.value_field.with_type(_strings_for(typ.value_type)))
+    return typ
 
 
 @dataclass(frozen=True)
@@ -300,6 +347,7 @@ def _parse_lines(
     display: str,
     read_options: pajson.ReadOptions,
     parse_options: pajson.ParseOptions,
+    what: str = LINES,
 ) -> pa.Table:
     """``chunk`` (whole lines) as a table; after the first chunk, with the first chunk's ``schema``.
 
@@ -316,7 +364,7 @@ def _parse_lines(
             read_options = pajson.ReadOptions(use_threads=read_options.use_threads, block_size=len(chunk) + 1)
             table = pajson.read_json(pa.py_buffer(chunk), read_options, options)
     except pa.ArrowInvalid as exc:
-        raise _lines_error(exc, chunk, rows_before, schema, display, read_options, parse_options) from exc
+        raise _lines_error(exc, chunk, rows_before, schema, display, read_options, parse_options, what) from exc
     if schema is not None and not table.schema.equals(schema):
         _check_no_new_fields(table, schema, rows_before, display)
     return table
@@ -352,8 +400,10 @@ def _lines_error(
     display: str,
     read_options: pajson.ReadOptions,
     parse_options: pajson.ParseOptions,
+    what: str = LINES,
 ) -> FileFormatError:
-    """``exc`` restated naming the row in the file (not in pyarrow's block) and the column."""
+    """``exc`` restated naming the row in the file (not in pyarrow's block) and the column;
+    ``what``: what the file was read as (JSON Lines, or a JSON array's objects, a row each)."""
     options = parse_options if schema is None else _with_schema(parse_options, schema)
     message = str(exc)
     if read_options.block_size < len(chunk):
@@ -363,7 +413,7 @@ def _lines_error(
     name = column.group(1) if column and column.group(1) else None
     # pyarrow's "in row N" counts from 0 in its block: the row in the file is said once, by path
     said = _ROW.sub("", message).rstrip(" .") if row else message
-    text = f"could not parse as JSON Lines: {said}"
+    text = f"could not parse as {what}: {said}"
     misfits = _misfits(chunk, schema, read_options, parse_options) if schema is not None and name is None else []
     if schema is not None and (name is not None or misfits):
         name = name or misfits[0]

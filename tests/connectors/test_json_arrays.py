@@ -150,3 +150,11 @@ def test_read_json_of_arrays_on_both_modes(mode, tmp_path: Path) -> None:
     ds = dataflow.read_json(str(tmp_path))
     assert sorted(r["id"] for r in ds.take_all()) == list(range(30))
     assert ds.filter(lambda r: r["s"] == '"3",]').count() == 3
+
+
+def test_a_compressed_array_streams_too(tmp_path: Path) -> None:
+    import gzip
+
+    rows = [{"id": i, "s": f"row,{i}]"} for i in range(5_000)]
+    (tmp_path / "rows.json.gz").write_bytes(gzip.compress(json.dumps(rows, indent=1).encode()))
+    assert read_all(JSONDatasource(str(tmp_path / "rows.json.gz"), block_bytes=4096)).to_pylist() == rows

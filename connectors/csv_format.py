@@ -25,6 +25,7 @@ import functools
 import io
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -81,13 +82,30 @@ class CSVDatasource(FileDatasource):
         retrier = self._retrier()
         yield from coalesce(self._iter_piece_tables(pieces, part_schema, retrier), self._block_bytes)
 
-    def _split_files(self) -> bool | Callable[[FileEntry], bool]:
+    def _split_files(self) -> bool | Callable[[FileEntry], Any]:
         """A big file is read as byte ranges, one task each, where a newline always ends a row
-        (``connectors.line_ranges``)."""
+        (``connectors.line_ranges``): the predicate (run while the tasks are planned) returns
+        the columns and types of the file's start, which every range parses with, or False for
+        a file that cannot be cut (compressed, another encoding) or whose start does not parse
+        (its one read task then reports why)."""
         if self._parse_options_kwargs["newlines_in_values"]:
             return False
-        encoding = self._read_options.encoding
-        return lambda entry: line_ranges.splittable(entry.path, self._stream_args, encoding)
+        return self._csv_head
+
+    def _csv_head(self, entry: FileEntry) -> _CsvHead | bool:
+        if not line_ranges.splittable(entry.path, self._stream_args, self._read_options.encoding):
+            return False
+        fs, display, retrier = self._files.filesystem, self._files.display(entry.path), self._retrier()
+        parse_options = pacsv.ParseOptions(**self._parse_options_kwargs)
+        try:
+            schema = _head_schema(fs, entry.path, display, retrier, self._read_options, parse_options, self._convert_options)
+            names = _head_names(schema, self._convert_options, fs, entry.path, display, retrier, self._read_options,
+                                parse_options)
+        except Exception:  # (a planning shortcut only: the file's one read task reads it and says what fails)
+            return False
+        finally:  # the driver parsed the start of the file: its allocator gives the pages back
+            pa.default_memory_pool().release_unused()
+        return _CsvHead(schema, tuple(names))
 
     def _read_file(self, fs: Any, piece: FilePiece, display: str, retrier: Retrier) -> Iterator[pa.Table]:
         parse_options = pacsv.ParseOptions(**self._parse_options_kwargs)
@@ -173,6 +191,17 @@ def read_csv_stream(
             raise _row_error(message, fs, path, display, retrier, reading, parse_options, stream_args) from exc
 
 
+@dataclass(frozen=True)
+class _CsvHead:
+    """What every range of a split CSV file parses with, found once while its tasks are
+    planned (each range read it again before: ~1 MiB read and parsed per range)."""
+
+    schema: pa.Schema
+    """The columns and types pyarrow infers from the start of the file."""
+    names: tuple[str, ...]
+    """Every column's name, in the file's order (``include_columns`` aside)."""
+
+
 def read_csv_piece(
     fs: Any,
     piece: FilePiece,
@@ -192,14 +221,14 @@ def read_csv_piece(
     of a file read whole. The first piece reads the header (and ``skip_rows``...) as usual."""
     path = piece.entry.path
     size = piece.entry.size or 0
-    head = _head_schema(fs, path, display, retrier, read_options, parse_options, convert_options)
+    head, names = piece.head.schema, list(piece.head.names)
     options = _with_column_types(convert_options, {field.name: field.type for field in head})
     file_options = read_options
     if piece.index > 0:  # the header is the first piece's: name the columns, skip nothing
         read_options = pacsv.ReadOptions(
             use_threads=read_options.use_threads, block_size=read_options.block_size, skip_rows=0,
-            skip_rows_after_names=0, column_names=_head_names(head, convert_options, fs, path, display, retrier, read_options, parse_options),
-            autogenerate_column_names=False, encoding=read_options.encoding,
+            skip_rows_after_names=0, column_names=names, autogenerate_column_names=False,
+            encoding=read_options.encoding,
         )
 
     def opener() -> pa.NativeFile:
@@ -222,7 +251,6 @@ def read_csv_piece(
                 return
             conversion = _CONVERSION.search(message)
             if conversion is not None:
-                names = _head_names(head, convert_options, fs, path, display, retrier, file_options, parse_options)
                 index = int(conversion.group(1))
                 if index < len(names):
                     raise _misfit(conversion, names[index], "a later value", display) from exc

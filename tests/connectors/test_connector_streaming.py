@@ -150,8 +150,9 @@ def test_csv_byte_ranges_keep_the_read_options(tmp_path: Path) -> None:
     (tmp_path / "h.csv").write_text("junk line\na,b,c\n0,0,skipped\n" + body + "\n")
     read_options = pacsv.ReadOptions(skip_rows=1, skip_rows_after_names=1)
     convert = pacsv.ConvertOptions(include_columns=["a", "b"], column_types={"b": pa.float64()})
-    out = read_all(CSVDatasource(str(tmp_path / "h.csv"), read_options=read_options, convert_options=convert))
-    assert len(_piece_tasks(CSVDatasource(str(tmp_path / "h.csv")))) >= 2
+    source = CSVDatasource(str(tmp_path / "h.csv"), read_options=read_options, convert_options=convert)
+    out = read_all(source)
+    assert len(_piece_tasks(source)) >= 2
     assert out.column_names == ["a", "b"] and out.schema.field("b").type == pa.float64()
     assert out["a"].to_pylist() == list(range(rows)) and out["b"][-1].as_py() == 2.0 * (rows - 1)
     (tmp_path / "n.csv").write_text(body + "\n")
@@ -569,3 +570,29 @@ def test_coalesce_counts_what_rows_use_not_shared_buffers():
     blocks = list(coalesce(slices, 80_000))
     assert [b.num_rows for b in blocks] == [10_000] * 10
     assert pa.concat_tables(blocks).column("x").to_pylist() == list(range(100_000))
+
+
+def test_csv_ranges_parse_with_the_head_found_while_planning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's start is parsed once, in the driver; its ranges do not read it again. A big
+    file whose start does not parse is one task, which names the file."""
+    import connectors.csv_format as csv_format
+
+    _big_csv(tmp_path / "big.csv", 1_000_000)
+    tasks = _piece_tasks(CSVDatasource(str(tmp_path / "big.csv")))
+    assert len(tasks) >= 2
+
+    def no_second_read(*args, **kwargs):
+        raise AssertionError("a range read the file's start again")
+
+    monkeypatch.setattr(csv_format, "_head_schema", no_second_read)
+    read = 0
+    for task in tasks:
+        for block in cloudpickle.loads(cloudpickle.dumps(task))():
+            read = _check_rows(block, read)
+    assert read == 1_000_000
+    monkeypatch.undo()
+    (tmp_path / "bad.csv").write_text("a\n1,2,3\n" + (tmp_path / "big.csv").read_text())
+    bad = _piece_tasks(CSVDatasource(str(tmp_path / "bad.csv")))
+    assert len(bad) == 1
+    with pytest.raises(FileFormatError, match=r"bad\.csv"):
+        list(bad[0]())

@@ -1,14 +1,17 @@
-"""JSON files: JSON Lines (one object per line) through ``pyarrow.json``, streamed, and JSON arrays.
+"""JSON files: JSON Lines (one object per line) through ``pyarrow.json``, streamed, JSON arrays and
+objects over several lines, streamed too.
 
-A file whose first non-blank character is ``[`` is an array of objects, read as a stream too:
-``connectors.json_arrays`` turns pieces of it into JSON Lines (an object a line), parsed as JSON
-Lines are, except that strings stay strings where pyarrow would infer timestamps (Ray reads an
-array with Python's ``json``). A file holding one object spread over several lines
-(pretty-printed) is read whole and becomes one row, as in Ray. ``lines=True`` (Ray's ``read_json(lines=True)``)
-says every file is JSON Lines: neither is looked for, and a file that is not fails naming it. Anything else is JSON Lines, read as a stream (decompressed
-by extension as it goes) in chunks of whole lines of about ``block_bytes`` (16 MiB), each parsed
-with ``pyarrow.json.read_json`` and pyarrow's ``read_options``/``parse_options``; with
-``newlines_in_values=True`` (objects spanning lines) a file is parsed whole.
+A file whose first non-blank character is ``[`` is an array of objects: ``connectors.json_to_lines``
+turns pieces of it into JSON Lines (an object a line), parsed as JSON Lines are, except that
+strings stay strings where pyarrow would infer timestamps (Ray reads an array with Python's
+``json``). A file whose first object does not end on its line (pretty-printed), and any file read
+with ``newlines_in_values=True``, is cut into pieces that end where an object ends, each parsed
+with ``newlines_in_values=True``; a file that is one such object alone becomes one row, read as
+Ray reads it. ``lines=True`` (Ray's ``read_json(lines=True)``) says every file is JSON Lines:
+arrays and pretty-printed objects are not looked for, and a file that is not JSON Lines fails
+naming it. Anything else is JSON Lines, read as a stream (decompressed by extension as it goes)
+in chunks of whole lines of about ``block_bytes`` (16 MiB), each parsed with
+``pyarrow.json.read_json`` and pyarrow's ``read_options``/``parse_options``.
 
 A JSON Lines file well over a read task's bytes (uncompressed, ``newlines_in_values=False``) is
 read as byte ranges, one task each (``connectors.line_ranges``): the driver parses the file's
@@ -30,6 +33,7 @@ import base64
 import datetime
 import decimal
 import functools
+import itertools
 import json as stdlib_json
 import re
 from collections.abc import Callable, Iterator
@@ -40,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from connectors import json_arrays, line_ranges
+from connectors import json_to_lines, line_ranges
 from connectors.errors import FileFormatError
 from connectors.file_datasink import FileDatasink
 from connectors.file_datasource import FileDatasource, FilePiece, coalesce
@@ -49,6 +53,7 @@ from connectors.retry import Retrier
 
 LINES = "JSON Lines"
 ARRAY = "a JSON array of objects"
+OBJECTS = "JSON objects"
 _ROW = re.compile(r"in row (\d+)")
 _COLUMN = re.compile(r"Column\(/?([^)]*)\)")
 _SCHEMA_HINT = "pass parse_options=pyarrow.json.ParseOptions(explicit_schema=...) with every field and its type"
@@ -136,8 +141,9 @@ def parse_json_stream(
     chunk_bytes: int = STREAM_BLOCK_BYTES,
     lines: bool = False,
 ) -> Iterator[pa.Table]:
-    """Tables read from ``stream``: one for a JSON array (or one multi-line object), one per chunk
-    of about ``chunk_bytes`` of JSON Lines; ``lines``: only JSON Lines."""
+    """Tables read from ``stream``: a chunk of about ``chunk_bytes`` at a time, of JSON Lines,
+    of a JSON array's objects, or of objects that span lines (one such object alone is one
+    row); ``lines``: only JSON Lines (objects may span lines with ``newlines_in_values``)."""
     head = stream.read(chunk_bytes)
     while head and not head.strip():
         head = stream.read(chunk_bytes)
@@ -147,26 +153,58 @@ def parse_json_stream(
     if not lines and head.lstrip()[:1] == b"[":
         yield from _array_tables(stream, head, display, read_options, parse_options, chunk_bytes)
         return
-    whole: bytes | None = None
-    if not lines and _spans_lines(head):
-        whole = head + stream.read()
-        document = _whole_document(whole)
-        if document is not None:
-            yield _parse_array(b"[" + document + b"]", display)
-            return
-    # objects spanning lines cannot be cut at a newline: such a file is parsed whole
-    if whole is not None or parse_options.newlines_in_values:
-        chunks: Any = [whole if whole is not None else head + stream.read()]
-    else:
-        chunks = _line_chunks(stream, chunk_bytes, head)
+    if parse_options.newlines_in_values or (not lines and _spans_lines(head)):
+        yield from _object_tables(stream, head, display, read_options, parse_options, chunk_bytes, lines)
+        return
     schema: pa.Schema | None = None
     rows = 0
-    for chunk in chunks:
+    for chunk in _line_chunks(stream, chunk_bytes, head):
         table = _parse_lines(chunk, rows, schema, display, read_options, parse_options)
         if schema is None:
             schema = table.schema
         rows += table.num_rows
         yield table
+
+
+def _object_tables(
+    stream: pa.NativeFile,
+    head: bytes,
+    display: str,
+    read_options: pajson.ReadOptions,
+    parse_options: pajson.ParseOptions,
+    chunk_bytes: int,
+    lines: bool,
+) -> Iterator[pa.Table]:
+    """Objects one after another, some over several lines, a table per piece of about
+    ``chunk_bytes`` (``connectors.json_to_lines``), with the first piece's types. A file that is
+    one object (unless ``lines``) is one row read as Ray reads it, with Python's ``json``."""
+    pieces = json_to_lines.object_pieces(stream.read, head, chunk_bytes, display)
+    first = next(pieces, None)
+    if first is None:
+        yield pa.table({})
+        return
+    taken = [first]
+    if not lines and first[1] == 1:
+        second = next(pieces, None)
+        if second is None and _whole_document(first[0]) is not None:
+            yield _parse_array(b"[" + first[0] + b"]", display)
+            return
+        taken += [second] if second is not None else []
+    spanning = _spanning(parse_options)
+    schema: pa.Schema | None = None
+    rows = 0
+    for piece, _count in itertools.chain(taken, pieces):
+        table = _parse_lines(piece, rows, schema, display, read_options, spanning, OBJECTS)
+        if schema is None:
+            schema = table.schema
+        rows += table.num_rows
+        yield table
+
+
+def _spanning(options: pajson.ParseOptions) -> pajson.ParseOptions:
+    """``options`` with ``newlines_in_values=True``."""
+    return pajson.ParseOptions(explicit_schema=options.explicit_schema, newlines_in_values=True,
+                               unexpected_field_behavior=options.unexpected_field_behavior)
 
 
 def _array_tables(
@@ -178,12 +216,12 @@ def _array_tables(
     chunk_bytes: int,
 ) -> Iterator[pa.Table]:
     """The objects of a JSON array, a table per chunk of about ``chunk_bytes``, parsed as JSON
-    Lines (``connectors.json_arrays``) with the first chunk's types, as JSON Lines are; strings
+    Lines (``connectors.json_to_lines``) with the first chunk's types, as JSON Lines are; strings
     stay strings where pyarrow would infer timestamps, as Ray reads an array (with Python's
     ``json``, then ``Table.from_pylist``)."""
     schema: pa.Schema | None = None
     rows = 0
-    for chunk in json_arrays.array_lines(stream.read, head, chunk_bytes, display):
+    for chunk in json_to_lines.array_lines(stream.read, head, chunk_bytes, display):
         table = _parse_lines(chunk, rows, schema, display, read_options, parse_options, ARRAY)
         if schema is None:
             strings = _timestamps_as_strings(table.schema, parse_options.explicit_schema)

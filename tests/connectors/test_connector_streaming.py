@@ -506,7 +506,7 @@ def test_json_nested_field_after_the_first_chunk_names_the_column(tmp_path: Path
         read_all(JSONDatasource(str(tmp_path / "f.jsonl"), block_bytes=64 * 1024))
 
 
-def test_json_objects_spanning_lines_are_parsed_whole(tmp_path: Path) -> None:
+def test_json_objects_spanning_lines_are_read_in_pieces(tmp_path: Path) -> None:
     (tmp_path / "f.json").write_text("".join(json.dumps({"a": i, "b": [i]}, indent=2) + "\n" for i in range(5000)))
     options = pajson.ParseOptions(newlines_in_values=True)
     out = read_all(JSONDatasource(str(tmp_path / "f.json"), parse_options=options, block_bytes=4096))

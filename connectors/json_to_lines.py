@@ -1,22 +1,27 @@
-"""A file holding one JSON array of objects, turned into JSON Lines a chunk at a time.
+"""JSON that is not one object a line, cut into pieces that ``pyarrow.json`` parses a piece at a time.
 
-``array_lines`` reads the array in chunks of about ``chunk_bytes`` and hands back its objects,
-one per line, as bytes ``pyarrow.json`` parses: so an array is read in bounded memory and at
-the speed of Arrow's parser, as JSON Lines are, instead of whole through Python objects (a
-200 MB array took ~2 GB of them). Nothing is parsed here; the chunk is only scanned, with
-numpy, for the characters that give the array its shape:
+Two shapes of file are read this way, in bounded memory and at the speed of Arrow's parser, as
+JSON Lines are, instead of whole (through Python objects for an array: 7.5x the file's size):
+
+* one JSON array of objects (``array_lines``): each piece's objects become lines, one each;
+* objects one after another, any of them over several lines (pretty-printed, or JSON Lines
+  with ``newlines_in_values``; ``object_pieces``): each piece ends where an object does, and
+  is parsed with ``newlines_in_values=True``.
+
+Nothing is parsed here; a piece is only scanned, with numpy, for the characters that give the
+text its shape:
 
 * the quotes that open and close strings (a quote after an odd run of backslashes is inside
   one), so that brackets and commas within strings are left alone;
 * the brackets and braces around them, whose running count is the nesting depth;
-* the commas at depth 1, which separate the array's elements: each becomes a newline. Every
-  other newline is whitespace between values (JSON allows no raw newline inside a string) and
-  becomes a space, so a pretty-printed object stays on its own line.
+* in an array, the commas at depth 1, which separate its elements: each becomes a newline.
+  Every other newline is whitespace between values (JSON allows no raw newline inside a
+  string) and becomes a space, so a pretty-printed object stays on its own line.
 
-A chunk ends after the last separator it holds; the element it cut is carried into the next.
-Elements that are not objects, a missing or trailing comma, text after the array or an array
-that never closes raise ``FileFormatError``; what is malformed inside an object is the parser's
-to find.
+A piece ends after the last separator (or object) it holds; what it cut is carried into the
+next. In an array, elements that are not objects, a missing or trailing comma, text after the
+array or an array that never closes raise ``FileFormatError``; what is malformed inside an
+object is the parser's to find.
 """
 
 from __future__ import annotations
@@ -83,6 +88,41 @@ def array_lines(read: Callable[[int], bytes], head: bytes, chunk_bytes: int, dis
         yield piece
         buffer = buffer[at[cut - 1] + 1 :]
         opened = True
+        want = piece_bytes
+
+
+def object_pieces(read: Callable[[int], bytes], head: bytes, chunk_bytes: int, display: str) -> Iterator[tuple[bytes, int]]:
+    """Pieces of about ``chunk_bytes`` (at most ``PIECE_BYTES``, or one whole object) of the
+    objects that ``head`` and ``read(n)`` hold one after another, each with how many objects
+    it holds; each piece ends where an object does."""
+    piece_bytes = max(1, min(chunk_bytes, PIECE_BYTES))
+    buffer = head
+    want = piece_bytes
+    ended = False
+    while True:
+        while not ended and len(buffer) < want:
+            more = read(chunk_bytes)
+            ended = not more
+            buffer += more
+        if not buffer.strip():  # (whitespace between objects)
+            if ended:
+                return
+            buffer = b""
+            continue
+        window = buffer[:want] if len(buffer) > want else buffer
+        at, shape, depth = _scan(window, 0)
+        if depth.size and depth.min() < 0:
+            where = int(np.flatnonzero(depth < 0)[0])
+            raise FileFormatError(f"invalid JSON: an unbalanced {chr(shape[where])!r}", path=display)
+        ends = np.flatnonzero((depth == 0) & (shape == ord("}")))
+        if not ends.size:
+            if ended and len(window) == len(buffer):
+                raise FileFormatError("invalid JSON: an object that does not end", path=display)
+            want = len(window) * 2  # not one whole object yet: look further
+            continue
+        cut = int(at[ends[-1]]) + 1
+        yield buffer[:cut], int(ends.size)
+        buffer = buffer[cut:]
         want = piece_bytes
 
 

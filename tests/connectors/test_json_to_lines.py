@@ -1,5 +1,5 @@
-"""A file holding one JSON array of objects is read as a stream of chunks (``connectors.json_arrays``),
-with the rows, types and errors of parsing it whole."""
+"""JSON that is not one object a line (an array of objects, objects over several lines) is read as a
+stream of pieces (``connectors.json_to_lines``), with the rows, types and errors of parsing it whole."""
 
 from __future__ import annotations
 
@@ -158,3 +158,63 @@ def test_a_compressed_array_streams_too(tmp_path: Path) -> None:
     rows = [{"id": i, "s": f"row,{i}]"} for i in range(5_000)]
     (tmp_path / "rows.json.gz").write_bytes(gzip.compress(json.dumps(rows, indent=1).encode()))
     assert read_all(JSONDatasource(str(tmp_path / "rows.json.gz"), block_bytes=4096)).to_pylist() == rows
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_objects_over_several_lines_stream_with_their_rows(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(100 + seed)
+    rows = _rows(rng, rng.randint(2, 300))
+    path = tmp_path / "pretty.json"
+    path.write_text("".join(json.dumps(row, indent=[2, "\t", 1, 4][seed], ensure_ascii=seed % 2 == 0) + "\n" for row in rows))
+    for block_bytes in (1, 97, 4096, 1 << 20):
+        assert read_all(JSONDatasource(str(path), block_bytes=block_bytes)).to_pylist() == rows, block_bytes
+    compact = tmp_path / "compact.jsonl"  # JSON Lines read with newlines_in_values=True
+    compact.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    import pyarrow.json as pajson
+
+    spanning = pajson.ParseOptions(newlines_in_values=True)
+    assert read_all(JSONDatasource(str(compact), parse_options=spanning, block_bytes=97)).to_pylist() == rows
+
+
+def test_a_pretty_printed_file_past_pyarrows_block_is_read(tmp_path: Path) -> None:
+    """Parsed whole without newlines_in_values, pyarrow's 1 MiB blocks cut objects at newlines:
+    a 3 MiB file failed with 'Missing a name for object member'."""
+    rows = [{"id": i, "pad": "p" * 400, "tags": ["a", "b"]} for i in range(7_000)]
+    path = tmp_path / "pretty.json"
+    path.write_text("".join(json.dumps(row, indent=2) + "\n" for row in rows))
+    assert path.stat().st_size > 3 << 20
+    assert read_all(JSONDatasource(str(path))).to_pylist() == rows
+
+
+def test_object_pieces_are_bounded_and_end_where_objects_end(tmp_path: Path) -> None:
+    import io
+
+    from connectors.json_to_lines import object_pieces
+
+    text = "".join(json.dumps({"i": i, "s": "}{" * (i % 7)}, indent=1) + "\n" for i in range(20_000)).encode()
+    stream = io.BytesIO(text)
+    pieces = list(object_pieces(stream.read, stream.read(1000), 64 << 10, "x"))
+    assert b"".join(p for p, _ in pieces) == text.rstrip(b"\n")  # cut where an object ends, nothing lost
+    assert sum(n for _, n in pieces) == 20_000 and len(pieces) >= 8
+    assert max(len(p) for p, _ in pieces) <= 64 << 10
+    assert all(json.loads("[" + p.decode().strip().replace("}\n{", "},{") + "]") for p, _ in pieces)
+
+
+def test_a_single_object_over_several_lines_is_one_row_as_in_ray(tmp_path: Path) -> None:
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"when": "2024-01-02T03:04:05", "n": [1, 2]}, indent=2))
+    table = read_all(JSONDatasource(str(path)))
+    assert table.to_pylist() == [{"when": "2024-01-02T03:04:05", "n": [1, 2]}]
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('{\n "a": 1\n}\n{\n "a": 2\n', "does not end"),
+    ('{\n "a": 1\n}\n}\n', "unbalanced"),
+    ('{\n "a": 1\n}\n{\n "a": tru\n}\n', "could not parse as JSON objects"),
+])
+def test_malformed_objects_over_lines_name_the_file(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(FileFormatError, match=says) as info:
+        read_all(JSONDatasource(str(path)))
+    assert "bad.json" in str(info.value)

@@ -36,7 +36,7 @@ import functools
 import itertools
 import json as stdlib_json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,10 +156,21 @@ def parse_json_stream(
     if parse_options.newlines_in_values or (not lines and _spans_lines(head)):
         yield from _object_tables(stream, head, display, read_options, parse_options, chunk_bytes, lines)
         return
+    yield from _parsed(_line_chunks(stream, chunk_bytes, head), display, read_options, parse_options)
+
+
+def _parsed(
+    chunks: Iterable[bytes],
+    display: str,
+    read_options: pajson.ReadOptions,
+    parse_options: pajson.ParseOptions,
+    what: str = LINES,
+) -> Iterator[pa.Table]:
+    """Each chunk as a table, parsed with the first chunk's types."""
     schema: pa.Schema | None = None
     rows = 0
-    for chunk in _line_chunks(stream, chunk_bytes, head):
-        table = _parse_lines(chunk, rows, schema, display, read_options, parse_options)
+    for chunk in chunks:
+        table = _parse_lines(chunk, rows, schema, display, read_options, parse_options, what)
         if schema is None:
             schema = table.schema
         rows += table.num_rows
@@ -190,15 +201,8 @@ def _object_tables(
             yield _parse_array(b"[" + first[0] + b"]", display)
             return
         taken += [second] if second is not None else []
-    spanning = _spanning(parse_options)
-    schema: pa.Schema | None = None
-    rows = 0
-    for piece, _count in itertools.chain(taken, pieces):
-        table = _parse_lines(piece, rows, schema, display, read_options, spanning, OBJECTS)
-        if schema is None:
-            schema = table.schema
-        rows += table.num_rows
-        yield table
+    chunks = (piece for piece, _count in itertools.chain(taken, pieces))
+    yield from _parsed(chunks, display, read_options, _spanning(parse_options), OBJECTS)
 
 
 def _spanning(options: pajson.ParseOptions) -> pajson.ParseOptions:

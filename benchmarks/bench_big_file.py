@@ -5,15 +5,19 @@ Data (generated once, deterministically, under ``benchmarks/data/bigfile/``, git
 
     csv     3,000,000 rows (int, float, two strings), ~237 MB
     json    2,000,000 rows of JSON Lines (the same columns), ~215 MB
+    jsonarray  1,000,000 rows as one JSON array of objects (the same columns), ~105 MB
     text    3,000,000 lines of 12 words, ~205 MB
     npy     1,600,000 x 64 float32, ~410 MB
 
     dataflow: dataflow.read_<format>(file) drained as blocks (``iter_batches(batch_size=None)``)
     raw:      the library's own one-call read into memory: pyarrow.csv.read_csv / pyarrow.json.
               read_json (threaded: both cores), the file's text split into Arrow lines
-              (``pc.split_pattern``), np.load
+              (``pc.split_pattern``), np.load; for a JSON array (which pyarrow cannot read)
+              Python's json.load, then pa.Table.from_pylist
     ray:      ray.data.read_<format>(file) drained the same way
     daft:     daft.read_csv / read_json (no text or NumPy reader) drained with to_arrow_iter()
+
+``--formats`` picks them (default: csv,json,text,npy; ``jsonarray`` on request).
 
 Each side runs in its own process, one untimed run first, then ``--runs`` timed ones (median);
 ``peak RSS+shm`` is the process tree's peak over the timed runs (``benchcommon.TreeMemorySampler``:
@@ -31,7 +35,7 @@ from pathlib import Path
 import benchcommon as bc
 
 FORMATS = {"csv": ("big.csv", 3_000_000), "json": ("big.jsonl", 2_000_000), "text": ("big.txt", 3_000_000),
-           "npy": ("big.npy", 1_600_000)}
+           "npy": ("big.npy", 1_600_000), "jsonarray": ("big.json", 1_000_000)}
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
 
 
@@ -62,6 +66,10 @@ def ensure_file(fmt: str, small: bool) -> tuple[Path, int]:
             import pyarrow.csv as pacsv
 
             pacsv.write_csv(table, path)
+        elif fmt == "jsonarray":
+            import polars as pl
+
+            pl.from_arrow(table).write_json(path)  # [{...},{...},...]
         else:
             import polars as pl
 
@@ -91,6 +99,11 @@ def run_raw(a: dict) -> dict:
             return pacsv.read_csv(path).num_rows
         if fmt == "json":
             return pajson.read_json(path).num_rows
+        if fmt == "jsonarray":
+            import json
+
+            with open(path, "rb") as f:
+                return pa.Table.from_pylist(json.load(f)).num_rows
         if fmt == "npy":
             return len(np.load(path))
         data = Path(path).read_bytes()
@@ -103,7 +116,7 @@ def run_raw(a: dict) -> dict:
 def run_dataflow(a: dict) -> dict:
     dataflow = bc.maybe_init_dataflow()
     reader = {"csv": dataflow.read_csv, "json": dataflow.read_json, "text": dataflow.read_text,
-              "npy": dataflow.read_numpy}[a["format"]]
+              "npy": dataflow.read_numpy, "jsonarray": dataflow.read_json}[a["format"]]
 
     def drain() -> int:
         ds = reader(a["path"])
@@ -120,7 +133,7 @@ def run_dataflow(a: dict) -> dict:
 def run_ray(a: dict) -> dict:
     ray = bc.init_ray()
     reader = {"csv": ray.data.read_csv, "json": ray.data.read_json, "text": ray.data.read_text,
-              "npy": ray.data.read_numpy}[a["format"]]
+              "npy": ray.data.read_numpy, "jsonarray": ray.data.read_json}[a["format"]]
 
     def drain() -> int:
         ds = reader(a["path"])
@@ -134,7 +147,7 @@ def run_ray(a: dict) -> dict:
 def run_daft(a: dict) -> dict:
     import daft
 
-    if a["format"] not in ("csv", "json"):
+    if a["format"] not in ("csv", "json", "jsonarray"):
         return {"not_run": "not run: Daft has no such reader"}
     reader = daft.read_csv if a["format"] == "csv" else daft.read_json
 

@@ -35,8 +35,6 @@ from connectors.errors import FileFormatError
 _DEPTH = np.zeros(256, np.int8)
 _DEPTH[[ord("{"), ord("[")]] = 1
 _DEPTH[[ord("}"), ord("]")]] = -1
-_SHAPE = np.zeros(256, bool)
-_SHAPE[list(b"{}[],")] = True
 _SPACES = bytes.maketrans(b"\r\n", b"  ")
 _COMMA, _OPEN_OBJECT, _NEWLINE, _SPACE = ord(","), ord("{"), ord("\n"), ord(" ")
 
@@ -59,7 +57,7 @@ def array_lines(read: Callable[[int], bytes], head: bytes, chunk_bytes: int, dis
     ended = False
     while True:
         while not ended and len(buffer) < want:
-            more = read(chunk_bytes)
+            more = read(piece_bytes)
             ended = not more
             buffer += more
         window = buffer[:want] if len(buffer) > want else buffer
@@ -101,7 +99,7 @@ def object_pieces(read: Callable[[int], bytes], head: bytes, chunk_bytes: int, d
     ended = False
     while True:
         while not ended and len(buffer) < want:
-            more = read(chunk_bytes)
+            more = read(piece_bytes)
             ended = not more
             buffer += more
         if not buffer.strip():  # (whitespace between objects)
@@ -130,7 +128,9 @@ def _scan(buffer: bytes, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """The positions of ``{}[],`` outside strings in ``buffer`` (which starts outside any string
     at nesting ``depth``), those characters, and the depth after each."""
     data = np.frombuffer(buffer, np.uint8)
-    at = np.flatnonzero(_SHAPE[data])
+    # (five comparisons: a quarter of the time of a lookup table indexed by every byte)
+    at = np.flatnonzero((data == ord("{")) | (data == ord("}")) | (data == ord("[")) | (data == ord("]"))
+                        | (data == _COMMA))
     quotes = np.flatnonzero(data == ord('"'))
     if quotes.size and at.size:
         slashes = np.flatnonzero(data == ord("\\"))

@@ -98,7 +98,7 @@ def test_a_big_array_is_read_in_bounded_memory(tmp_path: Path) -> None:
     rows, grown_mib = map(int, out.stdout.split())
     assert rows == 300_000
     size_mib = path.stat().st_size >> 20
-    # measured: ~110 MiB (the same for a file three times the size); parsed whole, 428 MiB
+    # measured: 85-110 MiB (about the same for a file three times the size); parsed whole, 428 MiB
     assert grown_mib < 220, f"reading a {size_mib} MiB array grew the process by {grown_mib} MiB"
 
 

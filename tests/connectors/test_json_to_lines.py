@@ -218,3 +218,17 @@ def test_malformed_objects_over_lines_name_the_file(tmp_path: Path, text: str, s
     with pytest.raises(FileFormatError, match=says) as info:
         read_all(JSONDatasource(str(path)))
     assert "bad.json" in str(info.value)
+
+
+@pytest.mark.s3
+@pytest.mark.s3_faults
+@pytest.mark.timeout(60)
+def test_an_array_on_s3_cut_short_is_read_again_and_exact(s3) -> None:
+    """A body cut mid-array is read again from the start; the pieces already handed on are not
+    handed on twice."""
+    rows = [{"id": i, "s": f"row {i}, [{{x}}]"} for i in range(40_000)]
+    s3.put("a/rows.json", json.dumps(rows, indent=1).encode())
+    s3.fault("truncate", method="GET", path=r"/a/rows", times=1)
+    source = JSONDatasource("s3://test-bucket/a/rows.json", block_bytes=256 << 10)
+    assert read_all(source).to_pylist() == rows
+    assert s3.hits() == [1]

@@ -153,8 +153,9 @@ def parse_json_stream(
     if not lines and head.lstrip()[:1] == b"[":
         yield from _array_tables(stream, head, display, read_options, parse_options, chunk_bytes)
         return
-    if parse_options.newlines_in_values or (not lines and _spans_lines(head)):
-        yield from _object_tables(stream, head, display, read_options, parse_options, chunk_bytes, lines)
+    pretty = not lines and _spans_lines(head)
+    if parse_options.newlines_in_values or pretty:
+        yield from _object_tables(stream, head, display, read_options, parse_options, chunk_bytes, pretty)
         return
     yield from _parsed(_line_chunks(stream, chunk_bytes, head), display, read_options, parse_options)
 
@@ -184,18 +185,19 @@ def _object_tables(
     read_options: pajson.ReadOptions,
     parse_options: pajson.ParseOptions,
     chunk_bytes: int,
-    lines: bool,
+    pretty: bool,
 ) -> Iterator[pa.Table]:
     """Objects one after another, some over several lines, a table per piece of about
-    ``chunk_bytes`` (``connectors.json_to_lines``), with the first piece's types. A file that is
-    one object (unless ``lines``) is one row read as Ray reads it, with Python's ``json``."""
+    ``chunk_bytes`` (``connectors.json_to_lines``), with the first piece's types. A ``pretty``
+    file (its first object over several lines) that is that one object alone is one row, read
+    as Ray reads it, with Python's ``json``."""
     pieces = json_to_lines.object_pieces(stream.read, head, chunk_bytes, display)
     first = next(pieces, None)
     if first is None:
         yield pa.table({})
         return
     taken = [first]
-    if not lines and first[1] == 1:
+    if pretty and first[1] == 1:
         second = next(pieces, None)
         if second is None and _whole_document(first[0]) is not None:
             yield _parse_array(b"[" + first[0] + b"]", display)

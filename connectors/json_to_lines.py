@@ -40,7 +40,7 @@ _COMMA, _OPEN_OBJECT, _NEWLINE, _SPACE = ord(","), ord("{"), ord("\n"), ord(" ")
 
 
 PIECE_BYTES = 4 << 20
-"""The most of the array scanned and parsed at a time (unless one element is bigger): the scan's
+"""The most of a file scanned and parsed at a time (unless one object is bigger): the scan's
 arrays and the parser's buffers are a few times a piece, so a smaller piece keeps the read's
 memory near its blocks'."""
 

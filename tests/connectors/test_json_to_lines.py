@@ -36,9 +36,10 @@ def _value(rng: random.Random, kind: str):
 
 
 def _rows(rng: random.Random, n: int) -> list[dict]:
-    kinds = {"i": "int", "f": "float", "s": "str", "l": "list", "o": "struct"}
+    kinds = {"i": "int", "f": "float", "s": "str", "l": "list", "o": "struct", 'k,]}"\\': "str"}
     rows = [{k: _value(rng, kind) for k, kind in kinds.items()} for _ in range(n)]
-    rows[0] = {"i": 1, "f": 0.5, "s": "x", "l": [1], "o": {"inner": "y", "deep": [{"n": 1}]}}  # every type seen first
+    rows[0] = {"i": 1, "f": 0.5, "s": "x", "l": [1], "o": {"inner": "y", "deep": [{"n": 1}]},  # every type seen first
+               'k,]}"\\': "\u0022"}
     return rows
 
 

@@ -161,18 +161,23 @@ def parse_json_stream(
 
 
 def _parsed(
-    chunks: Iterable[bytes],
+    chunks: Iterable[bytes] | Iterable[bytearray],
     display: str,
     read_options: pajson.ReadOptions,
     parse_options: pajson.ParseOptions,
     what: str = LINES,
+    first_types: Callable[[pa.Schema], pa.Schema] | None = None,
 ) -> Iterator[pa.Table]:
-    """Each chunk as a table, parsed with the first chunk's types."""
+    """Each chunk as a table, parsed with the first chunk's types (as ``first_types`` makes
+    them from those pyarrow inferred, when given: the first chunk is then parsed again)."""
     schema: pa.Schema | None = None
     rows = 0
     for chunk in chunks:
         table = _parse_lines(chunk, rows, schema, display, read_options, parse_options, what)
         if schema is None:
+            wanted = first_types(table.schema) if first_types is not None else table.schema
+            if not wanted.equals(table.schema):
+                table = _parse_lines(chunk, rows, wanted, display, read_options, parse_options, what)
             schema = table.schema
         rows += table.num_rows
         yield table
@@ -225,18 +230,13 @@ def _array_tables(
     Lines (``connectors.json_to_lines``) with the first chunk's types, as JSON Lines are; strings
     stay strings where pyarrow would infer timestamps, as Ray reads an array (with Python's
     ``json``, then ``Table.from_pylist``)."""
-    schema: pa.Schema | None = None
-    rows = 0
-    for chunk in json_to_lines.array_lines(stream.read, head, chunk_bytes, display):
-        table = _parse_lines(chunk, rows, schema, display, read_options, parse_options, ARRAY)
-        if schema is None:
-            strings = _timestamps_as_strings(table.schema, parse_options.explicit_schema)
-            if not strings.equals(table.schema):
-                table = _parse_lines(chunk, rows, strings, display, read_options, parse_options, ARRAY)
-            schema = table.schema
-        rows += table.num_rows
+    chunks = json_to_lines.array_lines(stream.read, head, chunk_bytes, display)
+    strings = functools.partial(_timestamps_as_strings, explicit=parse_options.explicit_schema)
+    empty = True
+    for table in _parsed(chunks, display, read_options, parse_options, ARRAY, strings):
+        empty = False
         yield table
-    if schema is None:  # []
+    if empty:  # []
         yield pa.table({})
 
 

@@ -56,10 +56,8 @@ def array_lines(read: Callable[[int], bytes], head: bytes, chunk_bytes: int, dis
     want = piece_bytes
     ended = False
     while True:
-        while not ended and len(buffer) < want:
-            more = read(piece_bytes)
-            ended = not more
-            buffer += more
+        if not ended:
+            buffer, ended = _fill(read, buffer, want, piece_bytes)
         window = buffer[:want] if len(buffer) > want else buffer
         at, shape, depth = _scan(window, 1 if opened else 0)
         first = 0 if opened else 1  # (the "[" itself: depth 0 -> 1)
@@ -98,10 +96,8 @@ def object_pieces(read: Callable[[int], bytes], head: bytes, chunk_bytes: int, d
     want = piece_bytes
     ended = False
     while True:
-        while not ended and len(buffer) < want:
-            more = read(piece_bytes)
-            ended = not more
-            buffer += more
+        if not ended:
+            buffer, ended = _fill(read, buffer, want, piece_bytes)
         if not buffer.strip():  # (whitespace between objects)
             if ended:
                 return
@@ -122,6 +118,17 @@ def object_pieces(read: Callable[[int], bytes], head: bytes, chunk_bytes: int, d
         yield buffer[:cut], int(ends.size)
         buffer = buffer[cut:]
         want = piece_bytes
+
+
+def _fill(read: Callable[[int], bytes], buffer: bytes, want: int, piece_bytes: int) -> tuple[bytes, bool]:
+    """``buffer`` with what ``read`` gives appended until it holds ``want`` bytes, and whether
+    the text ended first."""
+    while len(buffer) < want:
+        more = read(piece_bytes)
+        if not more:
+            return buffer, True
+        buffer += more
+    return buffer, False
 
 
 def _scan(buffer: bytes, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

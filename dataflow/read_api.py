@@ -24,7 +24,7 @@ import pyarrow as pa
 from connectors.base import Datasource
 from connectors.memory import ArrowDatasource, RangeDatasource
 from dataflow import builtins as bi
-from dataflow.context import DataContext, options
+from dataflow.context import DataContext
 from dataflow.dataset import Dataset, MaterializedDataset
 from dataflow.plan import Read
 from dataflow.ray_api import refuse_catalog
@@ -113,16 +113,20 @@ def from_blocks(blocks: Sequence[Any]) -> MaterializedDataset:
     from engine.block_format import frame_to_table
 
     tables = [b if isinstance(b, pa.Table) else frame_to_table(b) for b in blocks]
-    with options(preserve_order=True):
-        return read_datasource(ArrowDatasource(tables, max(len(tables), 1), "FromBlocks")).materialize()
+    return _in_memory(ArrowDatasource(tables, max(len(tables), 1), "FromBlocks"))
 
 
 def _in_memory(source: ArrowDatasource) -> MaterializedDataset:
     """Data already in this process as a materialized dataset, in order, as Ray's ``from_*``
-    give one (``num_blocks()`` answers, ``print`` shows rows): the blocks are put into the
-    object store now, once, and every execution reads them from there."""
-    with options(preserve_order=True):
-        return read_datasource(source).materialize()
+    give one (``num_blocks()`` answers, ``print`` shows rows): its blocks are put into the
+    object store now, once, by this process (as Ray's ``ray.put``: no task, and no block size
+    a message to a worker could not carry), and every execution reads them from there."""
+    from engine import runner
+
+    ctx = DataContext.get_current()
+    runner.reclaim_abandoned(ctx.execution_options.spill_dir)  # (as a first execution would)
+    refs, holder = runner.hold(source.slices(), ctx.execution_options, ctx.execution_mode)
+    return MaterializedDataset(refs, holder, None)  # type: ignore[arg-type]
 
 
 def from_arrow(tables: pa.Table | Sequence[pa.Table], *, override_num_blocks: int | None = None) -> MaterializedDataset:

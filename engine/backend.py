@@ -1,7 +1,7 @@
 """The backend interface: what runs operators and holds their blocks, as ``dataflow`` sees it.
 
-A backend runs a list of operators (``execute`` -> ``ExecutionHandle``), reads and frees the
-blocks it holds (``get``, ``free``), says what it can offer (``capacity``) and how much of it is
+A backend runs a list of operators (``execute`` -> ``ExecutionHandle``), holds tables the driver
+already has (``put``), reads and frees the blocks it holds (``get``, ``free``), says what it can offer (``capacity``) and how much of it is
 in use (``busy_cpus``), makes the coordinator of a ``streaming_split`` (with the transport that
 lets iterators in other processes reach it), and stops (``shutdown``). ``dataflow`` reaches a
 backend only through ``engine.runner``; it never sees a session, a socket or a store.
@@ -120,6 +120,23 @@ class ExecutionHandle:
         return 0.0
 
 
+class HeldBlocks:
+    """Frees blocks a backend holds for the driver (``Backend.put``): what a materialized
+    dataset of in-memory data has where others have the handle of the execution that made
+    their blocks (``free_detached``, ``blocks_alive``)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def free_detached(self, ref: BlockRef) -> None:
+        if not self.backend.closed:
+            self.backend.free(ref)
+
+    @property
+    def blocks_alive(self) -> bool:
+        return not self.backend.closed
+
+
 class SplitSource(Protocol):
     """What a split iterator reads from: the coordinator itself (in its process) or a client of
     its transport (in another process)."""
@@ -162,6 +179,12 @@ class Backend(ABC):
     @abstractmethod
     def execute(self, ops: list[PhysicalOperator], options: ExecutionOptions) -> ExecutionHandle:
         """Start running ``ops`` (topologically ordered; the last one is the output)."""
+
+    @abstractmethod
+    def put(self, tables: Sequence[pa.Table]) -> list[BlockRef]:
+        """Hold ``tables`` (data the driver already has: ``from_arrow``, ``from_items``...) as
+        blocks, one each, outside any execution, as Ray's ``ray.put``: no task runs and the data
+        crosses no socket. The caller owns them and frees each with ``free``."""
 
     @abstractmethod
     def get(self, ref: BlockRef) -> pa.Table:

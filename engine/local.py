@@ -10,7 +10,7 @@ debug a UDF with pdb, and for fast tests.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
@@ -127,6 +127,9 @@ class InProcessBackend(Backend):
         execution = Execution(ops, options, local.free, local.store)
         check_resources(execution, options)
         return LocalHandle(execution, local)
+
+    def put(self, tables: Sequence[pa.Table]) -> list[BlockRef]:
+        return [_STORE.put(table) for table in tables]
 
     def get(self, ref: BlockRef) -> pa.Table:
         return _STORE.get(ref)

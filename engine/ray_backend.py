@@ -817,6 +817,9 @@ class RayBackend(Backend):
                        f"{', ' + str(dict(res.custom)) if res.custom else ''}; no node of this Ray cluster has that")
                 raise ResourceError(msg)
 
+    def put(self, tables: Sequence[pa.Table]) -> list[BlockRef]:
+        return [self.store.put(table) for table in tables]
+
     def get(self, ref: BlockRef) -> pa.Table:
         return self.store.get(ref)
 

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 
-from engine.backend import Backend, Capacity, ExecutionHandle, SplitSource
+import pyarrow as pa
+
+from engine.backend import Backend, Capacity, ExecutionHandle, HeldBlocks, SplitSource
 from engine.local import InProcessBackend
+from engine.object_store import BlockRef
 from engine.operators.base import PhysicalOperator
 from engine.options import ExecutionOptions
 from engine.split import RAY_SPLIT_PREFIX, SplitCoordinator
@@ -123,6 +127,12 @@ def execute(
     if target is None:
         target = backend(options, mode)
     return target.execute(ops, options)
+
+
+def hold(tables: Sequence[pa.Table], options: ExecutionOptions, mode: str = "streaming") -> tuple[list[BlockRef], HeldBlocks]:
+    """``tables`` held as blocks by ``mode``'s backend (``Backend.put``), and what frees them."""
+    target = backend(options, mode)
+    return target.put(tables), HeldBlocks(target)
 
 
 def find_split(key: str) -> SplitCoordinator | None:

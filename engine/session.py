@@ -34,12 +34,13 @@ import signal
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from engine.backend import Backend, Capacity, ExecutionHandle
+from engine.errors import EngineError
 from engine.execution import Execution
 from engine.executor import StreamingExecutor
 from engine.forkserver import remove_abandoned
@@ -146,6 +147,25 @@ class Session(Backend):
         )
         executor.submit(execution)
         return StreamingHandle(execution, self)
+
+    def put(self, tables: Sequence[pa.Table]) -> list[BlockRef]:
+        """Written into shared memory by this thread while the store has room (the room read
+        once, then counted down here: the loop counts them when it next turns), on disk after."""
+        executor = self.executor
+        if executor.stopped:
+            msg = "dataflow was shut down: start it again (dataflow.init) to make a dataset"
+            raise EngineError(msg)
+        room = executor.store_capacity - executor.store_used
+        refs = []
+        try:
+            for table in tables:
+                nbytes = table.nbytes
+                ref = self.store.put(table, spill=nbytes > room)
+                room -= 0 if ref.spilled else nbytes
+                refs.append(ref)
+        finally:
+            executor.call_soon(lambda: [executor.stored(ref) for ref in refs])
+        return refs
 
     def get(self, ref: BlockRef) -> pa.Table:
         return self.store.get(ref)

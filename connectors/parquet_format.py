@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,8 @@ class ParquetDatasource(FileDatasource):
     ``pyarrow.compute`` / ``pyarrow.dataset`` expression applied while reading. ``partitioning``:
     ``"hive"`` (default), a schema of partition fields, or None. ``include_paths``: add a ``path``
     column. ``schema``: the files' schema (without partition columns); files are cast to it,
-    which also reconciles files that differ. Otherwise the first file's schema is the dataset's.
+    which also reconciles files that differ. Otherwise the first 16 files' schemas, unified, are
+    the dataset's (``_sampled_schema``).
     ``tensor_column_schema`` (Ray's): ``{column: (dtype, shape)}`` for binary columns whose
     values are raw C-ordered arrays; they come back as tensor columns.
     """
@@ -148,10 +150,38 @@ class ParquetDatasource(FileDatasource):
 
     def _file_schema(self, first: FileEntry | None) -> pa.Schema | None:
         if self._file_schema_cache is None and first is not None:
-            self._file_schema_cache = _read_footer(
-                self._files.filesystem, first, self._display(first), Retrier()
-            ).schema.to_arrow_schema()
+            self._file_schema_cache = self._sampled_schema(first)
         return self._file_schema_cache
+
+    def _sampled_schema(self, first: FileEntry) -> pa.Schema:
+        """The files' schema when no ``schema=`` is given, made as Ray 2.60 makes it: the footers
+        of the first ``SCHEMA_SAMPLE_FILES`` files, unified (a column some of them lack is
+        included, types are promoted: int32 and int64 give int64, int64 and double give double).
+        Files are then read as that schema: a column a file lacks is null, a narrower type is
+        cast. Columns no file's type can be merged with raise here, naming the two files."""
+        entries = [first, *itertools.islice((e for e in self._files.iter_files() if e.path != first.path),
+                                            SCHEMA_SAMPLE_FILES - 1)]
+        fs, retrier = self._files.filesystem, Retrier(self._retry_policy)
+        schemas = map_small_reads(
+            fs, lambda e: _read_footer(fs, e, self._display(e), retrier).schema.to_arrow_schema(), entries
+        )
+        if all(schema.equals(schemas[0]) for schema in schemas[1:]):
+            return schemas[0]
+        try:
+            return pa.unify_schemas(schemas, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            unified = schemas[0]
+            for entry, schema in zip(entries[1:], schemas[1:], strict=True):
+                try:
+                    unified = pa.unify_schemas([unified, schema], promote_options="permissive")
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                    column = next((f.name for f in schema if f.name in unified.names
+                                   and not _mergeable(unified.field(f.name), f)), None)
+                    got = f"{schema.field(column).type} here but {unified.field(column).type}" if column else "different"
+                    msg = (f"column {column!r} is {got} in the files before it ({self._display(first)}...): "
+                           f"types that cannot be merged")
+                    raise SchemaMismatchError(msg + _SCHEMA_HINT, path=self._display(entry), column=column) from exc
+            raise
 
     def _display(self, entry: FileEntry) -> str:
         return self._files.display(entry.path)
@@ -167,7 +197,8 @@ class ParquetDatasource(FileDatasource):
         return pa.schema(fields, metadata=file_schema.metadata)
 
     def schema(self) -> pa.Schema | None:
-        """The output schema (projected; partition and ``path`` columns included), from one footer."""
+        """The output schema (projected; partition and ``path`` columns included), from the
+        first files' footers (``_sampled_schema``)."""
         full = self._dataset_schema(self._first_file())
         if full is None:
             return None
@@ -298,7 +329,7 @@ class ParquetDatasource(FileDatasource):
         return True
 
     def get_read_tasks(self, parallelism: int) -> Iterator[Any]:
-        """Read tasks, planned from the listing; the dataset schema comes from one footer."""
+        """Read tasks, planned from the listing; the dataset schema comes from the first files' footers."""
         first = self._first_file()
         self._file_schema(first)  # fixed on the driver, so every task checks against the same schema
         if self._columns is not None or self._tensor_columns:
@@ -501,34 +532,54 @@ class ParquetDatasource(FileDatasource):
                 yield _with_partition_values(table, values, columns)
 
     def _check_schema(self, physical: pa.Schema, expected: pa.Schema, display: str) -> None:
+        """A file whose schema differs from the dataset's: a column it lacks is read as nulls
+        and a type that casts is cast (as Ray's), by the fragment's read. Raised here: a type
+        no cast turns into the dataset's, and, without ``schema=`` or ``columns=``, columns
+        the dataset's schema does not have, which Ray drops without a word."""
         # name -> type, once: each .names builds a new list, and a file of 5,000 columns spent
         # 10 s here looking names up in them
         wants = {field.name: field.type for field in expected}
         gots = {field.name: field.type for field in physical}
         names = self._columns if self._columns is not None else list(wants)
         for name in names:
-            if name not in wants:
-                continue  # a partition or path column
-            want = wants[name]
-            if name not in gots:
-                if self._user_schema is not None:
-                    continue  # the schema the user gave: the fragment's read fills it with nulls
-                msg = f"the file has no column {name!r} ({want}) that the dataset's schema has"
-                raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=name)
-            got = gots[name]
-            if got != want and self._user_schema is None:
-                msg = (
-                    f"column {name!r} is {got} here but {want} in the dataset's schema (from the first file)"
-                )
-                raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=name)
+            if name not in wants or name not in gots:
+                continue  # a partition or path column; a column the file lacks
+            got, want = gots[name], wants[name]
+            if got != want and not _casts(got, want):
+                given = self._user_schema is not None
+                where, hint = ("the schema given", "") if given else ("the dataset's schema", _SCHEMA_HINT)
+                msg = f"column {name!r} is {got} here, which does not cast to {want} in {where}{hint}"
+                raise SchemaMismatchError(msg, path=display, column=name)
         if self._columns is None and self._user_schema is None:
             extra = [n for n in gots if n not in wants]
             if extra:
-                msg = f"the file has columns {extra} that the first file does not"
+                msg = (f"the file has columns {extra} that the dataset's schema (from the first "
+                       f"{SCHEMA_SAMPLE_FILES} files' footers) does not; columns=[...] leaves them out")
                 raise SchemaMismatchError(msg + _SCHEMA_HINT, path=display, column=extra[0])
 
 
+SCHEMA_SAMPLE_FILES = 16
+"""Files whose footers make a Parquet dataset's schema when no ``schema=`` is given (Ray 2.60
+reads as many)."""
+
 _SCHEMA_HINT = "; pass schema=... to read files with different schemas as one"
+
+
+def _casts(got: pa.DataType, want: pa.DataType) -> bool:
+    """Whether Arrow casts ``got`` to ``want`` (values may still fail it: an overflow)."""
+    try:
+        pa.array([], type=got).cast(want)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False
+    return True
+
+
+def _mergeable(a: pa.Field, b: pa.Field) -> bool:
+    try:
+        pa.unify_schemas([pa.schema([a]), pa.schema([b])], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return False
+    return True
 
 
 def _with_partition_values(

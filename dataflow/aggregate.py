@@ -15,6 +15,7 @@ in Ray.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -257,25 +258,91 @@ class Quantile(_BuiltIn):
         return round(ordered[lo] * (hi - index) + ordered[hi] * (index - lo), 5)  # (Ray rounds the interpolation)
 
 
-class Unique(_BuiltIn):
+class _Collects(_BuiltIn):
+    """An aggregation of the values themselves: with ``ignore_nulls=False`` a null is one of
+    them (as in Ray), not what makes the whole group null."""
+
+    def of_group(self, group: pa.Table) -> Any:
+        values = self._values(group)
+        return self._value(values.drop_null() if self.ignore_nulls else values)
+
+
+class Unique(_Collects):
+    """The distinct values, in the order they first appear; nulls among them unless
+    ``ignore_nulls=True`` (Ray's default keeps them). Lists are values too; with
+    ``encode_lists=True`` (Ray's ``ListEncodingMode.FLATTEN``) a list column's elements are."""
+
     kind = "unique"
 
+    class ListEncodingMode(enum.StrEnum):
+        FLATTEN = "FLATTEN"
+        HASH = "HASH"
+
+    def __init__(self, on: str | None = None, ignore_nulls: bool = False, alias_name: str | None = None,
+                 encode_lists: bool | Unique.ListEncodingMode | None = None) -> None:
+        super().__init__(on, ignore_nulls, alias_name)
+        if encode_lists == Unique.ListEncodingMode.HASH:
+            msg = ("Unique(encode_lists=ListEncodingMode.HASH) gives Ray's own hashes of the lists, which dataflow "
+                   "does not reproduce: use encode_lists=False (the lists themselves) or True (their elements)")
+            raise NotImplementedError(msg)
+        self.flatten = bool(encode_lists)
+
+    def of_group(self, group: pa.Table) -> Any:
+        values = self._values(group)
+        if self.flatten and _is_list(values.type):
+            values = pc.list_flatten(values)
+        return self._value(values.drop_null() if self.ignore_nulls else values)
+
     def _value(self, values: pa.ChunkedArray) -> Any:
-        return pc.unique(values).to_pylist()
+        return distinct(values)
 
 
-class AsList(_BuiltIn):
+class AsList(_Collects):
     kind = "list"
+
+    def __init__(self, on: str | None = None, ignore_nulls: bool = False, alias_name: str | None = None) -> None:
+        super().__init__(on, ignore_nulls, alias_name)
 
     def _value(self, values: pa.ChunkedArray) -> Any:
         return values.to_pylist()
 
 
-class CountDistinct(_BuiltIn):
+class CountDistinct(Unique):
+    """How many distinct values; a null counts as one with ``ignore_nulls=False``."""
+
     kind = "count_distinct"
 
+    def __init__(self, on: str | None = None, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
+        super().__init__(on, ignore_nulls, alias_name)
+
     def _value(self, values: pa.ChunkedArray) -> Any:
-        return len(pc.unique(values))
+        return len(distinct(values))
+
+
+def _is_list(dtype: pa.DataType) -> bool:
+    return pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype)
+
+
+def distinct(values: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """The distinct values in the order they first appear: Arrow's ``unique``, or for values it
+    has no kernel for (lists, structs, maps) the same through Python."""
+    try:
+        return pc.unique(values).to_pylist()
+    except pa.ArrowNotImplementedError:
+        seen: dict[Any, Any] = {}
+        for value in values.to_pylist():
+            seen.setdefault(_hashable(value), value)
+        return list(seen.values())
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return ("list", tuple(_hashable(v) for v in value))
+    if isinstance(value, tuple):
+        return ("tuple", tuple(_hashable(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _hashable(v)) for k, v in value.items()))
+    return value
 
 
 class ValueCounter(_BuiltIn):
@@ -392,6 +459,10 @@ def _prepared(table: pa.Table, aggs: Sequence[AggregateFnV2]) -> tuple[pa.Table,
         if (agg.partial_kind in ("sum", "mean", "std", "zero_pct") and agg.on is not None
                 and pa.types.is_boolean(table.schema.field(agg.on).type)):  # True is 1, as numpy and pandas count it
             table = table.append_column(f"__num{i}", pc.cast(table.column(agg.on), pa.int64()))
+            columns_of[i] = f"__num{i}"
+        if agg.partial_kind in ("mean", "std") and pa.types.is_null(table.schema.field(agg.on).type):
+            # a column of nothing but nulls typed null (from rows): Arrow has no variance of it
+            table = table.append_column(f"__num{i}", table.column(agg.on).cast(pa.float64()))
             columns_of[i] = f"__num{i}"
         if agg.partial_kind == "abs_max":
             table = table.append_column(f"__abs{i}", pc.abs(table.column(agg.on)))
@@ -542,8 +613,10 @@ def merge_states(table: pa.Table, keys: Sequence[str], aggs: Sequence[AggregateF
             total = pc.cast(columns[f"s{i}_sum"], pa.float64())
             squares = pc.add(grouped.column(f"__m2_{i}_sum"), grouped.column(f"__sq_{i}_sum"))
             m2 = pc.subtract(squares, pc.if_else(pc.greater(n, 0), pc.divide(pc.multiply(total, total), n), 0.0))
-            columns[f"s{i}_var"] = pc.if_else(pc.greater(n, 0), pc.divide(pc.max_element_wise(m2, 0.0), n),
-                                              pa.scalar(None, pa.float64()))
+            # (rounding can make m2 a hair below 0; a null or NaN m2, from a part with a null
+            # under ignore_nulls=False or a NaN, stays one: max_element_wise would make it 0)
+            m2 = pc.if_else(pc.less(m2, 0.0), 0.0, m2)
+            columns[f"s{i}_var"] = pc.if_else(pc.greater(n, 0), pc.divide(m2, n), pa.scalar(None, pa.float64()))
     return pa.table({name: columns[name] for name in table.column_names if name in columns})
 
 

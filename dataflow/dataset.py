@@ -1336,10 +1336,23 @@ class Dataset:
         return summarize(self, columns, override_dtype_agg_mapping)
 
     def unique(self, column: str, ignore_nulls: bool = False) -> list[Any]:
-        """The distinct values of ``column``, null among them unless ``ignore_nulls=True``."""
-        rows = self.select_columns([column]).groupby(column).count().take_all()
-        values = [r[column] for r in rows]
-        return [v for v in values if v is not None] if ignore_nulls else values
+        """The distinct values of ``column``, null among them unless ``ignore_nulls=True``.
+        Lists, structs and maps (which Arrow cannot group by) are compared as whole values."""
+        from dataflow.aggregate import Unique
+
+        selected = self.select_columns([column])
+        known = selected._arrow_schema(fetch_if_missing=False)
+        nested = known is not None and column in known.names and pa.types.is_nested(known.field(column).type)
+        if not nested:
+            try:
+                rows = selected.groupby(column).count().take_all()
+            except pa.ArrowNotImplementedError as err:  # a key Arrow cannot group by, seen only now
+                if known is not None or "Keys of type" not in str(err):
+                    raise
+            else:
+                values = [r[column] for r in rows]
+                return [v for v in values if v is not None] if ignore_nulls else values
+        return selected.aggregate(Unique(column, ignore_nulls, alias_name="unique"))["unique"]
 
     # introspection --------------------------------------------------------------------------
     @overload

@@ -462,6 +462,49 @@ def test_nan_is_null_for_sum_mean_std_whatever_the_blocks(mode, exchange):
         assert math.isnan(ds.sum("f", ignore_nulls=False)) and math.isnan(ds.mean("f", ignore_nulls=False))
 
 
+def test_std_with_a_null_or_nan_and_ignore_nulls_false_is_null_or_nan_as_ray(mode, exchange):
+    """A null (or NaN) with ``ignore_nulls=False`` makes the deviation null (NaN), as it makes a
+    sum or a mean: pooling the parts' variances turned it into 0.0, whatever the blocks."""
+    items = [{"k": 1, "x": 1.0}, {"k": 1, "x": None}, {"k": 1, "x": 3.0}, {"k": 2, "x": 2.0}, {"k": 2, "x": 4.0}]
+    for blocks in (1, 2, 3):
+        ds = dataflow.from_items(items, override_num_blocks=blocks)
+        got = {r["k"]: r["std(x)"] for r in ds.groupby("k").std("x", ignore_nulls=False).take_all()}
+        assert got[1] is None and got[2] == pytest.approx(math.sqrt(2))
+        assert ds.std("x", ignore_nulls=False) is None and ds.std("x") == pytest.approx(statistics.stdev([1, 3, 2, 4]))
+    nan = dataflow.from_items([{"x": 1.0}, {"x": math.nan}, {"x": 3.0}], override_num_blocks=2)
+    assert math.isnan(nan.std("x", ignore_nulls=False)) and nan.std("x") == pytest.approx(math.sqrt(2))
+    nothing = dataflow.from_items([{"x": None}, {"x": None}]).map(lambda r: r)  # a column typed null
+    assert nothing.std("x") is None and nothing.mean("x") is None
+
+
+def test_unique_and_lists_keep_nulls_as_values_as_ray(mode, exchange):
+    """Ray 2.60's ``Unique`` and ``AsList`` keep nulls unless ``ignore_nulls=True``;
+    ``CountDistinct`` leaves them out unless ``ignore_nulls=False``, then counts null once."""
+    from dataflow.aggregate import AsList, CountDistinct, Unique
+
+    ds = dataflow.from_items([{"k": 1, "x": 1.0}, {"k": 1, "x": None}, {"k": 2, "x": 3.0}, {"k": 2, "x": 1.0}])
+    got = ds.aggregate(Unique("x"), Unique("x", ignore_nulls=True, alias_name="u"), CountDistinct("x"),
+                       CountDistinct("x", ignore_nulls=False, alias_name="cd"), AsList("x"))
+    assert sorted(got["unique(x)"], key=str) == [1.0, 3.0, None] and sorted(got["u"]) == [1.0, 3.0]
+    assert (got["count_distinct(x)"], got["cd"]) == (2, 3)
+    assert sorted(got["list(x)"], key=str) == [1.0, 1.0, 3.0, None]
+    groups = {r["k"]: r["unique(x)"] for r in ds.groupby("k").aggregate(Unique("x")).take_all()}
+    assert sorted(groups[1], key=str) == [1.0, None] and sorted(groups[2]) == [1.0, 3.0]
+
+
+def test_unique_of_a_list_column_compares_whole_lists(mode):
+    """Arrow cannot group by a list: ``unique`` of one failed with ArrowNotImplementedError."""
+    from dataflow.aggregate import Unique
+
+    items = [{"l": [1, 2]}, {"l": [1, 2]}, {"l": [3]}, {"l": None}]
+    assert dataflow.from_items(items).unique("l") == [[1, 2], [3], None]
+    mapped = dataflow.from_items(items).map(lambda r: r)  # its schema is not known without a run
+    assert mapped.unique("l", ignore_nulls=True) == [[1, 2], [3]]
+    flat = dataflow.from_items(items).aggregate(Unique("l", ignore_nulls=True, encode_lists=True))
+    assert sorted(flat["unique(l)"]) == [1, 2, 3]
+    assert sorted(dataflow.from_items([{"s": {"a": 1}}, {"s": {"a": 1}}]).unique("s"), key=str) == [{"a": 1}]
+
+
 def test_a_missing_column_is_rays_value_error_and_still_a_key_error(mode):
     from dataflow.errors import ColumnNotFoundError
 

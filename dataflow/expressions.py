@@ -790,6 +790,106 @@ class StringNamespace:
             return self._call("utf8_ltrim_whitespace")
         return self._call("utf8_ltrim", characters=characters)
 
+    def swapcase(self) -> Expr:
+        return self._call("utf8_swapcase")
+
+    # classes of characters: true where every character is one (and there is at least one)
+    def is_alpha(self) -> Expr:
+        return self._call("utf8_is_alpha")
+
+    def is_alnum(self) -> Expr:
+        return self._call("utf8_is_alnum")
+
+    def is_digit(self) -> Expr:
+        return self._call("utf8_is_digit")
+
+    def is_decimal(self) -> Expr:
+        return self._call("utf8_is_decimal")
+
+    def is_numeric(self) -> Expr:
+        return self._call("utf8_is_numeric")
+
+    def is_space(self) -> Expr:
+        return self._call("utf8_is_space")
+
+    def is_lower(self) -> Expr:
+        return self._call("utf8_is_lower")
+
+    def is_upper(self) -> Expr:
+        return self._call("utf8_is_upper")
+
+    def is_title(self) -> Expr:
+        return self._call("utf8_is_title")
+
+    def is_printable(self) -> Expr:
+        return self._call("utf8_is_printable")
+
+    def is_ascii(self) -> Expr:
+        return self._call("string_is_ascii")
+
+    # searching
+    def find(self, pattern: str, ignore_case: bool = False) -> Expr:
+        """The index of the first occurrence of the substring ``pattern`` (-1 if none)."""
+        return self._call("find_substring", pattern=pattern, ignore_case=ignore_case)
+
+    def count(self, pattern: str, ignore_case: bool = False) -> Expr:
+        """How many times the substring ``pattern`` occurs (non-overlapping)."""
+        return self._call("count_substring", pattern=pattern, ignore_case=ignore_case)
+
+    def find_regex(self, pattern: str, ignore_case: bool = False) -> Expr:
+        return self._call("find_substring_regex", pattern=pattern, ignore_case=ignore_case)
+
+    def count_regex(self, pattern: str, ignore_case: bool = False) -> Expr:
+        return self._call("count_substring_regex", pattern=pattern, ignore_case=ignore_case)
+
+    def extract(self, pattern: str) -> Expr:
+        """The named groups of the regular expression ``pattern`` (``(?P<name>...)``) as a
+        struct of strings; null where it does not match."""
+        return self._call("extract_regex", pattern=pattern)
+
+    # transforming
+    def replace_regex(self, pattern: str, replacement: str, max_replacements: int | None = None) -> Expr:
+        """Matches of the regular expression ``pattern`` replaced (``\\1`` refers to a group)."""
+        return self._call("replace_substring_regex", pattern=pattern, replacement=replacement,
+                          max_replacements=max_replacements)
+
+    def replace_slice(self, start: int, stop: int, replacement: str) -> Expr:
+        """Characters ``start:stop`` replaced by ``replacement``."""
+        return self._call("utf8_replace_slice", start=start, stop=stop, replacement=replacement)
+
+    def repeat(self, n: int) -> Expr:
+        return FunctionExpr("binary_repeat", (self._expr, LiteralExpr(n)))
+
+    def split(self, pattern: str, max_splits: int | None = None, reverse: bool = False) -> Expr:
+        """The list of parts between occurrences of the substring ``pattern``."""
+        return self._call("split_pattern", pattern=pattern, max_splits=max_splits, reverse=reverse)
+
+    def split_regex(self, pattern: str, max_splits: int | None = None, reverse: bool = False) -> Expr:
+        return self._call("split_pattern_regex", pattern=pattern, max_splits=max_splits, reverse=reverse)
+
+    def split_whitespace(self, max_splits: int | None = None, reverse: bool = False) -> Expr:
+        return self._call("utf8_split_whitespace", max_splits=max_splits, reverse=reverse)
+
+    def center(self, width: int, padding: str = " ") -> Expr:
+        """Centered in ``width`` characters (a longer string is left whole)."""
+        return self._call("utf8_center", width=width, padding=padding)
+
+    def lpad(self, width: int, padding: str = " ") -> Expr:
+        """Right-aligned in ``width`` characters, padded on the left (a longer string is left whole)."""
+        return self._call("utf8_lpad", width=width, padding=padding)
+
+    def rpad(self, width: int, padding: str = " ") -> Expr:
+        """Left-aligned in ``width`` characters, padded on the right (a longer string is left whole)."""
+        return self._call("utf8_rpad", width=width, padding=padding)
+
+    def pad(self, width: int, fillchar: str = " ", side: str = "right") -> Expr:
+        """Padded to ``width`` on the ``"left"``, ``"right"`` or ``"both"`` sides."""
+        functions = {"left": "utf8_lpad", "right": "utf8_rpad", "both": "utf8_center"}
+        if side not in functions:
+            msg = f"side must be 'left', 'right', or 'both', got {side!r}"
+            raise ValueError(msg)
+        return self._call(functions[side], width=width, padding=fillchar)
+
     def rstrip(self, characters: str | None = None) -> Expr:
         if characters is None:
             return self._call("utf8_rtrim_whitespace")

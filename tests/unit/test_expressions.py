@@ -101,7 +101,48 @@ CASES = [
     (col("s").str.lstrip("A"), ["b ", "x", "yz", None, "abc"]),
     (col("s").str.rstrip(), ["Ab", "x", "yz", None, "abc"]),
     (col("s").str.len() > 2, [True, False, False, None, True]),
+    # the rest of Ray 2.60's .str names (the same pyarrow functions, results checked against Ray)
+    (col("s").str.swapcase(), ["aB ", "X", "YZ", None, "ABC"]),
+    (col("s").str.is_alpha(), [False, True, True, None, True]),
+    (col("s").str.is_alnum(), [False, True, True, None, True]),
+    (col("s").str.is_digit(), [False, False, False, None, False]),
+    (col("s").str.is_decimal(), [False, False, False, None, False]),
+    (col("s").str.is_numeric(), [False, False, False, None, False]),
+    (col("s").str.is_space(), [False, False, False, None, False]),
+    (col("s").str.is_lower(), [False, True, True, None, True]),
+    (col("s").str.is_upper(), [False, False, False, None, False]),
+    (col("s").str.is_title(), [True, False, False, None, False]),
+    (col("s").str.is_printable(), [True, True, True, None, True]),
+    (col("s").str.is_ascii(), [True, True, True, None, True]),
+    (col("s").str.find("b"), [1, -1, -1, None, 1]),
+    (col("s").str.count("B", ignore_case=True), [1, 0, 0, None, 1]),
+    (col("s").str.find_regex("[yz]"), [-1, -1, 0, None, -1]),
+    (col("s").str.count_regex("[a-z]"), [1, 1, 2, None, 3]),
+    (col("s").str.replace_regex("([a-z])", "<\\1>"), ["A<b> ", "<x>", "<y><z>", None, "<a><b><c>"]),
+    (col("s").str.replace_slice(0, 1, "Z"), ["Zb ", "Z", "Zz", None, "Zbc"]),
+    (col("s").str.repeat(2), ["Ab Ab ", "xx", "yzyz", None, "abcabc"]),
+    (col("s").str.center(5, "*"), ["*Ab *", "**x**", "*yz**", None, "*abc*"]),
+    (col("s").str.lpad(3, "_"), ["Ab ", "__x", "_yz", None, "abc"]),
+    (col("s").str.rpad(3, "_"), ["Ab ", "x__", "yz_", None, "abc"]),
+    (col("s").str.pad(4, "-", side="left"), ["-Ab ", "---x", "--yz", None, "-abc"]),
+    (col("s").str.pad(4, side="both"), ["Ab  ", " x  ", " yz ", None, "abc "]),
 ]
+
+
+def test_splits_and_extract_give_lists_and_structs():
+    splits = [
+        (col("s").str.split("b"), [["A", " "], ["x"], ["yz"], None, ["a", "c"]]),
+        (col("s").str.split_regex("[by]"), [["A", " "], ["x"], ["", "z"], None, ["a", "c"]]),
+        (col("s").str.split_whitespace(), [["Ab", ""], ["x"], ["yz"], None, ["abc"]]),
+        (col("s").str.split("b", max_splits=0), [["Ab "], ["x"], ["yz"], None, ["abc"]]),
+    ]
+    for expr, expected in splits:
+        assert expr.evaluate(TABLE).to_pylist() == expected
+        assert _projected(expr) == expected
+    assert col("s").str.extract("(?P<first>[a-z])").evaluate(TABLE).to_pylist() == [
+        {"first": "b"}, {"first": "x"}, {"first": "y"}, None, {"first": "a"}]
+    with pytest.raises(ValueError, match="side must be 'left', 'right', or 'both'"):
+        col("s").str.pad(3, side="middle")
 
 
 @pytest.mark.parametrize(("expr", "expected"), CASES, ids=[str(e) for e, _ in CASES])

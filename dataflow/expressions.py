@@ -721,6 +721,16 @@ def _value_list(values: Iterable[Any], method: str) -> LiteralExpr:
     return LiteralExpr(tuple(values))
 
 
+def _unary(function: str) -> Callable[[StringNamespace], Expr]:
+    """A ``.str`` method that is the ``pyarrow.compute`` function ``function`` of the strings."""
+
+    def method(self: StringNamespace) -> Expr:
+        return self._call(function)
+
+    method.__doc__ = f"``pyarrow.compute.{function}`` of each string."
+    return method
+
+
 class StringNamespace:
     """String functions of an expression (``expr.str``), named as in Ray Data."""
 
@@ -790,42 +800,20 @@ class StringNamespace:
             return self._call("utf8_ltrim_whitespace")
         return self._call("utf8_ltrim", characters=characters)
 
-    def swapcase(self) -> Expr:
-        return self._call("utf8_swapcase")
+    swapcase = _unary("utf8_swapcase")
 
     # classes of characters: true where every character is one (and there is at least one)
-    def is_alpha(self) -> Expr:
-        return self._call("utf8_is_alpha")
-
-    def is_alnum(self) -> Expr:
-        return self._call("utf8_is_alnum")
-
-    def is_digit(self) -> Expr:
-        return self._call("utf8_is_digit")
-
-    def is_decimal(self) -> Expr:
-        return self._call("utf8_is_decimal")
-
-    def is_numeric(self) -> Expr:
-        return self._call("utf8_is_numeric")
-
-    def is_space(self) -> Expr:
-        return self._call("utf8_is_space")
-
-    def is_lower(self) -> Expr:
-        return self._call("utf8_is_lower")
-
-    def is_upper(self) -> Expr:
-        return self._call("utf8_is_upper")
-
-    def is_title(self) -> Expr:
-        return self._call("utf8_is_title")
-
-    def is_printable(self) -> Expr:
-        return self._call("utf8_is_printable")
-
-    def is_ascii(self) -> Expr:
-        return self._call("string_is_ascii")
+    is_alpha = _unary("utf8_is_alpha")
+    is_alnum = _unary("utf8_is_alnum")
+    is_digit = _unary("utf8_is_digit")
+    is_decimal = _unary("utf8_is_decimal")
+    is_numeric = _unary("utf8_is_numeric")
+    is_space = _unary("utf8_is_space")
+    is_lower = _unary("utf8_is_lower")
+    is_upper = _unary("utf8_is_upper")
+    is_title = _unary("utf8_is_title")
+    is_printable = _unary("utf8_is_printable")
+    is_ascii = _unary("string_is_ascii")
 
     # searching
     def find(self, pattern: str, ignore_case: bool = False) -> Expr:

@@ -164,16 +164,29 @@ _CONNECTOR_NAMES = {
 
 
 def __getattr__(name: str) -> Any:
-    """Ray's names that live in ``connectors`` or need pandas, imported on first use
-    (``import dataflow`` loads no connector, and not pandas)."""
-    module = _CONNECTOR_NAMES.get(name)
-    if module is None:
-        from dataflow.ray_api import RAY_DATA_MODULE_API, module_attribute_error
-
-        raise module_attribute_error("dataflow", name, "ray.data", RAY_DATA_MODULE_API)
+    """Ray's names that live in ``connectors`` or need pandas, and the submodules
+    (``dataflow.datasource.Partitioning``, as ``ray.data.datasource.Partitioning`` works after
+    ``import ray.data``), imported on first use (``import dataflow`` loads no connector, and
+    not pandas)."""
     import importlib
+    import importlib.util
 
-    return getattr(importlib.import_module(module), name)
+    module = _CONNECTOR_NAMES.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(module), name)
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    from dataflow.ray_api import RAY_DATA_MODULE_API, module_attribute_error
+
+    raise module_attribute_error("dataflow", name, "ray.data", RAY_DATA_MODULE_API)
+
+
+def configure_logging() -> None:
+    """Ray's ``configure_logging``: set up the ``dataflow`` loggers now (the log file, the
+    console fallback) rather than at the first execution (``dataflow.logs``)."""
+    from dataflow import logs
+
+    logs.setup()
 
 
 def shutdown() -> None:

@@ -1,16 +1,24 @@
 """Ray's ``ray.data.block`` names a custom connector uses: ``Block`` (a ``pyarrow.Table`` here),
-``BlockMetadata``, and ``BlockAccessor`` for the conversions Ray's sink examples call."""
+``BlockMetadata``, ``BlockAccessor`` for the conversions Ray's sink examples call, and
+``DataBatch``, the type of what ``map_batches`` gives a UDF."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
+import numpy as np
 import pyarrow as pa
 
 from connectors.base import Block, BlockMetadata
 
-__all__ = ["Block", "BlockAccessor", "BlockMetadata"]
+if TYPE_CHECKING:
+    import pandas
+
+__all__ = ["Block", "BlockAccessor", "BlockMetadata", "DataBatch"]
+
+DataBatch = Union[pa.Table, "pandas.DataFrame", dict[str, np.ndarray]]
+"""A batch as a UDF gets it: an Arrow table, a pandas DataFrame or a dict of numpy arrays."""
 
 
 class BlockAccessor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
@@ -72,6 +73,17 @@ DEFAULT_RETRIED_IO_ERRORS = (
 """Ray 2.60's defaults (dataflow's own classifier retries these already; listed so that code
 reading or extending the list sees Ray's)."""
 DEFAULT_WRITE_FILE_RETRY_ON_ERRORS = DEFAULT_RETRIED_IO_ERRORS[:4]
+
+
+class ShuffleStrategy(enum.StrEnum):
+    """Ray's choices for ``DataContext.shuffle_strategy``, which selects among Ray's shuffle
+    implementations: accepted and kept, without effect here (``dataflow.ray_settings``)."""
+
+    SORT_SHUFFLE_PULL_BASED = "sort_shuffle_pull_based"
+    SORT_SHUFFLE_PUSH_BASED = "sort_shuffle_push_based"
+    HASH_SHUFFLE = "hash_shuffle"
+    SHUFFLE_V2 = "shuffle_v2"
+    GPU_SHUFFLE = "gpu_shuffle"
 
 
 @dataclass

@@ -127,3 +127,34 @@ def test_a_ray_preprocessor_dataflow_lacks_says_so():
     with pytest.raises(AttributeError, match=r"^module 'dataflow.preprocessors' has no attribute 'Scaler'$"):
         preprocessors.Scaler
 
+
+
+def test_rays_submodules_and_their_names_after_import_dataflow_alone():
+    """``ray.data.datasource.Partitioning(...)`` works after ``import ray.data``; the same line
+    with ``dataflow`` raised AttributeError until the submodule was imported by name."""
+    script = """
+import dataflow
+assert dataflow.datasource.Partitioning("hive").style == "hive"
+assert dataflow.block.BlockAccessor and dataflow.block.DataBatch
+from dataflow.exceptions import RayDataUserCodeException, SystemException, UserCodeException
+from dataflow.grouped_data import GroupedData, GroupedDataset
+from dataflow.datasource.filename_provider import FilenameProvider
+from dataflow.datasource.datasource import Datasource, ReadTask
+from dataflow.datasource.datasink import Datasink, WriteResult
+from dataflow.context import ShuffleStrategy
+assert FilenameProvider is dataflow.FilenameProvider and Datasource is dataflow.Datasource
+assert GroupedDataset is GroupedData and type(dataflow.range(3).groupby("id")) is GroupedData
+try:
+    dataflow.range(3).map(lambda r: 1 / 0).take_all()
+except UserCodeException as err:
+    assert isinstance(err, ZeroDivisionError) and isinstance(err, RayDataUserCodeException)
+ctx = dataflow.DataContext.get_current()
+ctx.shuffle_strategy = ShuffleStrategy.HASH_SHUFFLE
+assert ctx.shuffle_strategy == "hash_shuffle"
+dataflow.configure_logging()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    with pytest.raises(AttributeError, match=r"^module 'dataflow' has no attribute 'nope'$"):
+        dataflow.nope

@@ -71,6 +71,11 @@ class NoPathExistsError(PathNotFoundError, ValueError):
     here; this one is that and still the ``FileNotFoundError`` it is."""
 
 
+class NoFilesError(PathNotFoundError, ValueError):
+    """A folder or glob that exists holds no file to read: Ray raises ``ValueError`` ("no
+    files found") here; this one is that and still a ``FileNotFoundError``."""
+
+
 class AccessDeniedError(_Located, PermissionError):
     """The storage refused access to a path; retrying will not help."""
 

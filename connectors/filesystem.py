@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from connectors.errors import NoPathExistsError, PathNotFoundError
+from connectors.errors import NoFilesError, NoPathExistsError, PathNotFoundError
 from connectors.retry import ErrorKind, Retrier
 
 T = TypeVar("T")
@@ -106,7 +106,7 @@ class FileSet:
                 if info.type == pafs.FileType.NotFound:
                     raise PathNotFoundError("no such folder for this glob", path=self.display(root))
                 if next(self._iter_root(root), None) is None:
-                    raise PathNotFoundError("the glob matched no files", path=self.display(root))
+                    raise NoFilesError("the glob matched no files", path=self.display(root))
                 continue
             info = self._info(root, retrier)
             if info.type == pafs.FileType.NotFound:
@@ -117,7 +117,7 @@ class FileSet:
                     f"the folder holds no files to read (looked for {wanted} files, recursively; "
                     "names starting with '.' or '_' are skipped)"
                 )
-                raise PathNotFoundError(msg, path=self.display(root))
+                raise NoFilesError(msg, path=self.display(root))
 
     def _info(self, path: str, retrier: Retrier) -> pafs.FileInfo:
         return retrier.call(lambda: self.filesystem.get_file_info(path), path=self.display(path), action="look up")

@@ -217,10 +217,13 @@ def test_missing_and_empty_inputs(tmp_path: Path) -> None:
     with pytest.raises(PathNotFoundError, match=r"missing.csv"):
         CSVDatasource(str(tmp_path / "missing.csv"))
     (tmp_path / "e").mkdir()
-    with pytest.raises(PathNotFoundError, match=r"no files to read"):
+    # an empty folder or glob: Ray's ValueError ("no files found"), and a FileNotFoundError
+    with pytest.raises(PathNotFoundError, match=r"no files to read") as info:
         JSONDatasource(str(tmp_path / "e"))
-    with pytest.raises(PathNotFoundError, match=r"matched no files"):
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(ValueError, match=r"matched no files") as info:
         TextDatasource(str(tmp_path / "*.txt"))
+    assert isinstance(info.value, PathNotFoundError)
     with pytest.raises(ValueError, match=r"one filesystem"):
         TextDatasource([str(tmp_path), "s3://bucket/x"])
     with pytest.raises(ValueError, match=r"partitioning"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import logging
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -214,23 +215,36 @@ def read_parquet(
     return _read(source, "read_parquet", override_num_blocks, task_args)
 
 
-_SCANNER_ARGS = ("batch_size", "batch_readahead", "fragment_readahead", "use_threads", "cache_metadata",
-                 "memory_pool", "fragment_scan_options", "dataset_kwargs", "_block_udf")
+log = logging.getLogger("dataflow")
+
+_SCANNER_TUNING = ("batch_size", "batch_readahead", "fragment_readahead", "use_threads", "cache_metadata", "memory_pool")
+"""Ray's ``**arrow_parquet_args`` that only tune pyarrow's Scanner (how many rows per batch it
+decodes, how far ahead, on how many threads): accepted, without effect, with a warning."""
+_SCANNER_ARGS = ("fragment_scan_options", "dataset_kwargs", "_block_udf")
+"""Those that change what is read: refused."""
+_warned_tuning: set[str] = set()
 
 
 def _refuse_scanner_args(kwargs: dict[str, Any], api: str = "read_parquet") -> None:
     """Ray hands the rest of ``read_parquet``'s (and ``read_delta``'s) keywords to pyarrow's
-    ``ParquetDataset`` and ``Scanner``; dataflow uses neither, so those are refused saying so
-    (``meta_provider=None``, Ray's deprecated default, is accepted)."""
+    ``ParquetDataset`` and ``Scanner``; dataflow uses neither. Those that only tune the scan are
+    accepted and logged once as doing nothing; those that change what is read are refused saying
+    so (``meta_provider=None``, Ray's deprecated default, is accepted)."""
     if kwargs.get("meta_provider", 0) is None:
         del kwargs["meta_provider"]
+    how = ("it reads each file's row groups with ParquetFile, one thread a task, and cuts blocks at "
+           f"DataContext.target_max_block_size ({_TAKEN[api]} are taken)")
+    for name in _SCANNER_TUNING:
+        if name in kwargs:
+            value = kwargs.pop(name)
+            if name not in _warned_tuning:
+                _warned_tuning.add(name)
+                log.warning("%s(%s=%r) tunes pyarrow's Scanner, which dataflow does not use: no effect; %s",
+                            api, name, value, how)
     for name in _SCANNER_ARGS:
         if name in kwargs:
-            raise TypeError(
-                f"{api}({name}=...): Ray passes it on to pyarrow's ParquetDataset/Scanner, which dataflow "
-                "does not use: it reads each file's row groups with ParquetFile and cuts blocks at "
-                f"DataContext.target_max_block_size ({_TAKEN[api]} are taken)"
-            )
+            raise TypeError(f"{api}({name}=...): Ray passes it on to pyarrow's ParquetDataset/Scanner, which dataflow "
+                            f"does not use: {how}")
 
 
 _TAKEN = {"read_parquet": "columns=, filter=, schema=, partitioning= and tensor_column_schema=",

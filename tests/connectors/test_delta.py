@@ -114,8 +114,8 @@ def test_shuffle_orders_the_logs_files_and_scanner_arguments_are_refused(mode, t
     fixed = dataflow.FileShuffleConfig(seed=3, reseed_after_execution=False)
     kept = dataflow.read_delta(path, shuffle=fixed, filter=pc.field("id") >= 20)
     assert starts(kept) == starts(kept) and sorted(starts(kept)) == [20, 25, 30, 35]
-    with pytest.raises(TypeError, match=r"read_delta\(batch_size=...\).*Scanner"):
-        dataflow.read_delta(path, batch_size=10)
+    with pytest.raises(TypeError, match=r"read_delta\(dataset_kwargs=...\).*Scanner"):
+        dataflow.read_delta(path, dataset_kwargs={})
     with pytest.raises(TypeError, match=r"read_delta.*'nope'"):
         dataflow.read_delta(path, nope=1)
     with pytest.raises(ValueError, match="shuffle"):

@@ -49,7 +49,7 @@ from dataflow.udf import builtin_node, map_node, task_resources, with_remote_arg
 from engine import runner
 from engine.block_format import concat_blocks
 from engine.errors import ColumnNotFoundError, DataflowError
-from engine.runner import ExecutionHandle
+from engine.runner import ExecutionHandle, HeldBlocks
 from engine.stats import ExecutionStats
 from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
 
@@ -1524,7 +1524,7 @@ class _Blocks:
     sources: tuple[Any, ...] = ()
     """The datasources the blocks were read from (``Dataset.input_files``; set by ``materialize``)."""
 
-    def __init__(self, refs: list[Any], handle: ExecutionHandle, owned: list[Any], keepalive: list[Any]) -> None:
+    def __init__(self, refs: list[Any], handle: ExecutionHandle | HeldBlocks, owned: list[Any], keepalive: list[Any]) -> None:
         self.refs = refs
         self._keepalive = keepalive
         self._handle = handle
@@ -1545,7 +1545,7 @@ class _Blocks:
             raise DataflowError(msg)
 
 
-def _release_all(handle: ExecutionHandle, refs: list[Any]) -> None:
+def _release_all(handle: ExecutionHandle | HeldBlocks, refs: list[Any]) -> None:
     try:
         for ref in refs:
             handle.free_detached(ref)
@@ -1559,7 +1559,7 @@ class MaterializedDataset(Dataset):
     def __init__(
         self,
         refs: list[Any],
-        handle: ExecutionHandle,
+        handle: ExecutionHandle | HeldBlocks,
         stats: ExecutionStats | None,
         owned: list[Any] | None = None,
         keepalive: list[Any] | None = None,

@@ -127,7 +127,7 @@ def _in_memory(source: ArrowDatasource) -> MaterializedDataset:
     ctx = DataContext.get_current()
     runner.reclaim_abandoned(ctx.execution_options.spill_dir)  # (as a first execution would)
     refs, holder = runner.hold(source.slices(), ctx.execution_options, ctx.execution_mode)
-    return MaterializedDataset(refs, holder, None)  # type: ignore[arg-type]
+    return MaterializedDataset(refs, holder, None)
 
 
 def from_arrow(tables: pa.Table | Sequence[pa.Table], *, override_num_blocks: int | None = None) -> MaterializedDataset:

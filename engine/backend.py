@@ -1,10 +1,11 @@
 """The backend interface: what runs operators and holds their blocks, as ``dataflow`` sees it.
 
 A backend runs a list of operators (``execute`` -> ``ExecutionHandle``), holds tables the driver
-already has (``put``), reads and frees the blocks it holds (``get``, ``free``), says what it can offer (``capacity``) and how much of it is
-in use (``busy_cpus``), makes the coordinator of a ``streaming_split`` (with the transport that
-lets iterators in other processes reach it), and stops (``shutdown``). ``dataflow`` reaches a
-backend only through ``engine.runner``; it never sees a session, a socket or a store.
+already has (``put``), reads and frees the blocks it holds (``get``, ``free``), says what it can
+offer (``capacity``) and how much of it is in use (``busy_cpus``), makes the coordinator of a
+``streaming_split`` (with the transport that lets iterators in other processes reach it), and
+stops (``shutdown``). ``dataflow`` reaches a backend only through ``engine.runner``; it never
+sees a session, a socket or a store.
 
 Implementations:
 

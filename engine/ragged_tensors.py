@@ -8,7 +8,8 @@ A batch holds such a column as a 1-d ``object`` array of n-d arrays (each a view
 column's data, no copy), as Ray's variable-shaped tensors are. It comes from:
 - a UDF returning a list (or object array) of arrays of one ndim and different shapes;
 - concatenating blocks whose fixed-shape tensor columns differ in shape (``unify_tensors``):
-  ``read_images`` of images of different sizes, batched.
+  ``read_images`` of images of different sizes, batched (of different ndims too: a grayscale
+  ``(h, w)`` image beside ``(h, w, 3)`` ones is ``(1, h, w)``, as in Ray).
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class VariableShapeTensorType(pa.ExtensionType):
 
     def __reduce__(self) -> tuple[object, ...]:
         return VariableShapeTensorType, (self.value_type, self.ndim)
+
+    def __hash__(self) -> int:  # (a set of a column's types across blocks: ``unify_tensors``)
+        return hash((NAME, self.value_type, self.ndim))
 
     def __str__(self) -> str:
         return f"extension<{NAME}[value_type={self.value_type}, ndim={self.ndim}]>"
@@ -106,19 +110,37 @@ def ragged_to_numpy(column: pa.Array) -> np.ndarray:
     return out
 
 
-def fixed_to_ragged(column: pa.Array) -> pa.Array:
-    """A fixed-shape tensor column as the ragged type (no per-row work: the data is shared)."""
+def fixed_to_ragged(column: pa.Array, ndim: int | None = None) -> pa.Array:
+    """A fixed-shape tensor column as the ragged type (no per-row work: the data is shared);
+    ``ndim``: that many dimensions, the shape's leading ones 1 (as Ray unifies tensors of
+    different ndims: a ``(4, 6)`` grayscale image beside ``(4, 6, 3)`` ones is ``(1, 4, 6)``)."""
     typ = column.type
     size = int(np.prod(typ.shape))
+    ndim = ndim or len(typ.shape)
     storage = column.storage  # .values, not .flatten(): that drops the values of null rows
     flat = storage.values.slice(storage.offset * size, len(column) * size)
     offsets = _arrow(np.arange(len(column) + 1, dtype=np.int32) * size)
-    shapes = np.tile(np.array(typ.shape, dtype=np.int32), len(column))
+    row_shape = (1,) * (ndim - len(typ.shape)) + tuple(typ.shape)
+    shapes = np.tile(np.array(row_shape, dtype=np.int32), len(column))
     nulls = column.is_null() if column.null_count else None
     data = pa.ListArray.from_arrays(offsets, flat)
-    shape = pa.FixedSizeListArray.from_arrays(_arrow(shapes), len(typ.shape))
+    shape = pa.FixedSizeListArray.from_arrays(_arrow(shapes), ndim)
     storage = pa.StructArray.from_arrays([data, shape], names=["data", "shape"], mask=nulls)
-    return pa.ExtensionArray.from_storage(ragged_type(typ.value_type, len(typ.shape)), storage)
+    return pa.ExtensionArray.from_storage(ragged_type(typ.value_type, ndim), storage)
+
+
+def _with_ndim(column: pa.Array, ndim: int) -> pa.Array:
+    """A ragged column of fewer dimensions with ``ndim``, its rows' shapes led by ones."""
+    if column.type.ndim == ndim:
+        return column
+    data, shape = column.storage.flatten()
+    old = column.type.ndim
+    dims = shape.values.to_numpy(zero_copy_only=False)[shape.offset * old:(shape.offset + len(column)) * old]
+    shapes = np.hstack([np.ones((len(column), ndim - old), dtype=np.int32), dims.reshape(len(column), old)])
+    nulls = column.is_null() if column.null_count else None
+    shape = pa.FixedSizeListArray.from_arrays(_arrow(shapes.reshape(-1)), ndim)
+    storage = pa.StructArray.from_arrays([data, shape], names=["data", "shape"], mask=nulls)
+    return pa.ExtensionArray.from_storage(ragged_type(column.type.value_type, ndim), storage)
 
 
 def _arrow(values: np.ndarray) -> pa.Array:
@@ -137,21 +159,28 @@ def _tensor_key(typ: pa.DataType) -> tuple[pa.DataType, int] | None:
 
 
 def unify_tensors(tables: Sequence[pa.Table]) -> list[pa.Table] | None:
-    """``tables`` with each column that is a tensor of one value type and ndim in every table,
-    but not of one shape, made ragged in all of them; None when no column needs it."""
+    """``tables`` with each column that is a tensor of one value type in every table, but not
+    of one shape, made ragged in all of them, of the most dimensions any has (fewer are led by
+    ones, as Ray's); None when no column needs it."""
     changed = False
     out = list(tables)
     typed = [{field.name: field.type for field in t.schema} for t in tables]  # (once: .column_names builds a list)
     for name in typed[0]:
         types = {fields[name] for fields in typed if name in fields}
-        keys = {_tensor_key(t) for t in types}
-        if len(types) < 2 or len(keys) != 1 or None in keys:
+        keys = [_tensor_key(t) for t in types]
+        tensors = [key for key in keys if key is not None]
+        if len(types) < 2 or len(tensors) < len(keys) or len({value_type for value_type, _ in tensors}) != 1:
             continue
+        value_type, ndim = tensors[0][0], max(n for _, n in tensors)
         changed = True
         for i, table in enumerate(out):
-            if name in typed[i] and not is_ragged(typed[i][name]):
-                column = table.column(name)
-                chunks = [fixed_to_ragged(chunk) for chunk in column.chunks]
-                ragged = pa.chunked_array(chunks, type=ragged_type(*next(iter(keys))))
-                out[i] = table.set_column(table.column_names.index(name), name, ragged)
+            if name not in typed[i]:
+                continue
+            column = table.column(name)
+            if is_ragged(typed[i][name]):
+                chunks = [_with_ndim(chunk, ndim) for chunk in column.chunks]
+            else:
+                chunks = [fixed_to_ragged(chunk, ndim) for chunk in column.chunks]
+            ragged = pa.chunked_array(chunks, type=ragged_type(value_type, ndim))
+            out[i] = table.set_column(table.column_names.index(name), name, ragged)
     return out if changed else None

@@ -54,6 +54,21 @@ def test_fixed_shape_columns_become_ragged_when_concatenated():
         concat_blocks([pa.table({"x": [1]}), pa.table({"x": ["s"]})])
 
 
+def test_tensors_of_different_ndims_are_led_by_ones_as_in_ray():
+    """A grayscale ``(h, w)`` image beside ``(h, w, 3)`` ones: concatenating failed ("Unable to
+    merge"); Ray gives the grayscale one as ``(1, h, w)``, and so does this, fixed or ragged."""
+    gray = pa.table({"x": pa.FixedShapeTensorArray.from_numpy_ndarray(np.arange(48, dtype=np.uint8).reshape(2, 4, 6))})
+    rgb = pa.table({"x": pa.FixedShapeTensorArray.from_numpy_ndarray(np.ones((1, 4, 6, 3), np.uint8))})
+    ragged = pa.table({"x": ragged_array([np.ones((2, 2), np.uint8), np.ones((3, 1), np.uint8), None])})
+    table = concat_blocks([gray.slice(1), rgb, ragged])
+    assert is_ragged(table.schema.field("x").type) and table.schema.field("x").type.ndim == 3
+    cells = to_batch(table, "numpy")["x"]
+    assert [c.shape if c is not None else None for c in cells] == [(1, 4, 6), (4, 6, 3), (1, 2, 2), (1, 3, 1), None]
+    np.testing.assert_array_equal(cells[0][0], np.arange(24, 48, dtype=np.uint8).reshape(4, 6))
+    with pytest.raises(pa.ArrowTypeError, match="incompatible types"):  # another value type: as pyarrow's
+        concat_blocks([gray, pa.table({"x": pa.FixedShapeTensorArray.from_numpy_ndarray(np.ones((1, 2), np.float32))})])
+
+
 def test_a_batch_of_arrays_of_different_shapes_is_a_ragged_column():
     table = to_block({"t": _arrays(), "o": np.array(_arrays(), dtype=object)})
     assert is_ragged(table.schema.field("t").type) and is_ragged(table.schema.field("o").type)

@@ -735,9 +735,15 @@ class Dataset:
             return cached
         if not fetch_if_missing and not isinstance(plan, InputBlocks):
             return _schema_from_plan(self)
+        empty = None
         for table in self.limit(1).iterator().iter_blocks():
+            if table.num_rows == 0:  # (a header-only CSV file: its columns typed null) a later block says more
+                empty = empty or table.schema
+                continue
             self._cached_schema = table.schema
             return table.schema
+        if empty is not None:
+            return empty
         same = _same_schema_input(self._plan)
         return self._derive(same)._arrow_schema(fetch_if_missing) if same is not None else None
 

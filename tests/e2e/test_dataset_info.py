@@ -136,6 +136,16 @@ def test_schema_of_a_union_and_of_a_filter_that_leaves_no_rows(mode):
     assert dataflow.range(3).map(lambda r: {"z": 1}).filter(lambda r: False).schema().names == ["z"]
 
 
+def test_schema_skips_empty_blocks_before_the_first_rows(mode, tmp_path):
+    """A header-only CSV file first in a folder: the schema was its columns typed null; Ray's
+    (and now this) comes from the first block with rows. With no rows at all, the empty
+    block's columns are still the schema."""
+    (tmp_path / "a.csv").write_text("id,name\n")
+    (tmp_path / "b.csv").write_text("id,name\n1,x\n")
+    assert dataflow.read_csv(str(tmp_path)).schema() == pa.schema([("id", pa.int64()), ("name", pa.string())])
+    assert dataflow.read_csv(str(tmp_path / "a.csv")).schema().names == ["id", "name"]
+
+
 def test_context_is_the_current_one(mode):
     ds = dataflow.range(4)
     ctx = dataflow.DataContext.get_current()

@@ -147,10 +147,20 @@ def column_from_values(name: str, values: Any, objects: bool | None = None) -> p
             if can_be_ragged(values):
                 return ragged_array(values)
     try:
-        return pa.array(values)
+        column = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
         msg = f"column {name!r}: cannot convert values to Arrow ({err})"
         return object_array(values, objects, TypeError(msg))
+    if pa.types.is_timestamp(column.type) and column.type.unit == "us" and _has_nanoseconds(values):
+        return pa.array(values, type=pa.timestamp("ns", column.type.tz))
+    return column
+
+
+def _has_nanoseconds(values: list[Any]) -> bool:
+    """Whether a pandas ``Timestamp`` among ``values`` has nanoseconds, which Arrow's inference
+    (microseconds, as for ``datetime``) would drop: a row UDF returning ``r["t"]`` of a
+    ``timestamp[ns]`` column lost them, and distinct times became equal."""
+    return any(getattr(v, "nanosecond", 0) for v in values if type(v).__name__ == "Timestamp")
 
 
 def to_block(batch: Any, objects: bool | None = None) -> pa.Table:

@@ -54,3 +54,17 @@ def test_rows_round_trip():
     with pytest.raises(ValueError, match="different columns"):  # a row function's rows: as Ray's
         rows_to_block(ragged)
     assert rows_to_block([{"a": 1, "b": 2}, {"b": 4, "a": 3}]).to_pylist() == [{"a": 1, "b": 2}, {"a": 3, "b": 4}]
+
+
+def test_timestamps_keep_their_nanoseconds_through_rows():
+    """A row UDF returning ``r["t"]`` of a ``timestamp[ns]`` column (a pandas ``Timestamp``)
+    made a ``timestamp[us]`` column (Arrow's inference): the nanoseconds were dropped and two
+    distinct times became one. Ray keeps them; ``datetime`` values stay microseconds."""
+    stamps = [pd.Timestamp("2024-01-01 00:00:00.000000001"), pd.Timestamp("2024-01-01 00:00:00.000000002")]
+    table = rows_to_block([{"t": t} for t in stamps])
+    assert table.schema.field("t").type == pa.timestamp("ns")
+    assert [r["t"] for r in iter_rows(table)] == stamps
+    zoned = rows_to_block([{"t": stamps[0].tz_localize("UTC")}])
+    assert zoned.schema.field("t").type == pa.timestamp("ns", "UTC")
+    whole = rows_to_block([{"t": pd.Timestamp("2024-01-01 00:00:01")}])
+    assert whole.schema.field("t").type == pa.timestamp("us")  # nothing to lose: as before

@@ -605,7 +605,8 @@ class Dataset:
             start, n, equal, max_pending_bytes=options.consumer_buffer_bytes, ordered=ordered, inputs=inputs
         )
         schema = self.schema(fetch_if_missing=False)
-        return [SplitIterator(coordinator, coordinator.key, coordinator.address, i, n, schema) for i in range(n)]
+        return [SplitIterator(coordinator, coordinator.key, coordinator.address, i, n, schema, self.schema)
+                for i in range(n)]
 
     # splitting into materialized parts (dataflow.splitting) ----------------------------------
     def split(self, n: int, *, equal: bool = False, locality_hints: list[Any] | None = None) -> list[MaterializedDataset]:

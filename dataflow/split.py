@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -97,10 +97,13 @@ class SplitIterator(DataIterator):
 
     def __init__(
         self, coordinator: SplitCoordinator | None, key: str, address: str | None, split: int, n: int,
-        schema: Schema | None = None,
+        schema: Schema | None = None, fetch_schema: Callable[[], Schema | None] | None = None,
     ) -> None:
         super().__init__(self._next_epoch, f"StreamingSplit[{split}/{n}]")
         self._schema = schema
+        self._fetch_schema = fetch_schema
+        """In the process that split the dataset: its ``schema()``, run when asked (it may run
+        the plan for a first block, as Ray's does)."""
         self._coordinator = coordinator
         self._key = key
         self._address = address
@@ -139,8 +142,11 @@ class SplitIterator(DataIterator):
         return _SplitHandle(self._source(), self._split, self._split_epoch)
 
     def schema(self) -> Schema | None:
-        """The split dataset's schema where its plan tells it without running (as
-        ``Dataset.schema(fetch_if_missing=False)``), else None."""
+        """The split dataset's schema, as ``Dataset.schema()`` gives it (the plan's, else that
+        of a first block: a small run of its own). An iterator sent to another process carries
+        it; None there only if the dataset has no rows to tell it."""
+        if self._schema is None and self._fetch_schema is not None:
+            self._schema = self._fetch_schema()
         return self._schema
 
     def stats(self) -> dict[str, Any]:
@@ -154,7 +160,7 @@ class SplitIterator(DataIterator):
         coordinator = self._coordinator or runner.find_split(self._key)
         if coordinator is not None and hasattr(coordinator, "note_remote_client"):
             coordinator.note_remote_client()
-        return (SplitIterator, (None, self._key, self._address, self._split, self._n, self._schema))
+        return (SplitIterator, (None, self._key, self._address, self._split, self._n, self.schema()))
 
     def __repr__(self) -> str:
         return f"SplitIterator(split={self._split}, n={self._n}, pid={os.getpid()})"

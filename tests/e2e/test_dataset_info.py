@@ -4,6 +4,7 @@ copy; DataIterator.stats, schema, materialize, to_torch. On both execution modes
 from __future__ import annotations
 
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -94,7 +95,14 @@ def test_split_iterator_materialize(mode):
     # the schema the plan tells without running, as Ray's split iterator gives its dataset's
     assert its[0].schema() == pa.schema([("id", pa.int64())])
     assert pickle.loads(pickle.dumps(its[0])).schema() == pa.schema([("id", pa.int64())])
-    assert dataflow.range(10).map(lambda r: r).streaming_split(1)[0].schema() is None  # would need a run
+    # a schema that needs a run gets one, as Ray's (it was None), and travels with the iterator
+    mapped = dataflow.range(10).map(lambda r: {"x": r["id"] * 1.0}).streaming_split(2)
+    assert mapped[0].schema() == pa.schema([("x", pa.float64())])
+    if mode == "streaming":  # (an in-process split iterator cannot leave its process)
+        assert pickle.loads(pickle.dumps(mapped[1])).schema() == pa.schema([("x", pa.float64())])
+    with ThreadPoolExecutor(2) as pool:  # the run for the schema leaves the split's epoch whole
+        parts = list(pool.map(lambda it: [r["x"] for r in it.iter_rows()], mapped))
+    assert sorted(parts[0] + parts[1]) == [float(i) for i in range(10)]
 
 
 def test_iterator_to_torch_as_ray(mode):

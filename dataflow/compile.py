@@ -120,6 +120,7 @@ def _read_with(c: _Compiler, node: Read, maps: MapStages | None) -> PhysicalOper
             max_concurrency=maps.max_concurrency if maps is not None else node.max_concurrency,
             task_timeout_s=maps.task_timeout_s if maps is not None else None,
             min_bundle_bytes=_read_bundle_bytes(c, node),
+            min_batch_rows=maps.task_batch_rows if maps is not None else None,
         )
     )
 
@@ -143,6 +144,7 @@ def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
             task_timeout_s=node.task_timeout_s,
             min_bundle_bytes=_bundle_after(upstream, c.options.min_task_input_bytes),
             exact_batch_rows=node.exact_batch_rows,
+            min_batch_rows=node.task_batch_rows,
         )
     )
 

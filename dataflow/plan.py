@@ -95,6 +95,20 @@ class MapStages(LogicalNode):
         return "->".join(s.name for s in self.stages)
 
     @property
+    def task_batch_rows(self) -> int | None:
+        """For tasks (no actor pool) whose first batch step is ``map_batches(batch_size=n)``,
+        after row-for-row ``map`` steps only: n, the rows a task gets at least while more input
+        comes (``MapOperator.min_batch_rows``)."""
+        if self.actor_pool is not None:
+            return None
+        for stage in self.stages:
+            if stage.kind == "batches":
+                return stage.batch_size
+            if getattr(stage, "row_mode", None) != "map":
+                return None
+        return None
+
+    @property
     def exact_batch_rows(self) -> int | None:
         """For an actor pool whose first step is ``map_batches(batch_size=n)``: n.
 

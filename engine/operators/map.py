@@ -88,6 +88,7 @@ class MapOperator(PhysicalOperator):
         min_rows_per_task: int | None = None,
         exact_batch_rows: int | None = None,
         whole_units: bool = False,
+        min_batch_rows: int | None = None,
     ) -> None:
         super().__init__(name, [upstream] if upstream is not None else [])
         self.key = f"op{next(_op_ids)}"
@@ -105,6 +106,10 @@ class MapOperator(PhysicalOperator):
         self.exact_batch_rows = exact_batch_rows
         """Tasks get a multiple of this many rows (blocks are sliced), so a batch UDF sees
         exactly ``batch_size`` rows in every batch but the very last."""
+        self.min_batch_rows = min_batch_rows
+        """A task function's ``batch_size``: while more input is coming a task gets at least
+        this many rows (small blocks are bundled, as Ray bundles them), so its batches are full
+        but for one per task; beyond it tasks are bundled by bytes as usual."""
         self.whole_units = whole_units
         """Each task takes every block of one input unit (a resumable write's): the unit is
         complete once a block of the next one is queued or the inputs are done."""
@@ -121,6 +126,8 @@ class MapOperator(PhysicalOperator):
         self._queue: deque[_Item] = deque()
         self._queued_bytes = 0
         self._queued_rows = 0
+        self._unknown_rows = 0
+        """Queued read tasks that do not say their rows (``min_batch_rows`` cannot wait on them)."""
         self.pending: dict[int, Pending] = {}
         self._task_index = itertools.count()
         self.results: list[Any] = []
@@ -147,6 +154,7 @@ class MapOperator(PhysicalOperator):
         self._queue.append(_Item(item, size))
         self._queued_bytes += size
         self._queued_rows += _item_rows(item)
+        self._unknown_rows += _rows_unknown(item)
 
     def pull_source_in_background(self, wake: Callable[[], None]) -> None:
         """Have a thread pull a lazy source (a listing), waking the executor as items arrive,
@@ -162,7 +170,7 @@ class MapOperator(PhysicalOperator):
     def _pull_source(self) -> None:
         """Pull from the source until a bundle is full, the source ends, or (pulled in the
         background) nothing has arrived yet."""
-        while self._source is not None and self._queued_bytes < self.min_bundle_bytes:
+        while self._source is not None and (self._queued_bytes < self.min_bundle_bytes or self._rows_wanted()):
             try:
                 item = self._source.poll() if isinstance(self._source, BackgroundSource) else next(self._source)
             except StopIteration:
@@ -212,7 +220,14 @@ class MapOperator(PhysicalOperator):
             return self._queued_rows >= self._exact_task_rows()
         if self.min_rows_per_task is not None:
             return self._queued_rows >= self.min_rows_per_task
+        if self._rows_wanted():
+            return False
         return self._queued_bytes >= self.min_bundle_bytes or not upstream_busy
+
+    def _rows_wanted(self) -> bool:
+        """A task should wait for more rows to fill its batch (``min_batch_rows``): fewer are
+        queued, and every queued input says its rows."""
+        return self.min_batch_rows is not None and not self._unknown_rows and self._queued_rows < self.min_batch_rows
 
     def _head_unit_complete(self) -> bool:
         """The first queued unit has all its inputs here: a later unit's follow it (inputs
@@ -233,6 +248,7 @@ class MapOperator(PhysicalOperator):
             return retry
         bundle: list[Any] = []
         size = rows = 0
+        unknown = False  # a read task of unknown rows is in the bundle: it may hold the batch
         limit = self._bundle_limit()
         if self.exact_batch_rows is not None:
             bundle, size = self._exact_bundle()
@@ -243,7 +259,8 @@ class MapOperator(PhysicalOperator):
             if bundle and self.whole_units:
                 pass  # the whole unit, whatever its size
             elif bundle and self.min_rows_per_task is None and size + item.size > limit:
-                break
+                if self.min_batch_rows is None or rows >= self.min_batch_rows or unknown:
+                    break
             if bundle and self.min_rows_per_task is not None and rows >= self.min_rows_per_task:
                 break
             cap = self._output_cap() if not bundle and self._slices_inputs() else None
@@ -258,6 +275,9 @@ class MapOperator(PhysicalOperator):
             self._queued_bytes -= item.size
             item_rows = _item_rows(item.value)
             self._queued_rows -= item_rows
+            if _rows_unknown(item.value):
+                self._unknown_rows -= 1
+                unknown = True
             bundle.append(item.value)
             size += item.size
             rows += item_rows
@@ -338,7 +358,7 @@ class MapOperator(PhysicalOperator):
         to choose (no exact batches, row minimums or whole units), the output ratio is known, and
         the output is plain blocks (an exchange's map side numbers rows by whole input blocks)."""
         return (self._out_ratio is not None and self.output == OUTPUT_BLOCKS and self.exact_batch_rows is None
-                and self.min_rows_per_task is None and not self.whole_units)
+                and self.min_rows_per_task is None and self.min_batch_rows is None and not self.whole_units)
 
     def _split_head(self, take: int) -> BlockSlice | None:
         """Cut the first ``take`` rows (at least 1) off the first queued block: the head is
@@ -404,6 +424,8 @@ class MapOperator(PhysicalOperator):
             return self._queued_rows < self._exact_task_rows()
         if self.min_rows_per_task is not None:
             return self._queued_rows < self.min_rows_per_task
+        if self.min_batch_rows is not None:
+            return self._rows_wanted()
         return False
 
     def expected_output_bytes(self, prior: float) -> float:
@@ -416,7 +438,8 @@ class MapOperator(PhysicalOperator):
         """
         if self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
             return 0.0
-        sized_by_bytes = self.exact_batch_rows is None and self.min_rows_per_task is None and not self.whole_units
+        sized_by_bytes = (self.exact_batch_rows is None and self.min_rows_per_task is None
+                          and self.min_batch_rows is None and not self.whole_units)
         if self._out_ratio is not None and sized_by_bytes and (self._queue or self.retry_queue):
             # bundles grow once the ratio is known: the next one's input, not the last tasks' average
             head = self.next_input_bytes()
@@ -501,6 +524,11 @@ def _item_bytes(item: Any) -> int:
     metadata = getattr(item, "metadata", None)
     size = getattr(metadata, "size_bytes", None)
     return int(size) if size else 1 << 20
+
+
+def _rows_unknown(item: Any) -> bool:
+    """A read task whose metadata does not say its rows (a block always does)."""
+    return not isinstance(item, (BlockRef, BlockSlice)) and getattr(getattr(item, "metadata", None), "num_rows", None) is None
 
 
 def _item_rows(item: Any) -> int:

@@ -51,6 +51,19 @@ def test_a_batch_bigger_than_every_budget_runs(small_engine):
     assert sorted(ids.tolist()) == list(range(2048))
 
 
+def _counted(batch):
+    return {"n": np.array([len(batch["id"])]), "last": batch["id"][-1:]}
+
+
+@pytest.mark.timeout(90)
+def test_a_task_functions_batch_bigger_than_every_budget_runs(small_engine):
+    """A function's ``batch_size`` bundles blocks until a task has that many rows (as Ray's):
+    512 rows of 64 KiB, after an operator of its own, is over every budget here."""
+    ds = dataflow.range(2048, override_num_blocks=64).map_batches(_wide).materialize()
+    sizes = [r["n"] for r in ds.map_batches(_counted, batch_size=512).take_all()]
+    assert sum(sizes) == 2048 and sum(1 for n in sizes if n != 512) <= 2048 // 512, sizes
+
+
 @pytest.mark.timeout(90)
 def test_a_file_minimum_bigger_than_every_budget_is_written(small_engine, tmp_path):
     ds = dataflow.range(4096, override_num_blocks=64).map_batches(_wide)

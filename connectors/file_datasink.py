@@ -663,6 +663,10 @@ class FileDatasink(Datasink):
         if missing:
             raise ValueError(f"partition_cols {missing} are not columns of the data: {table.column_names}")
         data_columns = [c for c in table.column_names if c not in self._partition_cols]
+        if not data_columns and table.num_rows:
+            msg = (f"partition_cols {self._partition_cols} are every column of the data: its files would hold no "
+                   "column, and reading them back would give no rows; leave at least one column out of partition_cols")
+            raise ValueError(msg)
         # one grouping pass and one gather, then a slice per folder (a filter per partition value
         # was a pass over the block each: 0.38 s for 125,000 rows and 1,000 values, now ~10 ms)
         grouped, keys, offsets = grouped_rows(table.select([*data_columns, *self._partition_cols]), self._partition_cols)
@@ -723,11 +727,16 @@ class _RollingFile:
 
     def add(self, table: pa.Table) -> Iterator[tuple[str, list[pa.Table]]]:
         limit = self._sink._max_rows
-        while table.num_rows:
-            take = table.num_rows if limit is None else min(table.num_rows, limit - self._rows)
-            head, table = table.slice(0, take), table.slice(take)
+        # rows counted here, and slices always given their length: pyarrow's slice(offset) of a
+        # table without columns (partition_cols naming every column) keeps all its rows, and a
+        # loop on what was left never ended
+        offset, left = 0, table.num_rows
+        while left:
+            take = left if limit is None else min(left, limit - self._rows)
+            head = table.slice(offset, take)
+            offset, left = offset + take, left - take
             self._pending.append(head)
-            self._rows += head.num_rows
+            self._rows += take
             self._bytes += head.nbytes
             if (limit is not None and self._rows >= limit) or self._bytes >= MAX_FILE_BYTES:
                 yield self._flush()

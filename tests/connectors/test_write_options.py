@@ -189,6 +189,22 @@ def test_writing_no_rows_leaves_no_destination(tmp_path: Path, execution: str) -
         assert len(_data_files(tmp_path / "csv", ".csv")) == 1 and (tmp_path / "csv" / "_SUCCESS").exists()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("execution", ["local", "streaming"])
+def test_rows_without_columns_are_written_and_partition_cols_of_every_column_refused(
+        tmp_path: Path, execution: str) -> None:
+    """Both hung: a file writer looped forever on a table without columns (pyarrow's
+    ``slice(offset)`` of one keeps all its rows). ``partition_cols`` naming every column would
+    write files with no column, which read back as no rows: refused, naming them, as nothing."""
+    with dataflow.options(execution_mode=execution):
+        dataflow.range(5).drop_columns(["id"]).write_parquet(str(tmp_path / "none"), max_rows_per_file=2)
+        assert len(_data_files(tmp_path / "none")) == 3
+        for fmt in ("parquet", "csv"):
+            with pytest.raises(ValueError, match=r"partition_cols \['g'\] are every column"):
+                getattr(dataflow.from_items([{"g": 1}, {"g": 2}]), f"write_{fmt}")(str(tmp_path / fmt), partition_cols=["g"])
+            assert not (tmp_path / fmt).exists()
+
+
 def test_csv_and_json_writer_arguments_as_rays(tmp_path: Path) -> None:
     """Ray's ``write_csv(arrow_csv_args_fn=, **arrow_csv_args)`` and
     ``write_json(pandas_json_args_fn=, **pandas_json_args)``: the function is called in the

@@ -9,12 +9,14 @@ that is what makes a map over a class an actor.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import functools
 import inspect
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +129,8 @@ class Stage:
                 instance = self._construct(CONSTRUCTOR_RETRIES.get())
             else:
                 instance = self.fn
+            if _is_async(instance):
+                instance = _run_to_completion(instance)
             retried = _retried_types(self.retry_exceptions)
             self._callable = _wrap_call(instance, self.env_vars, retried, self.max_retries) if retried or self.env_vars else instance
         return self._callable  # type: ignore[no-any-return]
@@ -196,6 +200,37 @@ def _wrap_call(
                 if 0 <= limit <= attempt:
                     raise
                 attempt += 1
+
+    return call
+
+
+def _is_async(fn: Any) -> bool:
+    """An ``async def`` function, or a callable class whose ``__call__`` is one (a coroutine or
+    an async generator), as Ray's ``map_batches`` takes."""
+    call = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else getattr(fn, "__call__", None)  # noqa: B004
+    return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
+
+
+_loops = threading.local()
+
+
+def _run_to_completion(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (async) as a plain call: its coroutine run to its result, or its async generator's
+    outputs collected, on one event loop per thread that lives as long as the thread (a model's
+    client made in ``__init__`` or at the first call stays bound to it). Calls run one after
+    the other: a task's batches are in order, as a plain function's."""
+
+    async def collect(outputs: Any) -> list[Any]:
+        return [out async for out in outputs]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        loop = getattr(_loops, "loop", None)
+        if loop is None:
+            loop = _loops.loop = asyncio.new_event_loop()
+        result = fn(*args, **kwargs)
+        if inspect.isasyncgen(result):
+            return _replay(loop.run_until_complete(collect(result)))
+        return loop.run_until_complete(result) if inspect.isawaitable(result) else result
 
     return call
 

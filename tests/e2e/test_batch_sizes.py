@@ -42,3 +42,4 @@ def test_reads_that_do_not_say_their_rows_are_bundled_as_before(mode, tmp_path):
     rows = ds.take_all()
     assert sorted(r["id"] for r in rows) == list(range(60))
     assert all(r["n"] <= 25 for r in rows)
+

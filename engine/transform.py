@@ -9,7 +9,6 @@ that is what makes a map over a class an actor.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
@@ -226,6 +225,8 @@ def _run_to_completion(fn: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         loop = getattr(_loops, "loop", None)
         if loop is None:
+            import asyncio  # (here: 16 ms that import dataflow would pay for every script)
+
             loop = _loops.loop = asyncio.new_event_loop()
         result = fn(*args, **kwargs)
         if inspect.isasyncgen(result):

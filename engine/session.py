@@ -156,15 +156,18 @@ class Session(Backend):
             msg = "dataflow was shut down: start it again (dataflow.init) to make a dataset"
             raise EngineError(msg)
         room = executor.store_capacity - executor.store_used
-        refs = []
+        refs: list[BlockRef] = []
         try:
             for table in tables:
                 nbytes = table.nbytes
                 ref = self.store.put(table, spill=nbytes > room)
                 room -= 0 if ref.spilled else nbytes
                 refs.append(ref)
-        finally:
-            executor.call_soon(lambda: [executor.stored(ref) for ref in refs])
+        except BaseException:  # (a full disk, an interrupt): what was written is nobody's
+            for ref in refs:
+                self.store.free(ref)
+            raise
+        executor.call_soon(lambda: [executor.stored(ref) for ref in refs])
         return refs
 
     def get(self, ref: BlockRef) -> pa.Table:

@@ -92,3 +92,17 @@ def test_after_shutdown_a_dataset_of_the_old_session_says_so(fresh_engine):
     dataflow.shutdown()
     with pytest.raises(dataflow.DataflowError, match="shutdown"):
         ds.take_all()
+
+
+def test_a_put_that_fails_part_way_leaves_nothing(streaming):
+    from engine import runner, session
+
+    def tables():
+        yield pa.table({"id": np.arange(100_000)})  # 800 KB: a file in shared memory
+        yield pa.table({"id": np.arange(10)})
+        raise ValueError("the third table could not be made")
+
+    shm_dir = session.current_session().shm_dir
+    with pytest.raises(ValueError, match="third table"):
+        runner.hold(tables(), dataflow.DataContext.get_current().execution_options)
+    assert not any(name.endswith(".arrow") for name in os.listdir(shm_dir))

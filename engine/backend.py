@@ -18,7 +18,7 @@ Implementations:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -136,6 +136,19 @@ class HeldBlocks:
     @property
     def blocks_alive(self) -> bool:
         return not self.backend.closed
+
+
+def put_each(tables: Iterable[pa.Table], put: Callable[[pa.Table], BlockRef], free: Callable[[BlockRef], None]) -> list[BlockRef]:
+    """``put`` every table; when one fails, ``free`` those put before it, then raise."""
+    refs: list[BlockRef] = []
+    try:
+        for table in tables:
+            refs.append(put(table))
+    except BaseException:
+        for ref in refs:
+            free(ref)
+        raise
+    return refs
 
 
 class SplitSource(Protocol):

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from engine.backend import Backend, Capacity, ExecutionHandle
+from engine.backend import Backend, Capacity, ExecutionHandle, put_each
 from engine.errors import EngineError
 from engine.execution import Execution, check_resources
 from engine.object_store import BlockRef, MemoryStore
@@ -129,7 +129,7 @@ class InProcessBackend(Backend):
         return LocalHandle(execution, local)
 
     def put(self, tables: Sequence[pa.Table]) -> list[BlockRef]:
-        return [_STORE.put(table) for table in tables]
+        return put_each(tables, _STORE.put, _STORE.free)
 
     def get(self, ref: BlockRef) -> pa.Table:
         return _STORE.get(ref)

@@ -43,7 +43,7 @@ import ray
 
 from engine import serialization
 from engine.autoscale import PoolState, target_size, to_retire
-from engine.backend import Backend, Capacity, ExecutionHandle
+from engine.backend import Backend, Capacity, ExecutionHandle, put_each
 from engine.errors import EngineError, ResourceError, WorkerDiedError
 from engine.execution import Execution
 from engine.object_store import BlockRef, BlockSlice, BlockStore
@@ -818,7 +818,7 @@ class RayBackend(Backend):
                 raise ResourceError(msg)
 
     def put(self, tables: Sequence[pa.Table]) -> list[BlockRef]:
-        return [self.store.put(table) for table in tables]
+        return put_each(tables, self.store.put, self.store.free)
 
     def get(self, ref: BlockRef) -> pa.Table:
         return self.store.get(ref)

@@ -39,7 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.backend import Backend, Capacity, ExecutionHandle
+from engine.backend import Backend, Capacity, ExecutionHandle, put_each
 from engine.errors import EngineError
 from engine.execution import Execution
 from engine.executor import StreamingExecutor
@@ -156,17 +156,15 @@ class Session(Backend):
             msg = "dataflow was shut down: start it again (dataflow.init) to make a dataset"
             raise EngineError(msg)
         room = executor.store_capacity - executor.store_used
-        refs: list[BlockRef] = []
-        try:
-            for table in tables:
-                nbytes = table.nbytes
-                ref = self.store.put(table, spill=nbytes > room)
-                room -= 0 if ref.spilled else nbytes
-                refs.append(ref)
-        except BaseException:  # (a full disk, an interrupt): what was written is nobody's
-            for ref in refs:
-                self.store.free(ref)
-            raise
+
+        def put(table: pa.Table) -> BlockRef:
+            nonlocal room
+            nbytes = table.nbytes
+            ref = self.store.put(table, spill=nbytes > room)
+            room -= 0 if ref.spilled else nbytes
+            return ref
+
+        refs = put_each(tables, put, self.store.free)  # (a full disk, an interrupt: nothing is kept)
         executor.call_soon(lambda: [executor.stored(ref) for ref in refs])
         return refs
 

@@ -3,7 +3,8 @@
 A preprocessor learns statistics from a dataset (``fit``) and then rewrites batches with them
 (``transform`` on a dataset, ``transform_batch`` on one batch). Subclasses say what to compute
 (``_fit``, returning the ``stats_`` dict under Ray's key names) and how to rewrite one batch
-(``_transform_pandas`` or ``_transform_arrow``; ``_batch_format`` says which). The rewrite runs
+(``_transform_pandas``, ``_transform_numpy`` or ``_transform_arrow``: the one implemented, or
+``preferred_batch_format()``; dataflow's own name theirs in ``_batch_format``). The rewrite runs
 in worker processes, so a preprocessor must pickle: keep plain data in its attributes.
 """
 
@@ -26,6 +27,14 @@ if TYPE_CHECKING:
     from dataflow.dataset import Dataset
 
 Batch = pd.DataFrame | pa.Table | dict[str, np.ndarray]
+
+
+class BatchFormat(str, Enum):  # noqa: UP042 - str + Enum as Ray's
+    """The batch formats a preprocessor transforms in (Ray's ``BatchFormat``)."""
+
+    PANDAS = "pandas"
+    ARROW = "arrow"
+    NUMPY = "numpy"
 
 
 class PreprocessorNotFittedException(RuntimeError):
@@ -85,12 +94,15 @@ class Preprocessor:
                 stacklevel=2,
             )
         self.stats_ = {}
-        self.stats_ = self._fit(ds)
+        learned = self._fit(ds)
+        if learned is not self:  # (Ray's contract: _fit sets self.stats_ and returns self)
+            self.stats_ = learned
         self._fitted = True
         return self
 
-    def _fit(self, ds: Dataset) -> dict[str, Any]:
-        """The statistics of ``ds`` this preprocessor needs, under Ray's key names."""
+    def _fit(self, ds: Dataset) -> Any:
+        """The statistics of ``ds`` this preprocessor needs, under Ray's key names; or, as a
+        subclass written for Ray does, ``self`` after setting ``self.stats_``."""
         raise NotImplementedError
 
     def fit_transform(
@@ -128,7 +140,32 @@ class Preprocessor:
 
     def _transform(self, ds: Dataset, **options: Any) -> Dataset:
         kwargs = {name: value for name, value in options.items() if value is not None}
-        return ds.map_batches(self._transform_format, batch_format=self._batch_format, **kwargs)
+        return ds.map_batches(self._transform_format, batch_format=self._kind(), **kwargs)
+
+    @classmethod
+    def preferred_batch_format(cls) -> BatchFormat:
+        """The batch format to transform in when a subclass implements more than one of
+        ``_transform_pandas``, ``_transform_numpy`` and ``_transform_arrow`` (Ray's; pandas)."""
+        return BatchFormat.PANDAS
+
+    def _kind(self) -> str:
+        """Which ``_transform_*`` runs, as Ray picks it: the one a subclass implements, or its
+        ``preferred_batch_format()`` among several; dataflow's own preprocessors name theirs
+        (``_batch_format``)."""
+        cls = type(self)
+        if any("_batch_format" in vars(c) for c in cls.__mro__ if c is not Preprocessor):
+            return cls._batch_format
+        implemented = [kind for kind, method in (("pandas", "_transform_pandas"), ("numpy", "_transform_numpy"),
+                                                   ("pyarrow", "_transform_arrow"))
+                       if getattr(cls, method) is not getattr(Preprocessor, method)]
+        if len(implemented) > 1:
+            preferred = str(BatchFormat(self.preferred_batch_format()).value)
+            return "pyarrow" if preferred == "arrow" else preferred
+        if not implemented:
+            msg = ("None of `_transform_numpy`, `_transform_pandas` or `_transform_arrow` are implemented. At least "
+                   "one of these transform functions must be implemented for Preprocessor transforms.")
+            raise NotImplementedError(msg)
+        return implemented[0]
 
     def transform_batch(self, data: Batch) -> Batch:
         """One batch rewritten: a pandas DataFrame, a pyarrow Table or a dict of numpy arrays
@@ -149,17 +186,23 @@ class Preprocessor:
                 f"dicts of numpy arrays. Got {type(data)}."
             )
             raise ValueError(msg)
-        result = self._transform_format(_convert(data, self._batch_format))
+        result = self._transform_format(_convert(data, self._kind()))
         return _convert(result, kind)
 
     def _transform_format(self, batch: Any) -> Any:
-        """The batch in ``_batch_format`` rewritten; the function ``map_batches`` runs."""
-        if self._batch_format == "pyarrow":
+        """The batch in ``_kind()``'s format rewritten; the function ``map_batches`` runs."""
+        kind = self._kind()
+        if kind == "pyarrow":
             # pandas metadata would turn a rewritten column back to its old dtype in to_pandas
             return self._transform_arrow(batch).replace_schema_metadata(None)
+        if kind == "numpy":
+            return self._transform_numpy(batch)
         return self._transform_pandas(batch.copy(deep=False))
 
     def _transform_pandas(self, df: pd.DataFrame) -> pd.DataFrame:
+        raise NotImplementedError
+
+    def _transform_numpy(self, data: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def _transform_arrow(self, table: pa.Table) -> pa.Table:

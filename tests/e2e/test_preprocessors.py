@@ -476,3 +476,55 @@ def test_new_preprocessors_serialize_round_trip(mode):
     assert restored.transform(_values()).to_pandas()["value_1"].tolist() == [0, 0, 0, 2, 3, 0]
     hasher = Preprocessor.deserialize(HashingVectorizer(["corpus"], num_features=8).serialize())
     assert _col(hasher.transform(_corpus()), "corpus")[0] == [0, 0, 1, 1, 0, 0, 1, 0]
+
+
+class _Center(Preprocessor):
+    """Written to Ray's contract: ``_fit`` sets ``self.stats_`` and returns ``self``."""
+
+    def __init__(self, column: str) -> None:
+        super().__init__()
+        self.column = column
+
+    def _fit(self, ds):
+        self.stats_ = {"mean": ds.mean(self.column)}
+        return self
+
+    def _transform_pandas(self, df):
+        df[self.column] -= self.stats_["mean"]
+        return df
+
+
+class _TwiceNumpy(Preprocessor):
+    _is_fittable = False
+
+    def _transform_numpy(self, data):
+        return {"x": data["x"] * 2}
+
+
+class _Both(Preprocessor):
+    _is_fittable = False
+
+    def _transform_pandas(self, df):
+        return df.assign(kind="pandas")
+
+    def _transform_numpy(self, data):
+        return {**data, "kind": np.array(["numpy"] * len(data["x"]))}
+
+    @classmethod
+    def preferred_batch_format(cls):
+        from dataflow.preprocessor import BatchFormat
+
+        return BatchFormat.NUMPY
+
+
+def test_custom_preprocessors_written_for_ray(mode):
+    """A subclass whose ``_fit`` returns ``self`` had ``stats_`` replaced by itself ("object is
+    not subscriptable"), and one with only ``_transform_numpy`` raised NotImplementedError;
+    with several, ``preferred_batch_format()`` picks, as in Ray."""
+    ds = dataflow.from_items([{"x": float(i)} for i in range(6)])
+    centered = _Center("x")
+    assert sorted(r["x"] for r in centered.fit_transform(ds).take_all()) == [-2.5, -1.5, -0.5, 0.5, 1.5, 2.5]
+    assert centered.stats_ == {"mean": 2.5}
+    assert sorted(r["x"] for r in _TwiceNumpy().transform(ds).take_all()) == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    assert _TwiceNumpy().transform_batch(pd.DataFrame({"x": [1.5]}))["x"].tolist() == [3.0]
+    assert {r["kind"] for r in _Both().transform(ds).take_all()} == {"numpy"}

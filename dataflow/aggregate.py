@@ -46,6 +46,14 @@ class AggregateFnV2:
     def get_target_column(self) -> str | None:
         return self.on
 
+    def get_agg_name(self) -> str:
+        """Its output column's name (Ray's)."""
+        return self.name
+
+    @property
+    def _ignore_nulls(self) -> bool:  # (Ray's attribute, which code copied from its built-ins reads)
+        return self.ignore_nulls
+
     def aggregate_block(self, block: pa.Table) -> Any:
         raise NotImplementedError
 
@@ -214,7 +222,7 @@ class Std(_BuiltIn):
 
 
 class MissingValuePercentage(_BuiltIn):
-    """The percentage of null values (NaN is a value) in a column."""
+    """The percentage of missing values in a column: nulls and NaNs, as Ray counts them."""
 
     kind = "missing_pct"
     partial_kind = "missing_pct"
@@ -223,12 +231,13 @@ class MissingValuePercentage(_BuiltIn):
         super().__init__(on, False, alias_name)
 
     def of_group(self, group: pa.Table) -> Any:
-        values = self._values(group)
+        values = nan_as_null(self._values(group))
         return 100.0 * values.null_count / len(values) if len(values) else None
 
 
 class ZeroPercentage(_BuiltIn):
-    """The percentage of zeros among the non-null values of a numeric column."""
+    """The percentage of zeros among a numeric column's values: of the non-null ones, or with
+    ``ignore_nulls=False`` of all of them (a null is then a value that is not zero), as Ray's."""
 
     kind = "zero_pct"
     partial_kind = "zero_pct"
@@ -236,8 +245,10 @@ class ZeroPercentage(_BuiltIn):
     def __init__(self, on: str, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
         super().__init__(on, ignore_nulls, alias_name)
 
-    def _value(self, values: pa.ChunkedArray) -> Any:
-        return 100.0 * pc.sum(pc.equal(values, 0)).as_py() / len(values) if len(values) else None
+    def of_group(self, group: pa.Table) -> Any:
+        values = self._values(group)
+        whole = len(values) - (values.null_count if self.ignore_nulls else 0)
+        return 100.0 * (pc.sum(pc.equal(values, 0)).as_py() or 0) / whole if whole else None
 
 
 class Quantile(_BuiltIn):
@@ -323,6 +334,23 @@ def _is_list(dtype: pa.DataType) -> bool:
     return pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype)
 
 
+def value_counts(values: pa.ChunkedArray | pa.Array) -> tuple[list[Any], list[int]]:
+    """Each distinct value (null among them) and how many times it appears, in the order they
+    first appear: Arrow's ``value_counts``, or the same through Python for values it has no
+    kernel for (lists, structs, maps)."""
+    try:
+        counted = pc.value_counts(values)
+        return counted.field("values").to_pylist(), counted.field("counts").to_pylist()
+    except pa.ArrowNotImplementedError:
+        firsts: dict[Any, Any] = {}
+        counts: dict[Any, int] = {}
+        for value in values.to_pylist():
+            key = _hashable(value)
+            firsts.setdefault(key, value)
+            counts[key] = counts.get(key, 0) + 1
+        return list(firsts.values()), list(counts.values())
+
+
 def distinct(values: pa.ChunkedArray | pa.Array) -> list[Any]:
     """The distinct values in the order they first appear: Arrow's ``unique``, or for values it
     has no kernel for (lists, structs, maps) the same through Python."""
@@ -347,16 +375,16 @@ def _hashable(value: Any) -> Any:
 
 class ValueCounter(_BuiltIn):
     """Ray's ``ValueCounter``: how many times each value appears, as ``{"values": [...],
-    "counts": [...]}`` in the order values first appear (nulls left out)."""
+    "counts": [...]}`` in the order values first appear (null among them, as in Ray)."""
 
     kind = "value_counter"
 
     def __init__(self, on: str, alias_name: str | None = None) -> None:
         super().__init__(on, True, alias_name)
 
-    def _value(self, values: pa.ChunkedArray) -> Any:
-        counted = pc.value_counts(values)
-        return {"values": counted.field("values").to_pylist(), "counts": counted.field("counts").to_pylist()}
+    def of_group(self, group: pa.Table) -> Any:
+        items, counts = value_counts(self._values(group))
+        return {"values": items, "counts": counts}
 
 
 class ApproximateQuantile(_BuiltIn):
@@ -403,9 +431,8 @@ class ApproximateTopK(_BuiltIn):
     def _value(self, values: pa.ChunkedArray) -> Any:
         if self.encode_lists and (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)):
             values = pc.list_flatten(values).drop_null()
-        counted = pc.value_counts(values)
-        items, counts = counted.field("values").to_pylist(), counted.field("counts").to_numpy()
-        top = np.argsort(-counts, kind="stable")[: self.k]
+        items, counts = value_counts(values)
+        top = np.argsort(-np.asarray(counts, dtype=np.int64), kind="stable")[: self.k]
         assert self.on is not None
         return [{self.on: items[i], "count": int(counts[i])} for i in top]
 
@@ -435,7 +462,8 @@ def _partial_specs(i: int, agg: AggregateFnV2, on: str | None) -> list[tuple[Any
     if kind == "missing_pct":
         return [([], "count_all", None, f"s{i}_all"), (on, "count", pc.CountOptions(mode="only_null"), f"s{i}_part")]
     if kind == "zero_pct":
-        return [(on, "count", pc.CountOptions(mode="only_valid"), f"s{i}_all"), (f"__zero{i}", "sum", None, f"s{i}_part")]
+        whole = (on, "count", pc.CountOptions(mode="only_valid"), f"s{i}_all") if agg.ignore_nulls else ([], "count_all", None, f"s{i}_all")
+        return [whole, (f"__zero{i}", "sum", None, f"s{i}_part")]
     if kind in ("mean", "std"):
         specs = [
             (on, "sum", _skip(agg), f"s{i}_sum"),
@@ -460,6 +488,9 @@ def _prepared(table: pa.Table, aggs: Sequence[AggregateFnV2]) -> tuple[pa.Table,
                 and pa.types.is_boolean(table.schema.field(agg.on).type)):  # True is 1, as numpy and pandas count it
             table = table.append_column(f"__num{i}", pc.cast(table.column(agg.on), pa.int64()))
             columns_of[i] = f"__num{i}"
+        if agg.partial_kind == "missing_pct" and pa.types.is_floating(table.schema.field(agg.on).type):
+            table = table.append_column(f"__nonan{i}", nan_as_null(table.column(agg.on)))  # a NaN is missing too
+            columns_of[i] = f"__nonan{i}"
         if agg.partial_kind in ("mean", "std") and pa.types.is_null(table.schema.field(agg.on).type):
             # a column of nothing but nulls typed null (from rows): Arrow has no variance of it
             table = table.append_column(f"__num{i}", table.column(agg.on).cast(pa.float64()))
@@ -547,8 +578,9 @@ def _state_merges(i: int, agg: AggregateFnV2) -> list[tuple[str, str, Any]]:
         return [(f"s{i}", "sum", skip)]
     if kind in ("sum", "min", "max", "abs_max"):
         return [(f"s{i}", {"abs_max": "max"}.get(kind or "", kind or ""), skip)]
-    if kind in ("missing_pct", "zero_pct"):
-        return [(f"s{i}_all", "sum", skip), (f"s{i}_part", "sum", skip)]
+    if kind in ("missing_pct", "zero_pct"):  # counts: a null part (one null row's) counts nothing
+        counts = pc.ScalarAggregateOptions(skip_nulls=True, min_count=1)
+        return [(f"s{i}_all", "sum", counts), (f"s{i}_part", "sum", counts)]
     return [(f"s{i}_sum", "sum", skip), (f"s{i}_n", "sum", skip)]
 
 

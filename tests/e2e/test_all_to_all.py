@@ -604,6 +604,42 @@ def test_global_aggregates(mode, exchange):
     assert dataflow.range(0).aggregate(Count()) == {"count()": 0}
 
 
+def test_missing_and_zero_percentages_and_counts_of_lists_as_rays(mode, exchange):
+    """Ray's ``MissingValuePercentage`` counts a NaN as missing (this counted nulls only),
+    ``ZeroPercentage(ignore_nulls=False)`` counts nulls in the whole (it made no difference),
+    and ``ValueCounter``/``ApproximateTopK`` count whole lists (they raised); whole-group
+    (with a Quantile) and partial paths agree, whatever the blocks."""
+    from dataflow.aggregate import MissingValuePercentage, ZeroPercentage
+
+    items = [{"f": 1.0, "z": 0}, {"f": math.nan, "z": None}, {"f": None, "z": 0}, {"f": 2.0, "z": 3}]
+    for blocks in (1, 2, 4):
+        ds = dataflow.from_items(items, override_num_blocks=blocks)
+        for extra in ((), (Quantile("z"),)):
+            got = ds.aggregate(MissingValuePercentage("f"), ZeroPercentage("z"),
+                               ZeroPercentage("z", ignore_nulls=False, alias_name="all"), *extra)
+            assert (got["missing_pct(f)"], got["all"]) == (50.0, 50.0)
+            assert got["zero_pct(z)"] == pytest.approx(200 / 3)
+    lists = dataflow.from_items([{"l": [1, 2]}, {"l": [1, 2]}, {"l": [3]}])
+    assert lists.aggregate(ValueCounter("l"), ApproximateTopK("l", k=1)) == {
+        "value_counter(l)": {"values": [[1, 2], [3]], "counts": [2, 1]}, "approx_topk(l)": [{"l": [1, 2], "count": 2}]}
+
+
+def test_a_users_aggregation_reads_rays_names():
+    class Total(AggregateFnV2):
+        def __init__(self, on):
+            super().__init__(f"total({on})", lambda: 0, on=on, ignore_nulls=True)
+
+        def aggregate_block(self, block):  # as code copied from Ray's built-ins reads them
+            values = block.column(self.get_target_column()).to_pylist()
+            return sum(v for v in values if v is not None) if self._ignore_nulls else sum(values)
+
+        def combine(self, current, new):
+            return current + new
+
+    assert Total("x").get_agg_name() == "total(x)"
+    assert dataflow.from_items([{"x": 1}, {"x": None}, {"x": 2}]).aggregate(Total("x")) == {"total(x)": 3}
+
+
 def test_value_counts_top_k_and_quantiles_as_rays(mode, exchange):
     """Ray's ValueCounter, ApproximateTopK and ApproximateQuantile (its docstring examples,
     then grouped, over several blocks, with nulls): the sketches' answers are exact here."""
@@ -625,9 +661,10 @@ def test_value_counts_top_k_and_quantiles_as_rays(mode, exchange):
         ApproximateQuantile("v", [0.0, 0.5, 1.0], alias_name="q")).take_all()}
     for g in range(3):
         vs = [r["v"] for r in items if r["g"] == g and r["v"] is not None]
+        with_nulls = [r["v"] for r in items if r["g"] == g]
         counter = out[g]["value_counter(v)"]
-        assert sorted(zip(counter["values"], counter["counts"], strict=True)) == sorted(
-            (v, vs.count(v)) for v in set(vs))  # nulls are left out
+        assert sorted(zip(counter["values"], counter["counts"], strict=True), key=str) == sorted(
+            ((v, with_nulls.count(v)) for v in set(with_nulls)), key=str)  # null among the values, as Ray's
         most = sorted({v: vs.count(v) for v in vs}.values(), reverse=True)[:2]
         assert [t["count"] for t in out[g]["top"]] == most
         assert all(vs.count(t["v"]) == t["count"] for t in out[g]["top"])

@@ -33,7 +33,7 @@ from dataflow.shuffle import key_hashes
 AGGS = [
     Count(), Count("v", ignore_nulls=True), Sum("v"), Sum("v", ignore_nulls=False), Min("v"), Max("v"),
     AbsMax("v"), Mean("v"), Mean("v", ignore_nulls=False), Std("v"), Std("v", ddof=0), MissingValuePercentage("v"),
-    ZeroPercentage("v"), Sum("i"), Min("i"), Mean("i"), Std("i"), Sum("b"), Mean("b"), Min("s"), Max("s"),
+    ZeroPercentage("v"), ZeroPercentage("v", ignore_nulls=False), Sum("i"), Min("i"), Mean("i"), Std("i"), Sum("b"), Mean("b"), Min("s"), Max("s"),
     Sum("f32"), Max("f32"), Sum("d"), Min("d"), Count("s", ignore_nulls=True),
 ]
 

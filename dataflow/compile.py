@@ -100,9 +100,10 @@ def _read_tasks(c: _Compiler, node: Read, datasource: Any = None) -> Any:
 
 
 def _read_bundle_bytes(c: _Compiler, node: Read) -> int:
-    """Input bytes per read task: one read task each when ``override_num_blocks`` was given or
-    the source sizes its own tasks, else small ones bundled."""
-    if node.parallelism > 0 or getattr(node.datasource, "sizes_own_tasks", False):
+    """Input bytes per read task: one read task each when ``override_num_blocks`` was given, the
+    source sizes its own tasks or failed tasks may be let go (``max_errored_blocks``: a failure
+    then drops one read's rows, as one of Ray's blocks), else small ones bundled."""
+    if node.parallelism > 0 or getattr(node.datasource, "sizes_own_tasks", False) or c.options.max_errored_blocks:
         return 1
     return c.bundle_bytes(node.datasource)
 
@@ -142,7 +143,8 @@ def _map(c: _Compiler, node: MapStages) -> PhysicalOperator:
             actor_pool=_actor_pool(node.actor_pool),
             max_concurrency=node.max_concurrency,
             task_timeout_s=node.task_timeout_s,
-            min_bundle_bytes=_bundle_after(upstream, c.options.min_task_input_bytes),
+            # (one block a task where failed tasks may be let go: a failure drops that block's rows)
+            min_bundle_bytes=1 if c.options.max_errored_blocks else _bundle_after(upstream, c.options.min_task_input_bytes),
             exact_batch_rows=node.exact_batch_rows,
             min_batch_rows=node.task_batch_rows,
         )

@@ -182,5 +182,10 @@ def test_max_errored_blocks(mode):
     try:
         with dataflow.options(min_task_input_bytes=1):
             assert pipeline().count() == 700
+        # with the default bundling too: a failure drops its block's rows only, as in Ray (a task
+        # bundling several small blocks dropped all of them)
+        assert pipeline().count() == 700
+        materialized = dataflow.range(1000, override_num_blocks=10).materialize()
+        assert materialized.map_batches(fail_on_bad_batches).count() == 700
     finally:
         ctx.max_errored_blocks = 0

@@ -9,6 +9,7 @@ that is what makes a map over a class an actor.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
@@ -213,27 +214,75 @@ def _is_async(fn: Any) -> bool:
 _loops = threading.local()
 
 
-def _run_to_completion(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (async) as a plain call: its coroutine run to its result, or its async generator's
-    outputs collected, on one event loop per thread that lives as long as the thread (a model's
-    client made in ``__init__`` or at the first call stays bound to it). Calls run one after
-    the other: a task's batches are in order, as a plain function's."""
+ASYNC_BATCHES = 4
+"""Batches of a task an async batch function works on at once (Ray 2.60's default for async
+batch UDFs), their outputs handed on in the batches' order."""
 
-    async def collect(outputs: Any) -> list[Any]:
-        return [out async for out in outputs]
 
-    def call(*args: Any, **kwargs: Any) -> Any:
+class _AsyncCall:
+    """An async ``fn`` as a plain call (``__call__``: its coroutine run to its result, or its
+    async generator's outputs collected), on one event loop per thread that lives as long as the
+    thread (a model's client made in ``__init__`` or at the first call stays bound to it); and,
+    for a batch stage, ``outputs`` that overlaps up to ``ASYNC_BATCHES`` calls."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    @staticmethod
+    def loop() -> Any:
         loop = getattr(_loops, "loop", None)
         if loop is None:
             import asyncio  # (here: 16 ms that import dataflow would pay for every script)
 
             loop = _loops.loop = asyncio.new_event_loop()
-        result = fn(*args, **kwargs)
-        if inspect.isasyncgen(result):
-            return _replay(loop.run_until_complete(collect(result)))
-        return loop.run_until_complete(result) if inspect.isawaitable(result) else result
+        return loop
 
-    return call
+    async def _results(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Every output of one call (an async generator's, or the one a coroutine returns)."""
+        result = self.fn(*args, **kwargs)
+        if inspect.isasyncgen(result):
+            return [out async for out in result]
+        return [await result] if inspect.isawaitable(result) else [result]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _replay(self.loop().run_until_complete(self._results(*args, **kwargs)))
+
+    def outputs(self, batches: Iterable[Any], failed: Callable[[BaseException], BaseException],
+                *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """The outputs of a call per batch, in the batches' order, with up to ``ASYNC_BATCHES``
+        calls awaited together (what an async function is for: a model server's or an API's
+        latency overlaps); what a call raises is raised as ``failed(error)``, and cancels the
+        calls still running."""
+        loop = self.loop()
+        running: collections.deque[Any] = collections.deque()
+
+        def finish(task: Any) -> list[Any]:
+            try:
+                return loop.run_until_complete(task)  # type: ignore[no-any-return]
+            except USER_ERRORS as err:
+                wrapped = failed(err)
+                if wrapped is err:
+                    raise
+                raise wrapped from err
+
+        try:
+            for batch in batches:
+                running.append(loop.create_task(self._results(batch, *args, **kwargs)))
+                if len(running) >= ASYNC_BATCHES:
+                    yield from finish(running.popleft())
+            while running:
+                yield from finish(running.popleft())
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                import asyncio
+
+                loop.run_until_complete(asyncio.gather(*running, return_exceptions=True))
+
+
+def _run_to_completion(fn: Callable[..., Any]) -> _AsyncCall:
+    return _AsyncCall(fn)
 
 
 def _writable_array(values: Any) -> Any:
@@ -455,6 +504,9 @@ def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Ta
         for batch in _rebatch(blocks, stage.batch_size):
             yield from _skip_failing_batch_rows(stage, fn, batch)
         return
+    if isinstance(fn, _AsyncCall):  # (not wrapped for retries or env_vars: those call it one at a time)
+        yield from _run_async_batches(stage, fn, blocks)
+        return
     for batch in _rebatch(blocks, stage.batch_size):
         formatted = to_batch(batch, stage.batch_format, stage.arrow_backed_pandas)
         if not stage.zero_copy_batch:
@@ -470,6 +522,32 @@ def _run_batch_stage(stage: Stage, blocks: Iterator[pa.Table]) -> Iterator[pa.Ta
             if not stage.user_code:
                 raise
             raise UDFFailure(stage.name, err) from err
+
+
+def _run_async_batches(stage: Stage, fn: _AsyncCall, blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """An async batch function's outputs, up to ``ASYNC_BATCHES`` batches awaited together."""
+
+    def formatted() -> Iterator[Any]:
+        for batch in _rebatch(blocks, stage.batch_size):
+            out = to_batch(batch, stage.batch_format, stage.arrow_backed_pandas)
+            yield out if stage.zero_copy_batch else writable_batch(out)
+
+    def failed(err: BaseException) -> BaseException:
+        return UDFFailure(stage.name, err) if stage.user_code and not isinstance(err, UDFFailure) else err
+
+    outputs = fn.outputs(formatted(), failed, *stage.fn_args, **stage.fn_kwargs)
+    try:
+        for out in outputs:
+            try:
+                block = to_block(out, stage.python_objects)
+            except USER_ERRORS as err:  # (what the function returned does not make a block)
+                wrapped = failed(err)
+                if wrapped is err:
+                    raise
+                raise wrapped from err
+            yield block
+    finally:
+        outputs.close()  # (a consumer that stops early cancels the calls still running)
 
 
 def _skip_failing_batch_rows(stage: Stage, fn: Callable[..., Any], batch: pa.Table) -> Iterator[pa.Table]:

@@ -40,3 +40,38 @@ def test_async_udfs_run_to_their_results_as_in_ray(mode):
         0, 1, 2, 100, 101, 102]
     with pytest.raises(KeyError, match="from the coroutine"):
         dataflow.range(3).map_batches(_async_fails).take_all()
+
+
+class _Slow:
+    async def __call__(self, batch):
+        await asyncio.sleep(0.2)  # a model server's or an API's latency
+        return {"id": batch["id"]}
+
+
+class _FailsOnThird:
+    def __init__(self) -> None:
+        self.started = 0
+
+    async def __call__(self, batch):
+        self.started += 1
+        if batch["id"][0] == 2:
+            raise ValueError("the third batch")
+        await asyncio.sleep(0.05)
+        return batch
+
+
+def test_a_tasks_async_batches_overlap_and_keep_their_order(mode):
+    """Ray awaits up to 4 batches of an async batch UDF at once: 8 batches of 0.2 s of latency
+    in one task take about 0.4 s, not 1.6 s; the outputs keep the batches' order."""
+    import time
+
+    with dataflow.options(preserve_order=True):
+        ds = dataflow.range(8, override_num_blocks=1).map_batches(_Slow, concurrency=1, batch_size=1)
+        ds.take_all()  # the actor starts
+        started = time.perf_counter()
+        ids = [r["id"] for r in ds.take_all()]
+        took = time.perf_counter() - started
+    assert ids == list(range(8))
+    assert took < 1.2, took
+    with pytest.raises(ValueError, match="the third batch"):
+        dataflow.range(8, override_num_blocks=1).map_batches(_FailsOnThird, concurrency=1, batch_size=1).take_all()

@@ -245,7 +245,12 @@ class _AsyncCall:
         return [await result] if inspect.isawaitable(result) else [result]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _replay(self.loop().run_until_complete(self._results(*args, **kwargs)))
+        """The coroutine's value (a row function's row), or a generator of an async
+        generator's outputs (as a plain generator function's call gives them)."""
+        result = self.fn(*args, **kwargs)
+        if inspect.isasyncgen(result):
+            return _replay(self.loop().run_until_complete(_collect(result)))
+        return self.loop().run_until_complete(result) if inspect.isawaitable(result) else result
 
     def outputs(self, batches: Iterable[Any], failed: Callable[[BaseException], BaseException],
                 *args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -279,6 +284,10 @@ class _AsyncCall:
                 import asyncio
 
                 loop.run_until_complete(asyncio.gather(*running, return_exceptions=True))
+
+
+async def _collect(outputs: Any) -> list[Any]:
+    return [out async for out in outputs]
 
 
 def _run_to_completion(fn: Callable[..., Any]) -> _AsyncCall:

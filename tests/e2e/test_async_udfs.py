@@ -75,3 +75,25 @@ def test_a_tasks_async_batches_overlap_and_keep_their_order(mode):
     assert took < 1.2, took
     with pytest.raises(ValueError, match="the third batch"):
         dataflow.range(8, override_num_blocks=1).map_batches(_FailsOnThird, concurrency=1, batch_size=1).take_all()
+
+
+async def _plus_one(row):
+    await asyncio.sleep(0)
+    return {"id": row["id"] + 1}
+
+
+async def _twice(row):
+    for i in range(2):
+        yield {"id": row["id"] * 10 + i}
+
+
+async def _even(row):
+    return row["id"] % 2 == 0
+
+
+def test_async_row_functions(mode):
+    """``map``, ``flat_map`` and ``filter`` take async functions too (Ray's row UDFs): a
+    coroutine's value is the row, an async generator's outputs the rows."""
+    assert sorted(r["id"] for r in dataflow.range(3).map(_plus_one).take_all()) == [1, 2, 3]
+    assert sorted(r["id"] for r in dataflow.range(3).flat_map(_twice).take_all()) == [0, 1, 10, 11, 20, 21]
+    assert sorted(r["id"] for r in dataflow.range(5).filter(_even).take_all()) == [0, 2, 4]

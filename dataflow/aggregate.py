@@ -298,11 +298,9 @@ class Unique(_Collects):
             raise NotImplementedError(msg)
         self.flatten = bool(encode_lists)
 
-    def of_group(self, group: pa.Table) -> Any:
-        values = self._values(group)
-        if self.flatten and _is_list(values.type):
-            values = pc.list_flatten(values)
-        return self._value(values.drop_null() if self.ignore_nulls else values)
+    def _values(self, block: pa.Table) -> pa.ChunkedArray:
+        values = super()._values(block)
+        return pc.list_flatten(values) if self.flatten and _is_list(values.type) else values
 
     def _value(self, values: pa.ChunkedArray) -> Any:
         return distinct(values)
@@ -352,15 +350,8 @@ def value_counts(values: pa.ChunkedArray | pa.Array) -> tuple[list[Any], list[in
 
 
 def distinct(values: pa.ChunkedArray | pa.Array) -> list[Any]:
-    """The distinct values in the order they first appear: Arrow's ``unique``, or for values it
-    has no kernel for (lists, structs, maps) the same through Python."""
-    try:
-        return pc.unique(values).to_pylist()
-    except pa.ArrowNotImplementedError:
-        seen: dict[Any, Any] = {}
-        for value in values.to_pylist():
-            seen.setdefault(_hashable(value), value)
-        return list(seen.values())
+    """The distinct values in the order they first appear (lists, structs and maps too)."""
+    return value_counts(values)[0]
 
 
 def _hashable(value: Any) -> Any:

@@ -204,10 +204,15 @@ def _wrap_call(
     return call
 
 
+def _call_target(fn: Any) -> Any:
+    """What calling ``fn`` runs: the function itself, or a callable instance's ``__call__``."""
+    return fn if inspect.isfunction(fn) or inspect.ismethod(fn) else getattr(fn, "__call__", None)  # noqa: B004
+
+
 def _is_async(fn: Any) -> bool:
     """An ``async def`` function, or a callable class whose ``__call__`` is one (a coroutine or
     an async generator), as Ray's ``map_batches`` takes."""
-    call = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else getattr(fn, "__call__", None)  # noqa: B004
+    call = _call_target(fn)
     return inspect.iscoroutinefunction(call) or inspect.isasyncgenfunction(call)
 
 
@@ -227,6 +232,8 @@ class _AsyncCall:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
+        self.generates = inspect.isasyncgenfunction(_call_target(fn))
+        """An async generator: a call's outputs are several (else the one its coroutine returns)."""
 
     @staticmethod
     def loop() -> Any:
@@ -247,10 +254,8 @@ class _AsyncCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The coroutine's value (a row function's row), or a generator of an async
         generator's outputs (as a plain generator function's call gives them)."""
-        result = self.fn(*args, **kwargs)
-        if inspect.isasyncgen(result):
-            return _replay(self.loop().run_until_complete(_collect(result)))
-        return self.loop().run_until_complete(result) if inspect.isawaitable(result) else result
+        outputs = self.loop().run_until_complete(self._results(*args, **kwargs))
+        return _replay(outputs) if self.generates else outputs[0]
 
     def outputs(self, batches: Iterable[Any], failed: Callable[[BaseException], BaseException],
                 *args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -284,10 +289,6 @@ class _AsyncCall:
                 import asyncio
 
                 loop.run_until_complete(asyncio.gather(*running, return_exceptions=True))
-
-
-async def _collect(outputs: Any) -> list[Any]:
-    return [out async for out in outputs]
 
 
 def _run_to_completion(fn: Callable[..., Any]) -> _AsyncCall:

@@ -190,7 +190,7 @@ def _table(rows: list[dict[str, Any]], schema: pa.Schema | None, display: str) -
             return pa.Table.from_pylist(rows, schema=schema)
         from engine.block_format import rows_to_block
 
-        return rows_to_block(rows, missing_as_null=True)
+        return rows_to_block(rows)
     except (pa.ArrowException, ValueError, TypeError) as err:
         raise FileFormatError(f"Avro records that do not convert to Arrow: {err}", path=display) from err
 

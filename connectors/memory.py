@@ -60,20 +60,23 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(parts)]
 
 
-def default_num_blocks(num_rows: int, row_bytes: int = 8) -> int:
-    """Blocks for an in-memory source: about 1 MiB each, at most 200 (Ray's read floor)."""
-    return max(1, min(200, num_rows * row_bytes // (1 << 20) + 1, num_rows))
+def default_num_blocks(num_rows: int, row_bytes: int = 8, min_blocks: int = 1) -> int:
+    """Blocks for an in-memory source: about 1 MiB each, at most 200 (Ray's read floor), and at
+    least ``min_blocks`` (the caller's 2 per CPU, as Ray's parallelism has) where there are rows
+    enough: six slow rows are six tasks for the workers to share, not one."""
+    by_bytes = min(200, num_rows * row_bytes // (1 << 20) + 1)
+    return max(1, min(max(by_bytes, min_blocks), num_rows))
 
 
 class RangeDatasource(Datasource):
     """Rows ``0..n-1`` in column ``id`` (``ray.data.range``)."""
 
-    def __init__(self, n: int, num_blocks: int | None = None, column: str = "id") -> None:
+    def __init__(self, n: int, num_blocks: int | None = None, column: str = "id", min_blocks: int = 1) -> None:
         if n < 0:
             msg = f"range() needs n >= 0, got {n}"
             raise ValueError(msg)
         self.n = n
-        self.num_blocks = num_blocks or default_num_blocks(n)
+        self.num_blocks = num_blocks or default_num_blocks(n, min_blocks=min_blocks)
         self.column = column
 
     def get_name(self) -> str:

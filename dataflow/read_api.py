@@ -80,12 +80,18 @@ def _num_blocks(method: str, parallelism: int, override_num_blocks: int | None, 
     return parallelism
 
 
+def _min_blocks() -> int:
+    """Blocks an in-memory source makes at least, where it has rows enough: 2 per CPU, the floor
+    of Ray's read parallelism, so that a few slow rows spread over the workers."""
+    return 2 * DataContext.get_current().execution_options.resolved_num_cpus()
+
+
 def range(
     n: int, *, parallelism: int = -1, concurrency: int | None = None, override_num_blocks: int | None = None
 ) -> Dataset:
     """Rows ``{"id": 0}`` ... ``{"id": n - 1}``; ``concurrency`` caps the tasks making them."""
     blocks = _num_blocks("range", parallelism, override_num_blocks)
-    return _read(RangeDatasource(n, blocks), "range", None, {"concurrency": concurrency})
+    return _read(RangeDatasource(n, blocks, min_blocks=_min_blocks()), "range", None, {"concurrency": concurrency})
 
 
 def range_tensor(
@@ -144,7 +150,7 @@ def items_to_table(items: Sequence[Any]) -> pa.Table:
 
     objects = DataContext.get_current().enable_fallback_to_arrow_object_ext_type
     if items and all(isinstance(i, dict) for i in items):
-        return rows_to_block(list(items), objects, missing_as_null=True)  # (data, not a UDF: absent is null)
+        return rows_to_block(list(items), objects)  # (data, not a UDF: absent is null)
     return to_block({"item": list(items)}, objects)
 
 
@@ -152,9 +158,10 @@ def from_items(
     items: Sequence[Any], *, parallelism: int = -1, override_num_blocks: int | None = None
 ) -> MaterializedDataset:
     """A dataset of Python values: dicts become rows, other values a column ``item``. No items:
-    no blocks and no schema (``schema()`` is None), as in Ray."""
+    no blocks and no schema (``schema()`` is None), as in Ray. As in Ray, one block per item up
+    to 200 (or 2 per CPU): items are often units of work (prompts, paths) for slow functions."""
     items = list(items)
-    blocks = _num_blocks("from_items", parallelism, override_num_blocks)
+    blocks = _num_blocks("from_items", parallelism, override_num_blocks) or min(len(items), max(200, _min_blocks()))
     return _in_memory(ArrowDatasource([items_to_table(items)] if items else [], blocks, "FromItems"))
 
 

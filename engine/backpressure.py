@@ -67,15 +67,22 @@ def op_budget(
     expected_output_bytes: float,
     floor: int,
     feeds_consumer: bool = False,
+    first_wave: bool = False,
 ) -> int:
     """Bytes one operator may hold: ``WAVES`` waves of ``slots`` tasks of its expected output, at
     least ``floor`` (capped by the share), at most its share of the store.
 
     The operator feeding the consumer gets one wave plus one block: every slot busy while the
     consumer reads the block it holds, but no more (what the consumer has not read counts, and a
-    slow consumer should not hold two waves of blocks)."""
+    slow consumer should not hold two waves of blocks). Before any of its tasks has finished
+    (``first_wave``, ``expected_output_bytes`` then a whole-block guess): one wave of ``slots``
+    guesses, so every slot gets a task where the share holds them, and no more until the
+    guess has been replaced by what tasks made."""
     share = int(store_capacity * STORE_SHARE / max(1, task_operators))
-    tasks = max(1, slots) + 1 if feeds_consumer else WAVES * max(1, slots)
+    if first_wave:
+        tasks = max(1, slots)
+    else:
+        tasks = max(1, slots) + 1 if feeds_consumer else WAVES * max(1, slots)
     want = int(tasks * expected_output_bytes)
     return max(min(floor, share), min(want, share))
 

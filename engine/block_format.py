@@ -297,6 +297,8 @@ def concat_blocks(tables: list[pa.Table]) -> pa.Table:
     different sizes), other types are promoted (a null-typed column, int widths)."""
     if len(tables) == 1:
         return tables[0]
+    if all(t.num_columns == 0 for t in tables):  # pyarrow's concat of these has no rows
+        return pa.table({"_": pa.nulls(sum(t.num_rows for t in tables))}).select([])
     try:
         return pa.concat_tables(tables)
     except pa.ArrowInvalid:
@@ -316,13 +318,12 @@ def iter_rows(table: pa.Table) -> Iterable[dict[str, Any]]:
         yield from rows_of(slice_rows(table, start, 16384))
 
 
-def rows_to_block(rows: list[Any], objects: bool | None = None, *, missing_as_null: bool = False) -> pa.Table:
+def rows_to_block(rows: list[Any], objects: bool | None = None) -> pa.Table:
     """Rows (dicts) back into a table; one pass per column when every row has the same keys.
 
-    Every row must have the first row's keys, in any order (Ray's ``TableBlockBuilder``
-    raises the same ``ValueError``): a row function that returns other keys for some rows has
-    a bug that nulls would hide. ``missing_as_null``: a reader's records, where an absent
-    field is a null."""
+    A key some rows lack is a null in those rows, as Ray 2.60's ``TableBlockBuilder`` fills
+    them (whatever the block layout: raising here made the same function fail or not
+    depending on which rows shared a block); columns in the order keys first appear."""
     if not rows:
         return pa.table({})
     first = rows[0]
@@ -341,12 +342,5 @@ def rows_to_block(rows: list[Any], objects: bool | None = None, *, missing_as_nu
         if not isinstance(r, Mapping):
             msg = f"a row function must return a dict, got {type(r).__name__}"
             raise UDFOutputError(msg)
-        if not missing_as_null and r.keys() != first.keys():
-            msg = (
-                "Current row has different columns compared to previous rows. "
-                f"Columns of current row: {sorted(map(str, r.keys()))}, "
-                f"Columns of previous rows: {sorted(map(str, keys))}."
-            )
-            raise ValueError(msg)
         all_keys.update(dict.fromkeys(r))
     return to_block({k: [r.get(k) for r in rows] for k in all_keys}, objects)  # missing keys are nulls

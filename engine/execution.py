@@ -273,15 +273,16 @@ class Execution:
         consumer = id(op) in self._feeds_consumer
         floor = self.options.consumer_buffer_bytes if consumer else self.options.op_output_budget
         down = self._task_downstream(op)
-        # the budget grows with what tasks are seen to produce, not with the first guess (until a
-        # task has finished: the floor, and the whole-block guess lets one task run at a time);
+        # the budget grows with what tasks are seen to produce; until a task has finished, one
+        # wave of whole-block guesses where the operator's share of the store holds them;
         # while what it feeds is behind, one task at a time (more would only hold more memory)
         learned = op.learned_output_bytes()
         backlogged = self._backlogged(op, down, cpus)
         # the store is shared by the operators that still run tasks: once the ones before an
         # exchange's reduce are done, the reduce gets their part (else it runs one task at a time)
         active = (sum(1 for o in self._task_ops if not o.completed()) or 1) if self.shares_finished_budgets else len(self._task_ops)
-        budget = op_budget(self.store_capacity, active, slots, learned or 0.0, floor, consumer)
+        budget = op_budget(self.store_capacity, active, slots, expected if learned is None else learned, floor, consumer,
+                           first_wave=learned is None)
         starved = down is not None and down.needs_more_input()
         return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved, backlogged,
                       len(self.buffer) if consumer else 0, consumer_block_cap(slots) if consumer else 0)
@@ -359,8 +360,13 @@ class Execution:
             for ref in result.refs:
                 self.release(ref)
         elif not op.keep_outputs(pending, result.refs):
-            ordered = self.options.preserve_order or op.ordered_output
-            for ref in op.in_order(pending.spec.task_index, result.refs) if ordered else result.refs:
+            if self.options.preserve_order or op.ordered_output:
+                refs = op.in_order(pending.spec.task_index, result.refs)
+            elif type(op) is MapOperator:
+                refs = op.soft_in_order(pending.spec.task_index, result.refs)
+            else:
+                refs = result.refs
+            for ref in refs:
                 op.emit(ref)
         self.route()
 
@@ -406,6 +412,12 @@ class Execution:
             "task %d of %s will run again (attempt %d): its worker died (%s)",
             pending.spec.task_index, op.name, pending.spec.attempt + 2, why,
         )
+        self.flush_soft_order(op)
+
+    def flush_soft_order(self, op: MapOperator) -> None:
+        """Outputs ``op`` held back for the order of a task that is no longer running go on."""
+        for ref in op.flush_soft_order():
+            op.emit(ref)
 
     def release_consumed(self, ref: BlockRef) -> None:
         self.consumer_held -= ref.size_bytes

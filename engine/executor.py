@@ -594,6 +594,7 @@ class StreamingExecutor:
                 execution.task_discarded(op, pending.spec.task_id, [])
             else:
                 op.requeue(pending.spec.task_id)
+                execution.flush_soft_order(op)
         if task is not None and handle.timed_out:
             execution, op, pending = task
             self._ledger.give(op.resources.num_cpus, op.resources.custom)

@@ -19,15 +19,25 @@ from typing import Any
 
 from engine import serialization
 from engine.object_store import BlockRef, BlockSlice
-from engine.operators.base import PhysicalOperator
+from engine.operators.base import OperatorContext, PhysicalOperator
 from engine.operators.source import WAITING, BackgroundSource
 from engine.options import ExecutionOptions
-from engine.task import OUTPUT_BLOCKS, OUTPUT_PARTITIONS, TaskResult, TaskSpec
+from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_PARTITIONS, TaskResult, TaskSpec
 from engine.transform import BlockTransform
 from engine.units import unit_of
 
 EXACT_TASK_BYTES = 32 << 20
 """Input bytes per task for operators fed exact multiples of a batch size (actor pools)."""
+
+SOFT_ORDER_BYTES = 8 << 20
+"""Without ``preserve_order``, finished outputs wait for an earlier running task of their
+operator (``MapOperator.soft_in_order``) while they total at most this."""
+
+TASK_TARGET_S = 0.1
+"""Bundles stop growing at about this much work, once finished tasks have shown their time per
+input byte: a slow function's small blocks stay one task each, spread over the workers, where
+bundling them by bytes would queue them all on one. Fast functions still bundle up to
+``min_bundle_bytes`` (a task costs well under a millisecond of overhead)."""
 
 _task_ids = itertools.count(1)
 _op_ids = itertools.count(1)
@@ -136,6 +146,11 @@ class MapOperator(PhysicalOperator):
         self._out_bytes_per_task: float | None = None
         self._out_ratio: float | None = None
         """Bytes a task leaves in the store per byte of input (a moving average of finished tasks)."""
+        self._secs_per_byte: float | None = None
+        """A task's wall time per byte of input (a moving average of finished tasks)."""
+        self._timed_bundles = True
+        """Bundles stop at ``TASK_TARGET_S`` of work; off where the execution must be
+        deterministic (``preserve_order``: how blocks are bundled would depend on timing)."""
         self.max_task_output_bytes = ExecutionOptions.target_max_block_size
         """What one task should leave in the store at most: bundles shrink to fit it once the
         output-to-input ratio is known (the execution's ``target_max_block_size``)."""
@@ -147,6 +162,9 @@ class MapOperator(PhysicalOperator):
         if self._transform_bytes is None:
             self._transform_bytes = serialization.dumps(self.transform)
         return self._transform_bytes
+
+    def start(self, ctx: OperatorContext) -> None:
+        self._timed_bundles = not (ctx.preserve_order or self.ordered_output)
 
     # inputs ------------------------------------------------------------------------------
     def add_input(self, item: Any, index: int) -> None:
@@ -301,6 +319,8 @@ class MapOperator(PhysicalOperator):
         not leave far more than ``max_task_output_bytes`` in the store. Until a task has
         finished the ratio is unknown: one input item per task."""
         limit = max(self.min_bundle_bytes, 1)
+        if self._timed_bundles and self._secs_per_byte is not None and self.output in (OUTPUT_BLOCKS, OUTPUT_COUNT):
+            limit = max(1, min(limit, int(TASK_TARGET_S / max(self._secs_per_byte, 1e-12))))
         if self.output not in (OUTPUT_BLOCKS, OUTPUT_PARTITIONS):
             return limit  # counts and writes leave nothing behind
         if self._out_ratio is None:
@@ -406,6 +426,40 @@ class MapOperator(PhysicalOperator):
             self._next_in_order += 1
         return ready
 
+    def soft_in_order(self, task_index: int, refs: list[BlockRef]) -> list[BlockRef]:
+        """Without ``preserve_order``: the outputs that may be emitted now, in task order while
+        that costs little. A finished task's outputs wait for an earlier task of this operator
+        that is still running, as long as what waits is under ``SOFT_ORDER_BYTES``; past that,
+        or when the task waited for is not running (lost, queued for a retry), everything
+        waiting leaves in task order, and a task whose turn has passed leaves as it finishes.
+        Small jobs then give rows in input order (as Ray's usually do) without a straggler
+        holding big blocks back."""
+        if task_index < self._next_in_order:
+            return refs
+        ready = self.in_order(task_index, refs)
+        if self._finished_out_of_order and not self._worth_waiting():
+            ready += self._give_up_waiting()
+        return ready
+
+    def flush_soft_order(self) -> list[BlockRef]:
+        """Outputs that waited for a task that is no longer running (it was lost)."""
+        if self._finished_out_of_order and not self._worth_waiting():
+            return self._give_up_waiting()
+        return []
+
+    def _worth_waiting(self) -> bool:
+        waiting = sum(ref.size_bytes for refs in self._finished_out_of_order.values() for ref in refs)
+        if waiting > SOFT_ORDER_BYTES:
+            return False
+        return any(p.spec.task_index == self._next_in_order for p in self.pending.values())
+
+    def _give_up_waiting(self) -> list[BlockRef]:
+        ready: list[BlockRef] = []
+        for index in sorted(self._finished_out_of_order):
+            ready += self._finished_out_of_order.pop(index)
+            self._next_in_order = index + 1
+        return ready
+
     def held_out_of_order(self) -> list[BlockRef]:
         refs = [r for refs in self._finished_out_of_order.values() for r in refs]
         self._finished_out_of_order.clear()
@@ -489,6 +543,8 @@ class MapOperator(PhysicalOperator):
         if pending.input_bytes > 0 and result.error is None:
             ratio = out / pending.input_bytes
             self._out_ratio = ratio if self._out_ratio is None else 0.8 * self._out_ratio + 0.2 * ratio
+            pace = result.wall_s / pending.input_bytes
+            self._secs_per_byte = pace if self._secs_per_byte is None else 0.8 * self._secs_per_byte + 0.2 * pace
         return pending
 
     def requeue(self, task_id: int) -> None:

@@ -213,7 +213,7 @@ def test_write_sql_inserts_every_row(tmp_path: Path, mode: str) -> None:
 
 def test_write_sql_failure_rolls_back_the_task_and_names_the_statement(tmp_path: Path, mode: str) -> None:
     path = _new_db(tmp_path / "out.db", "CREATE TABLE out (id INTEGER PRIMARY KEY)")
-    ds = dataflow.from_items([{"id": 1}, {"id": 2}, {"id": 2}])  # one block: one task, one transaction
+    ds = dataflow.from_items([{"id": 1}, {"id": 2}, {"id": 2}], override_num_blocks=1)  # one task, one transaction
     with pytest.raises(sqlite3.IntegrityError, match=r"UNIQUE.*in the statement: INSERT INTO out VALUES \(\?\)"):
         ds.write_sql("INSERT INTO out VALUES (?)", _factory(path))
     assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM out").fetchone() == (0,)

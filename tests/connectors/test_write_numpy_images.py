@@ -47,7 +47,7 @@ def test_write_numpy_one_file_per_block_of_a_column(tmp_path: Path, mode: str) -
 
 def test_write_numpy_strings_and_max_rows_per_file(tmp_path: Path, mode: str) -> None:
     dest = tmp_path / "names"
-    dataflow.from_items([{"name": f"n{i}"} for i in range(10)]).write_numpy(str(dest), column="name", max_rows_per_file=4)
+    dataflow.from_items([{"name": f"n{i}"} for i in range(10)], override_num_blocks=1).write_numpy(str(dest), column="name", max_rows_per_file=4)
     files = _data_files(dest, ".npy")
     assert [len(np.load(f, allow_pickle=False)) for f in files] == [4, 4, 2]
     assert np.concatenate([np.load(f, allow_pickle=False) for f in files]).tolist() == [f"n{i}" for i in range(10)]
@@ -55,7 +55,7 @@ def test_write_numpy_strings_and_max_rows_per_file(tmp_path: Path, mode: str) ->
 
 def test_write_numpy_refuses_what_needs_pickling_and_leaves_nothing(tmp_path: Path, mode: str) -> None:
     dest = tmp_path / "ragged"
-    ds = dataflow.from_items([{"v": [1, 2]}, {"v": [3]}])
+    ds = dataflow.from_items([{"v": [1, 2]}, {"v": [3]}], override_num_blocks=1)
     with pytest.raises(TypeError, match=r"column 'v' \(list<item: int64>\) cannot be written to \.npy without pickling"):
         ds.write_numpy(str(dest), column="v")
     assert not dest.exists()  # the failed job removed the folder it had created
@@ -100,8 +100,8 @@ def test_write_images_errors(tmp_path: Path, mode: str) -> None:
 
 def test_mode_and_filename_provider_as_every_file_sink(tmp_path: Path, mode: str) -> None:
     dest = tmp_path / "modes"
-    dataflow.range(10).write_numpy(str(dest), column="id")
-    dataflow.range(5).write_numpy(str(dest), column="id", mode="overwrite")
+    dataflow.range(10, override_num_blocks=1).write_numpy(str(dest), column="id")
+    dataflow.range(5, override_num_blocks=1).write_numpy(str(dest), column="id", mode="overwrite")
     (only,) = _data_files(dest, ".npy")
     assert np.load(only, allow_pickle=False).tolist() == list(range(5))
 

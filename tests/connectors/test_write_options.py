@@ -69,7 +69,7 @@ def test_filename_provider_names_the_files(tmp_path: Path) -> None:
         str(tmp_path / "a"), filename_provider=Named(), max_rows_per_file=40, mode="overwrite"
     )
     assert [p.name for p in _data_files(tmp_path / "a")] == ["part-000-0.parquet", "part-000-1.parquet", "part-000-2.parquet"]
-    dataflow.range(5).write_csv(str(tmp_path / "b"), filename_provider=FilenameProvider(dataset_uuid="ds", file_format="csv"))
+    dataflow.range(5, override_num_blocks=1).write_csv(str(tmp_path / "b"), filename_provider=FilenameProvider(dataset_uuid="ds", file_format="csv"))
     names = [p.name for p in _data_files(tmp_path / "b", ".csv")]
     # Ray's CSV and JSON sinks write a task's file under the provider's name as it is
     assert len(names) == 1 and names[0].startswith("ds_") and names[0].endswith("_000000.csv")
@@ -126,7 +126,7 @@ def test_arrow_parquet_args(tmp_path: Path) -> None:
     dataflow.range(100).write_parquet(str(tmp_path / "a"), compression="zstd", use_dictionary=False)
     meta = pq.read_metadata(_data_files(tmp_path / "a")[0])
     assert meta.row_group(0).column(0).compression == "ZSTD"
-    dataflow.range(100).write_parquet(
+    dataflow.range(100, override_num_blocks=1).write_parquet(
         str(tmp_path / "b"), arrow_parquet_args_fn=lambda: {"row_group_size": 10, "compression": "gzip"}
     )
     meta = pq.read_metadata(_data_files(tmp_path / "b")[0])
@@ -185,7 +185,7 @@ def test_writing_no_rows_leaves_no_destination(tmp_path: Path, execution: str) -
         assert _data_files(existing) == before and (existing / "_SUCCESS").exists()
         assert not [p for p in existing.iterdir() if p.name.startswith("_staging")]
         # rows again after an empty write: the folder appears as usual
-        dataflow.range(4).write_csv(str(tmp_path / "csv"))
+        dataflow.range(4, override_num_blocks=1).write_csv(str(tmp_path / "csv"))
         assert len(_data_files(tmp_path / "csv", ".csv")) == 1 and (tmp_path / "csv" / "_SUCCESS").exists()
 
 
@@ -197,7 +197,7 @@ def test_rows_without_columns_are_written_and_partition_cols_of_every_column_ref
     ``slice(offset)`` of one keeps all its rows). ``partition_cols`` naming every column would
     write files with no column, which read back as no rows: refused, naming them, as nothing."""
     with dataflow.options(execution_mode=execution):
-        dataflow.range(5).drop_columns(["id"]).write_parquet(str(tmp_path / "none"), max_rows_per_file=2)
+        dataflow.range(5, override_num_blocks=1).drop_columns(["id"]).write_parquet(str(tmp_path / "none"), max_rows_per_file=2)
         assert len(_data_files(tmp_path / "none")) == 3
         for fmt in ("parquet", "csv"):
             with pytest.raises(ValueError, match=r"partition_cols \['g'\] are every column"):
@@ -211,7 +211,7 @@ def test_csv_and_json_writer_arguments_as_rays(tmp_path: Path) -> None:
     write task, its arguments reach pyarrow's CSV writer or ``DataFrame.to_json``."""
     import pyarrow.csv as pacsv
 
-    ds = dataflow.from_items([{"a": 1, "b": 0.123456}, {"a": 2, "b": 2.5}])
+    ds = dataflow.from_items([{"a": 1, "b": 0.123456}, {"a": 2, "b": 2.5}], override_num_blocks=1)
     ds.write_csv(str(tmp_path / "c"), arrow_csv_args_fn=lambda: {"write_options": pacsv.WriteOptions(delimiter=";")})
     (csv_file,) = _data_files(tmp_path / "c", ".csv")
     assert csv_file.read_text().splitlines() == ['"a";"b"', "1;0.123456", "2;2.5"]

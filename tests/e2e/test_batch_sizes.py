@@ -19,7 +19,8 @@ def _sizes(batch):
 def _shape(sizes: list[int], batch: int, rows: int) -> None:
     assert sum(sizes) == rows
     short = [n for n in sizes if n != batch]
-    assert len(short) <= max(1, len(sizes) // 2), sizes  # at most one remainder per task of >= batch rows
+    # at most one remainder per task, and a task has a full batch before it (as Ray's bundles)
+    assert len(short) <= len(sizes) - len(short) + 1, sizes
 
 
 def test_small_blocks_are_bundled_into_full_batches(mode):

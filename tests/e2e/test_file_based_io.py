@@ -194,7 +194,7 @@ def test_a_failing_block_writer_leaves_nothing(mode, tmp_path):
 
     out = tmp_path / "out"
     with pytest.raises(ZeroDivisionError, match="writer failed") as info:
-        dataflow.range(100).write_datasink(Failing(str(out)))
+        dataflow.range(100, override_num_blocks=1).write_datasink(Failing(str(out)))
     assert "Failing.write_block_to_file" in str(info.value) and "a file of 100 rows" in str(info.value)
     assert not out.exists() or os.listdir(out) == []
 

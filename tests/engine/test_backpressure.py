@@ -289,3 +289,45 @@ def test_a_cancelled_jobs_long_task_gives_its_worker_back(streaming):
     start = time.perf_counter()
     assert dataflow.range(1000).map_batches(lambda b: b).count() == 1000
     assert time.perf_counter() - start < CANCELLED_TASK_GRACE_S + 5.0
+
+
+def _timed_slow_row(row):
+    start = time.monotonic()
+    time.sleep(0.3)
+    return {**row, "pid": os.getpid(), "start": start, "end": time.monotonic()}
+
+
+def _overlap(rows):
+    return [(a["pid"], b["pid"]) for a in rows for b in rows
+            if a["pid"] != b["pid"] and a["start"] < b["end"] and b["start"] < a["end"]]
+
+
+def test_a_few_slow_rows_of_an_in_memory_source_run_on_every_worker(streaming):
+    """``from_items`` of a few work items (prompts, paths) and ``range`` of a few ids make a
+    block per row (Ray's layout: 2 per CPU at least), and the first wave of a slow function
+    fills every worker: the rows ran one after another in one task before."""
+    executor = engine_session.current_session().executor
+    assert executor.wait_for_workers()
+    for ds in (dataflow.from_items([{"id": i} for i in range(4)]), dataflow.range(4)):
+        rows = ds.map(_timed_slow_row).take_all()
+        assert sorted(r["id"] for r in rows) == [0, 1, 2, 3]
+        assert _overlap(rows), f"the slow rows ran one at a time: {rows}"
+
+
+def _slow_row(row):
+    time.sleep(0.02)
+    return {**row, "pid": os.getpid()}
+
+
+def test_a_slow_functions_small_blocks_are_not_bundled_onto_one_worker(streaming):
+    """Small blocks are bundled by bytes once a task's output is known; a slow function's
+    tasks stop at about ``TASK_TARGET_S`` of work instead, so the blocks left after the first
+    wave are shared by the workers rather than queued as one task on one of them."""
+    executor = engine_session.current_session().executor
+    assert executor.wait_for_workers()
+    rows = dataflow.from_items([{"id": i} for i in range(60)]).map(_slow_row).take_all()
+    assert sorted(r["id"] for r in rows) == list(range(60))
+    per_pid: dict[int, int] = {}
+    for r in rows:
+        per_pid[r["pid"]] = per_pid.get(r["pid"], 0) + 1
+    assert len(per_pid) == 2 and min(per_pid.values()) >= 15, per_pid

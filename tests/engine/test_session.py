@@ -59,7 +59,7 @@ def test_shutdown_removes_processes_and_shared_memory(fresh_engine):
     shm_dir = current.shm_dir
     assert oct(os.stat(shm_dir).st_mode & 0o777) == "0o700"
     assert dataflow.range(1000).map_batches(lambda b: b).count() == 1000
-    mat = dataflow.range(10_000).map_batches(lambda b: b).materialize()
+    mat = dataflow.range(100_000).map_batches(lambda b: b).materialize()  # (blocks past 64 KiB: files)
     assert glob.glob(os.path.join(shm_dir, "*.arrow"))
     assert _wait(lambda: len(_children() - before) >= 3)  # the zygote and two workers
     dataflow.shutdown()

@@ -97,6 +97,10 @@ def test_budgets_scale_with_block_size_and_stay_within_the_store_share():
     assert op_budget(store, 2, 64, 256 * MiB_, 192 * MiB_) == store // 4
     # a tiny store: the floor itself is capped by the share
     assert op_budget(64 * MiB_, 2, 2, 1 * MiB_, 192 * MiB_) == 16 * MiB_
+    # before any task has finished: one wave of whole-block guesses, every slot busy...
+    assert op_budget(store, 1, 2, 128 * MiB_, 128 * MiB_, feeds_consumer=True, first_wave=True) == 2 * 128 * MiB_
+    # ...as far as the share holds them (64 slots of 128 MiB guesses on an 8 GiB store: 32)
+    assert op_budget(store, 1, 64, 128 * MiB_, 192 * MiB_, first_wave=True) == store // 2
 
 
 def test_a_tasks_output_is_capped_to_fit_its_operators_share_of_a_small_store():

@@ -522,6 +522,37 @@ def _finite_floats(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=table.schema)
 
 
+def _nested_tensors(table: pa.Table) -> pa.Table:
+    """``table`` with its tensor columns as nested lists of their shape, as Ray writes them (a
+    ``(2, 2)`` tensor is ``[[0, 1], [2, 3]]``, not its four values flat)."""
+    from engine.ragged_tensors import is_ragged
+
+    if not any(isinstance(f.type, pa.FixedShapeTensorType) or is_ragged(f.type) for f in table.schema):
+        return table
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if isinstance(field.type, pa.FixedShapeTensorType) or is_ragged(field.type):
+            column = pa.chunked_array([_nested(chunk) for chunk in column.chunks]) if column.num_chunks else column
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=table.column_names)
+
+
+def _nested(chunk: pa.Array) -> pa.Array:
+    typ = chunk.type
+    if isinstance(typ, pa.FixedShapeTensorType) and typ.shape and not typ.permutation:
+        storage = chunk.storage
+        size = storage.type.list_size
+        values = storage.values.slice(storage.offset * size, len(storage) * size)
+        for dim in reversed(typ.shape[1:]):
+            values = pa.FixedSizeListArray.from_arrays(values, dim)
+        mask = storage.is_null() if storage.null_count else None
+        return pa.FixedSizeListArray.from_arrays(values, typ.shape[0], mask=mask)
+    from engine.ragged_tensors import ragged_to_numpy
+
+    cells = ragged_to_numpy(chunk) if not isinstance(typ, pa.FixedShapeTensorType) else chunk.to_numpy_ndarray()
+    return pa.array([None if cell is None else cell.tolist() for cell in cells])
+
+
 class JSONDatasink(FileDatasink):
     """JSON Lines files (one object per row) under ``path``, staged and committed.
 
@@ -561,7 +592,7 @@ class JSONDatasink(FileDatasink):
         lines = [
             stdlib_json.dumps(row, default=_json_default, ensure_ascii=False, separators=(",", ":"))
             for table in tables
-            for row in _finite_floats(table).to_pylist()
+            for row in _finite_floats(_nested_tensors(table)).to_pylist()
         ]
         return pa.py_buffer(("\n".join(lines) + "\n").encode())
 
@@ -574,7 +605,7 @@ class JSONDatasink(FileDatasink):
             args.update(check_pandas_json_args("pandas_json_args_fn()", dict(self._pandas_args_fn())))
         orient = args.pop("orient", "records")
         lines = args.pop("lines", True)
-        frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+        frame = _nested_tensors(pa.concat_tables(tables, promote_options="permissive")).to_pandas()
         text = frame.to_json(orient=orient, lines=lines, **args)
         if lines and not text.endswith("\n"):
             text += "\n"

@@ -54,6 +54,10 @@ class AggregateFnV2:
     def _ignore_nulls(self) -> bool:  # (Ray's attribute, which code copied from its built-ins reads)
         return self.ignore_nulls
 
+    @property
+    def _target_col_name(self) -> str | None:  # (Ray's attribute, which its guide's examples read)
+        return self.on
+
     def aggregate_block(self, block: pa.Table) -> Any:
         raise NotImplementedError
 
@@ -72,8 +76,19 @@ class AggregateFnV2:
         return [self.on] if self.on is not None else []
 
     def of_group(self, group: pa.Table) -> Any:
-        """The finished value for one whole group."""
-        return self.finalize(self.combine(self.zero_factory(), self.aggregate_block(group)))
+        """The finished value for one whole group, with Ray's null rules around the user's
+        methods: with ``ignore_nulls`` an accumulator that is None (or NaN) means "nothing
+        yet" (the zero is None, and ``combine`` never sees one); without, it means "a null was
+        seen" and is the result. A null accumulator is not finalized."""
+        from dataflow._internal.util import is_null
+
+        new = self.aggregate_block(group)
+        if self.ignore_nulls:
+            acc = None if is_null(new) else self.combine(self.zero_factory(), new)
+        else:
+            zero = self.zero_factory()
+            acc = new if is_null(new) else zero if is_null(zero) else self.combine(zero, new)
+        return acc if is_null(acc) else self.finalize(acc)
 
 
 class AggregateFn(AggregateFnV2):

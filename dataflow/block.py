@@ -83,3 +83,97 @@ class BlockAccessor:
 
     def get_metadata(self, input_files: list[str] | None = None, exec_stats: Any = None) -> BlockMetadata:
         return BlockMetadata(self._table.num_rows, self._table.nbytes, tuple(input_files or ()), self._table.schema)
+
+    # what Ray's custom aggregations (``AggregateFnV2.aggregate_block``) and sinks call ---------
+    def column_names(self) -> list[str]:
+        return self._table.column_names
+
+    def to_block(self) -> pa.Table:
+        return self._table
+
+    def to_default(self) -> pa.Table:
+        return self._table
+
+    def _column(self, on: str) -> pa.ChunkedArray:
+        if on is None:
+            msg = f"Provided `on` value has to be non-null (got '{on}')"
+            raise ValueError(msg)
+        if on not in self._table.column_names:
+            msg = f"Referencing column '{on}' not present in the schema: {self._table.schema}"
+            raise ValueError(msg)
+        return self._table[on]
+
+    def count(self, on: str, ignore_nulls: bool = False) -> int:
+        """Values of column ``on`` (non-null ones only with ``ignore_nulls``), as Ray's."""
+        import pyarrow.compute as pc
+
+        return int(pc.count(self._column(on), mode="only_valid" if ignore_nulls else "all").as_py())
+
+    def sum(self, on: str, ignore_nulls: bool) -> Any:
+        """Ray's: pyarrow's sum (None over a null unless ``ignore_nulls``; a NaN makes it NaN)."""
+        import pyarrow.compute as pc
+
+        return pc.sum(self._column(on), skip_nulls=ignore_nulls).as_py()
+
+    def min(self, on: str, ignore_nulls: bool) -> Any:
+        import pyarrow.compute as pc
+
+        return pc.min(self._column(on), skip_nulls=ignore_nulls).as_py()
+
+    def max(self, on: str, ignore_nulls: bool) -> Any:
+        import pyarrow.compute as pc
+
+        return pc.max(self._column(on), skip_nulls=ignore_nulls).as_py()
+
+    def mean(self, on: str, ignore_nulls: bool) -> Any:
+        import pyarrow.compute as pc
+
+        return pc.mean(self._column(on), skip_nulls=ignore_nulls).as_py()
+
+    def sum_of_squared_diffs_from_mean(self, on: str, ignore_nulls: bool, mean: Any = None) -> Any:
+        """Σ (x - mean)² over column ``on`` (the column's own mean unless given), as Ray's."""
+        import pyarrow.compute as pc
+
+        column = self._column(on)
+        if mean is None:
+            mean = pc.mean(column, skip_nulls=ignore_nulls).as_py()
+        if mean is None:
+            return None
+        return pc.sum(pc.power(pc.subtract(column, mean), 2), skip_nulls=ignore_nulls).as_py()
+
+    def select(self, columns: list[str]) -> pa.Table:
+        return self._table.select(list(columns))
+
+    def take(self, indices: Any) -> pa.Table:
+        return self._table.take(indices)
+
+    def rename_columns(self, columns_rename: dict[str, str]) -> pa.Table:
+        return self._table.rename_columns([columns_rename.get(name, name) for name in self._table.column_names])
+
+    def fill_column(self, name: str, value: Any) -> pa.Table:
+        """The block with column ``name`` (replaced or added) holding ``value`` in every row."""
+        column = pa.array([value] * self._table.num_rows)
+        if name in self._table.column_names:
+            return self._table.set_column(self._table.column_names.index(name), name, column)
+        return self._table.append_column(name, column)
+
+    def hstack(self, other_block: Any) -> pa.Table:
+        """This block's columns, then ``other_block``'s (the same rows)."""
+        other = BlockAccessor.for_block(other_block).to_arrow()
+        table = self._table
+        for name in other.column_names:
+            table = table.append_column(name, other[name])
+        return table
+
+    def random_shuffle(self, random_seed: int | None) -> pa.Table:
+        return self._table.take(np.random.default_rng(random_seed).permutation(self._table.num_rows))
+
+    def _get_row(self, index: int) -> dict[str, Any]:
+        return self._table.slice(index, 1).to_pylist()[0]
+
+    @staticmethod
+    def builder() -> Any:
+        """A builder of a block from rows and blocks (Ray's ``BlockAccessor.builder()``)."""
+        from dataflow._internal.delegating_block_builder import DelegatingBlockBuilder
+
+        return DelegatingBlockBuilder()

@@ -83,6 +83,8 @@ def stack_cells(array: np.ndarray, what: str, makes: str, shapes_hint: str, valu
     ``makes`` (``one tensor``, ``one jax.Array``), with ``shapes_hint`` for cells of different
     shapes and ``values_hint`` for other values. For the frameworks' batch conversions."""
     cells = list(array)
+    if cells and all(c is None for c in cells):  # a column of Arrow's null type: NaNs, as Ray's
+        return np.full(len(cells), np.nan, dtype=np.float32)
     if cells and all(isinstance(c, np.ndarray) and c.dtype != object for c in cells):
         try:
             return np.stack(cells)

@@ -22,6 +22,7 @@ import contextlib
 import copy
 import enum
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -84,6 +85,12 @@ class ShuffleStrategy(enum.StrEnum):
     HASH_SHUFFLE = "hash_shuffle"
     SHUFFLE_V2 = "shuffle_v2"
     GPU_SHUFFLE = "gpu_shuffle"
+
+
+_RAY_DEBUG_KEYS = {
+    "debug_limit_shuffle_execution_to_num_blocks": "Ray shuffles only that many input blocks",
+}
+"""``set_config`` keys Ray Data reads itself, which change nothing here."""
 
 
 @dataclass
@@ -252,7 +259,12 @@ class DataContext:
 
     def set_config(self, key: str, value: Any) -> None:
         """Set a key-value setting: the tasks of executions that start after it see it
-        (``get_config``); ``value`` travels to worker processes pickled."""
+        (``get_config``); ``value`` travels to worker processes pickled. Ray's own debugging
+        keys (``debug_limit_shuffle_execution_to_num_blocks``) are kept but do nothing here:
+        a warning says so."""
+        if key in _RAY_DEBUG_KEYS:
+            warnings.warn(f"set_config({key!r}): a Ray Data debugging setting ({_RAY_DEBUG_KEYS[key]}); "
+                          "it has no effect here", stacklevel=2)
         self._kv_configs[key] = value
 
     def remove_config(self, key: str) -> None:

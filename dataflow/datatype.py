@@ -124,6 +124,14 @@ class DataType:
         return cls(pa.fixed_shape_tensor(dtype.to_arrow_dtype(), builtins.list(shape)))
 
     @classmethod
+    def variable_shaped_tensor(cls, dtype: DataType, ndim: int = 2) -> DataType:
+        """A tensor whose shape varies by row, ``ndim`` dimensions (Ray's
+        ``ArrowVariableShapedTensorType``): the type ragged tensor columns have here."""
+        from engine.ragged_tensors import ragged_type
+
+        return cls(ragged_type(dtype.to_arrow_dtype(), ndim))
+
+    @classmethod
     def temporal(cls, temporal_type: str, unit: str | None = None, tz: str | None = None) -> DataType:
         """``"timestamp"`` (``unit`` "s"/"ms"/"us"/"ns", default "us"; ``tz``), ``"date32"``,
         ``"date64"``, ``"time32"`` ("s"/"ms"), ``"time64"`` ("us"/"ns"), ``"duration"``."""

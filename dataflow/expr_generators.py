@@ -14,9 +14,9 @@ retry, and state kept across its batches.
   task, not consecutive across tasks.
 * ``random(seed=None, reseed_after_execution=True)``: float64 in [0, 1). The generator of each
   batch is seeded from the seed, the task's number and the batch's position in the task, and,
-  with ``reseed_after_execution``, the number of the execution (0 for the dataset's first run,
-  1 for the next...): a retried task draws the same values; each epoch of a training loop new
-  ones. Without a seed every execution draws new values. As in Ray, a rerun reproduces the
+  with ``reseed_after_execution``, the number of the execution in this process (any
+  dataset's, as Ray's ``DataContext`` counts them): a retried task draws the same values; each
+  epoch of a training loop, and the same dataset built again, new ones. Without a seed every execution draws new values. As in Ray, a rerun reproduces the
   draws where each task gets the same inputs (a read of the same files, blocks taken one per
   task); small blocks bundled into tasks as they arrive can be bundled differently.
 * ``uuid()``: a random (version 4) UUID string for each row.
@@ -30,7 +30,7 @@ retry, and state kept across its batches.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -93,8 +93,6 @@ class RandomExpr(_Generated):
     execution: int | None = None
     """Set in the copy bound to one execution (``for_execution``): the execution's number, or
     the entropy drawn for it when there is no seed."""
-    _runs: list[int] = field(default_factory=lambda: [0], compare=False)
-    """Executions bound so far (shared by the bound copies' original)."""
 
     def structurally_equals(self, other: Any) -> bool:
         return (isinstance(other, RandomExpr) and self.seed == other.seed
@@ -102,8 +100,9 @@ class RandomExpr(_Generated):
 
     def for_execution(self) -> RandomExpr:
         """A copy for one execution of the plan: the execution's number (or fresh entropy)."""
-        number = self._runs[0]
-        self._runs[0] += 1
+        from dataflow.random_seed import execution_number
+
+        number = execution_number()
         if self.seed is None:
             return replace(self, execution=int.from_bytes(os.urandom(8)) >> 1)
         return replace(self, execution=number if self.reseed_after_execution else 0)

@@ -781,9 +781,10 @@ class StringNamespace:
         """True where a part of the string matches the regular expression ``pattern``."""
         return self._call("match_substring_regex", pattern=pattern, ignore_case=ignore_case)
 
-    def replace(self, pattern: str, replacement: str) -> Expr:
-        """Every occurrence of the substring ``pattern`` replaced by ``replacement``."""
-        return self._call("replace_substring", pattern=pattern, replacement=replacement)
+    def replace(self, pattern: str, replacement: str, max_replacements: int | None = None) -> Expr:
+        """Occurrences of the substring ``pattern`` replaced by ``replacement`` (the first
+        ``max_replacements`` of each string when given, as pyarrow's option Ray passes on)."""
+        return self._call("replace_substring", pattern=pattern, replacement=replacement, max_replacements=max_replacements)
 
     def slice(self, start: int, stop: int | None = None, step: int = 1) -> Expr:
         """Characters ``start:stop:step`` of each string."""

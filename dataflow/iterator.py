@@ -17,6 +17,7 @@ them has been handed on, so a slow consumer holds at most its prefetch window.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -32,6 +33,44 @@ from dataflow.schema import Schema
 from engine.block_format import concat_blocks, iter_rows, slice_rows, to_batch
 
 _END = object()
+
+
+class Epochs:
+    """What ``iter_batches``, ``iter_rows`` and the other ``iter_*`` return. As Ray's, an
+    iterable: each loop over it (each ``iter``) is a pass of its own, from the first row, so
+    ``batches = it.iter_torch_batches()`` looped over once per epoch trains every epoch (a
+    generator gave one pass and then nothing). It is an iterator too, for code that calls
+    ``next`` on it: ``next`` continues the pass it started, and so does a loop begun after it.
+    The first pass is made at the call (arguments are checked there, as before)."""
+
+    def __init__(self, first: Iterator[Any], again: Callable[[], Iterator[Any]]) -> None:
+        self._current: Iterator[Any] | None = first
+        self._again = again
+
+    def __iter__(self) -> Iterator[Any]:
+        current, self._current = self._current, None
+        return current if current is not None else self._again()
+
+    def __next__(self) -> Any:
+        if self._current is None:
+            self._current = self._again()
+        return next(self._current)
+
+    def close(self) -> None:
+        """Stop the pass ``next`` is reading (its blocks are released at once)."""
+        close = getattr(self._current, "close", None)
+        if close is not None:
+            close()
+
+
+def _epochs(method: Callable[..., Iterator[Any]]) -> Callable[..., Epochs]:
+    """``method``'s passes as ``Epochs``: each new loop calls it again with the same arguments."""
+
+    @functools.wraps(method)
+    def passes(self: Any, *args: Any, **kwargs: Any) -> Epochs:
+        return Epochs(method(self, *args, **kwargs), lambda: method(self, *args, **kwargs))
+
+    return passes
 
 
 class DataIterator:
@@ -111,6 +150,7 @@ class DataIterator:
             unsqueeze_feature_tensors=unsqueeze_feature_tensors,
         )
 
+    @_epochs
     def iter_tf_batches(
         self,
         *,
@@ -245,6 +285,7 @@ class DataIterator:
             if not closed_early:  # run to its end or failed: the summary is out before the caller goes on
                 progress.settle(handle)
 
+    @_epochs
     def iter_batches(
         self,
         *,
@@ -278,6 +319,7 @@ class DataIterator:
             tables = local_shuffle(tables, batch_size or 256, local_shuffle_buffer_size, local_shuffle_seed)
         return tables
 
+    @_epochs
     def iter_torch_batches(
         self,
         *,
@@ -300,6 +342,7 @@ class DataIterator:
             local_shuffle_seed=local_shuffle_seed, pin_memory=pin_memory,
         ), sized=True)
 
+    @_epochs
     def iter_jax_batches(
         self,
         *,
@@ -323,6 +366,7 @@ class DataIterator:
             local_shuffle_seed=local_shuffle_seed, synchronize_batches=synchronize_batches, paddings=paddings,
         ), sized=True)
 
+    @_epochs
     def iter_rows(self) -> Iterator[dict[str, Any]]:
         """Rows as dicts."""
         for table in self._skipping(self.iter_blocks()):

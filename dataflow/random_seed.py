@@ -5,19 +5,25 @@ An int gives the same result in every execution; None a different one each time;
 ``RandomSeedConfig(seed, reseed_after_execution=True)`` a different result in each execution of
 the dataset that is still the same from one run of the program to the next: execution ``k``
 (the ``k``-th time the dataset, or one made from it, runs: an epoch of a training loop) uses a
-seed drawn from ``(seed, k)``. Executions are numbered as their plans are compiled, so one that
-fails still takes its number (Ray counts only those that succeed).
+seed drawn from ``(seed, k)``, ``k`` the number of the execution in this process (any
+dataset's), as Ray's ``DataContext`` numbers them: the same dataset built twice gives different
+results, and a program that runs the same executions in the same order gets the same ones.
+Executions are numbered as their plans are compiled, so one that fails still takes its number
+(Ray counts only those that succeed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-_COMPILING: ContextVar[dict[int, int] | None] = ContextVar("dataflow_compiling", default=None)
+_EXECUTIONS = itertools.count()
+"""Executions compiled in this process (Ray's ``DataContext._execution_idx``)."""
+_COMPILING: ContextVar[int | None] = ContextVar("dataflow_compiling", default=None)
 
 
 @dataclass
@@ -40,9 +46,9 @@ class RandomSeedConfig:
 
 @contextlib.contextmanager
 def compiling() -> Iterator[None]:
-    """The compilation of one execution's plan: a random step asked for its seed more than once
-    in it gets the same execution number each time."""
-    token = _COMPILING.set({})
+    """The compilation of one execution's plan: it takes the next execution number, which every
+    random step in it gets, however often it asks."""
+    token = _COMPILING.set(next(_EXECUTIONS))
     try:
         yield
     finally:
@@ -60,7 +66,6 @@ class StepSeed:
         else:
             msg = f"Invalid seed type: {type(seed)}"
             raise ValueError(msg)
-        self._executions = 0
 
     @property
     def given(self) -> bool:
@@ -72,20 +77,16 @@ class StepSeed:
         seed = self.config.seed
         if seed is None or not self.config.reseed_after_execution:
             return seed
-        return execution_seed(seed, self._execution_number())
-
-    def _execution_number(self) -> int:
-        memo = _COMPILING.get()
-        if memo is not None and id(self) in memo:
-            return memo[id(self)]
-        number = self._executions
-        self._executions += 1
-        if memo is not None:
-            memo[id(self)] = number
-        return number
+        return execution_seed(seed, execution_number())
 
     def __repr__(self) -> str:
         return repr(self.config.seed) if not self.config.reseed_after_execution else repr(self.config)
+
+
+def execution_number() -> int:
+    """The number of the execution being compiled (outside a compilation: a new one)."""
+    number = _COMPILING.get()
+    return next(_EXECUTIONS) if number is None else number
 
 
 def execution_seed(seed: int, execution: int) -> int:

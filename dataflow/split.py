@@ -13,7 +13,7 @@ seconds (``engine.split_server.LIVENESS_S``), while a slow pipeline keeps it wai
 needed (the coordinator sends keepalives meanwhile).
 
 ``equal=True``: every split gets exactly ``floor(total / n)`` rows; the last ``total % n`` rows
-are dropped and reported (``SplitIterator.stats()["dropped_rows"]``, and a warning in the log).
+are dropped and reported (``SplitIterator.split_stats()["dropped_rows"]``, and a warning in the log).
 """
 
 from __future__ import annotations
@@ -149,8 +149,17 @@ class SplitIterator(DataIterator):
             self._schema = self._fetch_schema()
         return self._schema
 
-    def stats(self) -> dict[str, Any]:
-        """Rows each split got in the last finished epoch, and rows dropped to make them equal."""
+    def stats(self) -> str:
+        """The last finished epoch as text, as Ray's: the execution's statistics, then the rows
+        each split got and the rows dropped to make them equal ("" before an epoch has ended,
+        and in a process the coordinator does not live in: ``split_stats`` works there)."""
+        coordinator = self._coordinator or runner.find_split(self._key)
+        return coordinator.summary() if coordinator is not None else ""
+
+    def split_stats(self) -> dict[str, Any]:
+        """Rows each split got in the last finished epoch (``rows``), rows dropped to make them
+        equal (``dropped_rows``), and on a cluster where each split read (``rows_by_node``,
+        ``rows_on_own_node``)."""
         coordinator = self._coordinator or runner.find_split(self._key)
         return dict(coordinator.last_stats) if coordinator is not None else {}
 

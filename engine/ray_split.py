@@ -75,6 +75,9 @@ class _SplitActor:
     def last_stats(self) -> dict[str, Any]:
         return dict(self.coordinator.last_stats)
 
+    def summary(self) -> str:
+        return self.coordinator.summary()
+
     def close(self) -> None:
         self.coordinator.close()
 
@@ -156,6 +159,10 @@ class RaySplitClient:
     def last_stats(self) -> dict[str, Any]:
         stats: dict[str, Any] = self._call(self._actor.last_stats)
         return stats
+
+    def summary(self) -> str:
+        text: str = self._call(self._actor.summary)
+        return text
 
 
 def start_coordinator(start: Callable[[], Any], n: int, equal: bool, max_pending_bytes: int, ordered: bool,

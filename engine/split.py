@@ -398,6 +398,7 @@ class SplitCoordinator:
         self._located = False
         """Splits said which node they read on (only iterators on a cluster do)."""
         self._local_iterators = 0
+        self._last_summary = ""
         self._remote_clients = False
         self._departed: set[int] = set()
         """Splits whose reader's process is gone (``depart``): left out of the epochs to come."""
@@ -465,10 +466,21 @@ class SplitCoordinator:
                 self._ended.add(split)
                 if len(self._ended) == self.n:
                     self.last_stats = {"dropped_rows": self._dealer.dropped_rows, "rows": list(self._dealer.assigned)}
+                    self._last_summary = _execution_summary(self._handle)
                     if self._located:
                         self.last_stats["rows_on_own_node"] = list(self._local_rows)
                         self.last_stats["rows_by_node"] = dict(self._node_rows)
             return result
+
+    def summary(self) -> str:
+        """The last finished epoch as text (Ray's ``DataIterator.stats()`` of a split): its
+        execution's statistics, then the rows each split got and the rows dropped; "" before."""
+        with self._cond:
+            if not self.last_stats:
+                return ""
+            stats, text = self.last_stats, self._last_summary
+        line = f"streaming_split: rows per split {stats['rows']}, dropped to make them equal {stats['dropped_rows']}"
+        return f"{text}\n{line}" if text else line
 
     def next(self, split: int, epoch: int, timeout: float | None = None) -> Piece | None:
         """Blocking ``try_next`` for iterators in this process; None at the end."""
@@ -641,3 +653,14 @@ class SplitCoordinator:
 
 def _piece_bytes(piece: Piece) -> int:
     return piece.ref.size_bytes * piece.length // max(1, piece.ref.num_rows)
+
+
+def _execution_summary(handle: Any) -> str:
+    """An execution handle's statistics as text ("" when it has none yet)."""
+    stats = getattr(handle, "stats", None)
+    if stats is None:
+        return ""
+    try:
+        return str(stats())
+    except Exception:  # (statistics are a report: never worth failing the epoch's end)
+        return ""

@@ -220,6 +220,9 @@ _loops = threading.local()
 
 
 ASYNC_BATCHES = 4
+ASYNC_ROWS = 16
+"""Calls of an async row function (``map``, ``flat_map``, ``filter``) awaited at once in a task,
+as Ray's default for row functions; outputs keep the rows' order."""
 """Batches of a task an async batch function works on at once (Ray 2.60's default for async
 batch UDFs), their outputs handed on in the batches' order."""
 
@@ -263,6 +266,13 @@ class _AsyncCall:
         calls awaited together (what an async function is for: a model server's or an API's
         latency overlaps); what a call raises is raised as ``failed(error)``, and cancels the
         calls still running."""
+        for outputs in self.calls(batches, failed, ASYNC_BATCHES, *args, **kwargs):
+            yield from outputs
+
+    def calls(self, items: Iterable[Any], failed: Callable[[BaseException], BaseException], at_once: int,
+              *args: Any, **kwargs: Any) -> Iterator[list[Any]]:
+        """Each item's call's outputs (a list), in the items' order, with up to ``at_once``
+        calls awaited together; see ``outputs``."""
         loop = self.loop()
         running: collections.deque[Any] = collections.deque()
 
@@ -276,12 +286,12 @@ class _AsyncCall:
                 raise wrapped from err
 
         try:
-            for batch in batches:
-                running.append(loop.create_task(self._results(batch, *args, **kwargs)))
-                if len(running) >= ASYNC_BATCHES:
-                    yield from finish(running.popleft())
+            for item in items:
+                running.append(loop.create_task(self._results(item, *args, **kwargs)))
+                if len(running) >= at_once:
+                    yield finish(running.popleft())
             while running:
-                yield from finish(running.popleft())
+                yield finish(running.popleft())
         finally:
             for task in running:
                 task.cancel()
@@ -411,6 +421,7 @@ def call_stage(stage: Stage, fn: Callable[..., Any], value: Any) -> Any:
 def _row_lists(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[list[Any]]:
     """Rows of each block through every row stage, one list comprehension per stage."""
     fns = [(s, s.prepare(), _skip_failing_rows if s.on_error == "skip" else _apply_row_stage) for s in stages]
+    last = stages[-1]
     for block in blocks:
         for start in range(0, block.num_rows, ROW_CHUNK):
             rows = rows_of(slice_rows(block, start, ROW_CHUNK))
@@ -418,12 +429,33 @@ def _row_lists(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[list
                 rows = apply(stage, fn, rows)
                 if not rows:
                     break
+                if stage is not last and stage.row_mode != "filter":
+                    rows = _as_next_stage_sees(stage, rows)
             if rows:
                 if not all(type(r) is dict for r in rows) and not all(isinstance(r, Mapping) for r in rows):
                     bad = next(r for r in rows if not isinstance(r, Mapping))
                     err = UDFOutputError(f"a row function must return a dict, got {type(bad).__name__}")
                     raise UDFFailure(stages[-1].name, err)
                 yield rows
+
+
+_PLAIN = frozenset({int, float, str, bool, bytes, type(None)})
+
+
+def _as_next_stage_sees(stage: Stage, rows: list[Any]) -> list[Any]:
+    """A row function's output rows as the next fused row function should see them: as Ray
+    gives them, through a block (a torch tensor becomes a numpy array, a numpy scalar a Python
+    number, a tuple a list). Rows of plain values (and numeric arrays, which stay arrays) are
+    passed on as they are; the others make the trip through Arrow."""
+    for row in rows:
+        if type(row) is not dict:
+            return rows_of(_rows_block(stage, rows))
+        for value in row.values():
+            kind = type(value)
+            if kind in _PLAIN or (kind is np.ndarray and value.ndim and value.dtype.kind in "biufc"):
+                continue
+            return rows_of(_rows_block(stage, rows))
+    return rows
 
 
 def _run_row_stages(stages: list[Stage], blocks: Iterator[pa.Table]) -> Iterator[pa.Table]:
@@ -440,6 +472,8 @@ def _rows_block(stage: Stage, rows: list[Any]) -> pa.Table:
 
 def _apply_row_stage(stage: Stage, fn: Callable[..., Any], rows: list[Any]) -> list[Any]:
     args, kwargs = stage.fn_args, stage.fn_kwargs
+    if isinstance(fn, _AsyncCall) and (stage.row_mode == "flat_map" or not fn.generates):
+        return _apply_async_rows(stage, fn, rows)
     try:
         if stage.row_mode == "map":
             if args or kwargs:
@@ -461,6 +495,28 @@ def _apply_row_stage(stage: Stage, fn: Callable[..., Any], rows: list[Any]) -> l
         raise UDFFailure(stage.name, err) from err
     msg = f"unknown row mode {stage.row_mode!r}"
     raise ValueError(msg)
+
+
+def _apply_async_rows(stage: Stage, fn: _AsyncCall, rows: list[Any]) -> list[Any]:
+    """``_apply_row_stage`` for an async function: up to ``ASYNC_ROWS`` calls awaited at once."""
+
+    def failed(err: BaseException) -> BaseException:
+        return UDFFailure(stage.name, err) if stage.user_code and not isinstance(err, UDFFailure) else err
+
+    calls = fn.calls(rows, failed, ASYNC_ROWS, *stage.fn_args, **stage.fn_kwargs)
+    try:
+        if stage.row_mode == "map":
+            return [outputs[0] for outputs in calls]
+        if stage.row_mode == "filter":
+            return [row for row, outputs in zip(rows, calls, strict=True) if outputs[0]]
+        if fn.generates:  # an async generator's rows
+            return [out for outputs in calls for out in outputs]
+        try:  # a coroutine returning the rows
+            return [out for outputs in calls for out in outputs[0]]
+        except TypeError as err:
+            raise failed(err) from err
+    finally:
+        calls.close()
 
 
 def _skip_failing_rows(stage: Stage, fn: Callable[..., Any], rows: list[Any]) -> list[Any]:

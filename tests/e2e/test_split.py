@@ -43,8 +43,12 @@ def test_equal_split_gives_every_split_the_same_rows_and_reports_the_rest(mode):
     assert [len(s) for s in seen] == [334, 334, 334]
     everything = [i for s in seen for i in s]
     assert len(set(everything)) == 1002
-    stats = its[0].stats()
+    stats = its[0].split_stats()
     assert {k: stats[k] for k in ("dropped_rows", "rows")} == {"dropped_rows": 1, "rows": [334, 334, 334]}
+    # Ray's DataIterator.stats() of a split is text: the execution's statistics, then the split's
+    text = its[1].stats()
+    assert isinstance(text, str) and "ReadRange" in text, text
+    assert text.endswith("rows per split [334, 334, 334], dropped to make them equal 1"), text
 
 
 def test_unequal_split_delivers_every_row_once(mode):

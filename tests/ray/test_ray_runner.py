@@ -466,8 +466,9 @@ def test_streaming_split_feeds_ddp_ranks_on_three_nodes(on_ray):
     assert len({r["steps"] for r in results}) == 1
     assert all(r["weights"] == results[0]["weights"] for r in results)  # DDP kept the replicas equal
     assert results[0]["loss"] < 0.1
-    stats = splits[0].stats()
+    stats = splits[0].split_stats()
     assert stats["rows"] == [2000, 2000, 2000]
+    assert "rows per split [2000, 2000, 2000]" in splits[0].stats()
     # each rank is handed the blocks its node holds first: most of what it can read locally is
     # local (60% of all rows measured when the blocks are spread evenly; a third by chance). How
     # many it can depends on where Ray ran the tasks that made the blocks: all on one node once

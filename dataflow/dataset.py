@@ -1284,6 +1284,10 @@ class Dataset:
 
         As Ray: a key column missing from a schema known without running is an error here, at
         the call (``ValueError``, also a ``KeyError``); otherwise when the plan runs."""
+        keys = [key] if isinstance(key, str) else key
+        if key is not None and not (isinstance(keys, (list, tuple)) and all(isinstance(k, str) for k in keys)):
+            msg = f"Key must be a string or a list of strings, but got {key!r}."  # (Ray's ValueError)
+            raise ValueError(msg)
         if key is not None:
             schema = self.schema(fetch_if_missing=False)
             names = schema.names if schema is not None else []

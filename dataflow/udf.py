@@ -386,10 +386,17 @@ def compute_of(
     return ActorPool(concurrency, concurrency), None
 
 
+class NotAFunctionError(TypeError, ValueError):
+    """A UDF argument that is not callable: a ``TypeError``, and a ``ValueError`` as Ray raises
+    (``filter(fn="a > 1")``: "fn must be a UserDefinedFunction"), so either ``except`` catches it."""
+
+
 def check_callable(fn: Any, method: str) -> None:
     if not callable(fn):
         msg = f"{method} expects a function or a callable class, got {type(fn).__name__}"
-        raise TypeError(msg)
+        if isinstance(fn, str) and method.startswith("filter"):
+            msg += " (a string expression is filter(expr=...))"
+        raise NotAFunctionError(msg)
     if isinstance(fn, type) and "__call__" not in dir(fn):
         msg = f"{method} got class {fn.__name__}, which has no __call__ method"
         raise TypeError(msg)

@@ -181,3 +181,12 @@ def test_small_jobs_give_rows_in_input_order_without_preserve_order(mode):
         rows = dataflow.range(1000).map(_first_row_slow).take_all()
         assert [r["id"] for r in rows] == list(range(1000))
         assert [r["item"] for r in dataflow.from_items(list(range(20))).take(5)] == [0, 1, 2, 3, 4]
+
+
+def test_argument_errors_are_the_value_errors_ray_raises():
+    ds = dataflow.from_items([{"A": 1, "B": 2}], override_num_blocks=1)
+    with pytest.raises(ValueError, match="Key must be a string or a list of strings"):
+        ds.groupby(lambda r: r)
+    with pytest.raises(ValueError, match=r"filter\(expr=") as info:  # Ray: ValueError; a TypeError too
+        ds.filter(fn="A > 1")
+    assert isinstance(info.value, TypeError)

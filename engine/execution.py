@@ -281,8 +281,12 @@ class Execution:
         # the store is shared by the operators that still run tasks: once the ones before an
         # exchange's reduce are done, the reduce gets their part (else it runs one task at a time)
         active = (sum(1 for o in self._task_ops if not o.completed()) or 1) if self.shares_finished_budgets else len(self._task_ops)
-        budget = op_budget(self.store_capacity, active, slots, expected if learned is None else learned, floor, consumer,
-                           first_wave=learned is None)
+        # a first wave of several tasks would form its bundles before the first task has shown
+        # its output (each a single input), later ones after: under preserve_order the blocks
+        # must not depend on that timing, so one task runs until the first has finished
+        first_wave = learned is None and not (self.options.preserve_order or op.ordered_output)
+        budget = op_budget(self.store_capacity, active, slots, expected if first_wave else (learned or 0.0), floor,
+                           consumer, first_wave=first_wave)
         starved = down is not None and down.needs_more_input()
         return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved, backlogged,
                       len(self.buffer) if consumer else 0, consumer_block_cap(slots) if consumer else 0)

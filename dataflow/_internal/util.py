@@ -12,10 +12,7 @@ __all__ = ["is_nan", "is_null"]
 
 def is_nan(value: Any) -> bool:
     """A float NaN (Python's or numpy's); False for anything else."""
-    try:
-        return isinstance(value, (float, np.floating)) and math.isnan(value)
-    except TypeError:
-        return False
+    return isinstance(value, (float, np.floating)) and math.isnan(value)
 
 
 def is_null(value: Any) -> bool:

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -70,6 +70,8 @@ class _Dealer:
         self.unequal = False
         self.active = set(range(n))
         self.refcount: dict[str, int] = {}
+        self.nodes: dict[int, str] = {}
+        """The node each split last asked from (on a cluster)."""
 
     def unref(self, ref: BlockRef) -> bool:
         """One piece of ``ref`` is done with; True when the block itself can be freed."""
@@ -147,8 +149,10 @@ class SplitDealer(_Dealer):
             return queue.popleft() if queue else END
         if not self.pending:
             return END if self.done else WAIT
-        if near is not None and self.pending[0].ref.node not in (None, near):
-            self._bring_forward(near)
+        if near is not None:
+            self.nodes[split] = near
+            if self.pending[0].ref.node != near:
+                self._bring_forward(split, near)
         head = self.pending[0]
         if self.equal and not self.done:
             ahead = self.assigned[split] + head.length - self._min_assigned()
@@ -162,14 +166,30 @@ class SplitDealer(_Dealer):
         self.assigned[split] += head.length
         return head
 
-    def _bring_forward(self, node: str) -> None:
-        """Move the first of the next ``LOCALITY_WINDOW`` pending pieces held on ``node`` to
-        the front (the order of the others is kept)."""
-        for i, piece in enumerate(itertools.islice(self.pending, LOCALITY_WINDOW)):
-            if piece.ref.node == node:
-                del self.pending[i]
-                self.pending.appendleft(piece)
-                return
+    def _bring_forward(self, split: int, node: str) -> None:
+        """Move the best of the next ``LOCALITY_WINDOW`` pending pieces for ``split`` (on
+        ``node``) to the front; the order of the others is kept. Best is a piece held on
+        ``node``; then one held where no other split reads (the driver's node, a node with no
+        rank); then one from the node with the most pieces waiting, whose own split has the
+        most to spare. Without the middle rule a split on a node that made few blocks lost
+        them to splits whose own blocks were not made yet."""
+        window = list(itertools.islice(self.pending, LOCALITY_WINDOW))
+        readers = {self.nodes[s] for s in self.active if s != split and s in self.nodes}
+        waiting = Counter(piece.ref.node for piece in window)
+
+        def rank(i: int) -> tuple[int, int, int]:
+            held = window[i].ref.node
+            if held == node:
+                return (0, 0, i)
+            if held not in readers:
+                return (1, 0, i)
+            return (2, -waiting[held], i)
+
+        best = min(range(len(window)), key=rank)
+        if best:
+            piece = self.pending[best]
+            del self.pending[best]
+            self.pending.appendleft(piece)
 
     def abandon(self, split: int) -> list[Piece]:
         """``split`` stopped early this epoch: it gets nothing more; returns pieces to free."""
@@ -206,20 +226,39 @@ class SplitDealer(_Dealer):
             self.unequal = True
             log.error("streaming_split(equal=True) could not equalize: %s rows already given", self.assigned)
         self._final = [deque() for _ in range(self.n)]
-        leftovers: list[Piece] = []
+        need = {split: max(0, target - self.assigned[split]) for split in active}
+
+        def give(split: int, piece: Piece) -> Piece | None:
+            """Deal ``split`` what it still needs of ``piece``; returns the rest of it, if any."""
+            take = min(need[split], piece.length)
+            assert self._final is not None
+            self._final[split].append(Piece(piece.ref, piece.offset, take))
+            need[split] -= take
+            self.assigned[split] += take
+            if take == piece.length:
+                return None
+            self.refcount[piece.ref.block_id] += 1
+            return Piece(piece.ref, piece.offset + take, piece.length - take)
+
+        # a split's share comes from its own node's blocks first, then from the others in order
+        rest: deque[Piece] = deque()
+        for piece in self.pending:
+            rest_of: Piece | None = piece
+            near = [split for split in active if piece.ref.node is not None and self.nodes.get(split) == piece.ref.node]
+            for split in near:
+                if rest_of is not None and need[split]:
+                    rest_of = give(split, rest_of)
+            if rest_of is not None:
+                rest.append(rest_of)
+        self.pending.clear()
         for split in active:
-            need = max(0, target - self.assigned[split])
-            while need and self.pending:
-                piece = self.pending.popleft()
-                take = min(need, piece.length)
-                self._final[split].append(Piece(piece.ref, piece.offset, take))
-                if take < piece.length:
-                    self.pending.appendleft(Piece(piece.ref, piece.offset + take, piece.length - take))
-                    self.refcount[piece.ref.block_id] += 1
-                need -= take
-                self.assigned[split] += take
-        while self.pending:
-            piece = self.pending.popleft()
+            while need[split] and rest:
+                left = give(split, rest.popleft())
+                if left is not None:
+                    rest.appendleft(left)
+        leftovers: list[Piece] = []
+        while rest:
+            piece = rest.popleft()
             self.dropped_rows += piece.length
             leftovers.append(piece)
         self.pending_rows = 0
@@ -576,7 +615,10 @@ class SplitCoordinator:
         self._local_rows = [0] * self.n
         self._node_rows = {}
         self._located = False
+        previous = self._dealer
         self._dealer = (OrderedSplitDealer if self.ordered else SplitDealer)(self.n, self.equal)
+        if previous is not None:  # ranks stay where they are: deal by node from the first piece
+            self._dealer.nodes.update(previous.nodes)
         for split in sorted(self._departed):
             self._dealer.abandon(split)
             self._ended.add(split)

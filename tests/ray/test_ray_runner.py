@@ -469,11 +469,11 @@ def test_streaming_split_feeds_ddp_ranks_on_three_nodes(on_ray):
     stats = splits[0].split_stats()
     assert stats["rows"] == [2000, 2000, 2000]
     assert "rows per split [2000, 2000, 2000]" in splits[0].stats()
-    # each rank is handed the blocks its node holds first: most of what it can read locally is
-    # local (60% of all rows measured when the blocks are spread evenly; a third by chance). How
-    # many it can depends on where Ray ran the tasks that made the blocks: all on one node once
+    # each rank is handed the blocks its node holds first, while dealing and in the final equal
+    # deal: all it could read locally, 5 runs of 5 (before the final deal went by node: 39-67%).
+    # How many it can depends on where Ray ran the tasks that made the blocks: all on one node once
     nodes = [_node_of_resource(f"node{i}") for i in range(3)]
     local_at_most = sum(min(2000, stats["rows_by_node"].get(node, 0)) for node in nodes)
-    assert sum(stats["rows_on_own_node"]) >= 0.4 * local_at_most, stats
+    assert sum(stats["rows_on_own_node"]) >= 0.75 * local_at_most, stats
     for r in ranks:
         ray.kill(r)

@@ -143,6 +143,8 @@ class _BuiltIn(AggregateFnV2):
     kind = ""
     skips_nan = False
     """With ``ignore_nulls``, NaN is skipped as null (sum, mean, std; min and max skip it anyway)."""
+    needs_on = False
+    """Ray's block accessor refuses a column of None for it (sum, min, max, abs max, mean, std)."""
 
     def __init__(self, on: str | None = None, ignore_nulls: bool = True, alias_name: str | None = None) -> None:
         super().__init__(_default_name(self.kind, on, alias_name), lambda: None, on=on, ignore_nulls=ignore_nulls)
@@ -181,6 +183,7 @@ class Count(_BuiltIn):
 
 class Sum(_BuiltIn):
     kind = "sum"
+    needs_on = True
     partial_kind = "sum"
     skips_nan = True
 
@@ -190,6 +193,7 @@ class Sum(_BuiltIn):
 
 class Min(_BuiltIn):
     kind = "min"
+    needs_on = True
     partial_kind = "min"
 
     def _value(self, values: pa.ChunkedArray) -> Any:
@@ -198,6 +202,7 @@ class Min(_BuiltIn):
 
 class Max(_BuiltIn):
     kind = "max"
+    needs_on = True
     partial_kind = "max"
 
     def _value(self, values: pa.ChunkedArray) -> Any:
@@ -206,6 +211,7 @@ class Max(_BuiltIn):
 
 class AbsMax(_BuiltIn):
     kind = "abs_max"
+    needs_on = True
     partial_kind = "abs_max"
 
     def _value(self, values: pa.ChunkedArray) -> Any:
@@ -214,6 +220,7 @@ class AbsMax(_BuiltIn):
 
 class Mean(_BuiltIn):
     kind = "mean"
+    needs_on = True
     partial_kind = "mean"
     skips_nan = True
 
@@ -223,6 +230,7 @@ class Mean(_BuiltIn):
 
 class Std(_BuiltIn):
     kind = "std"
+    needs_on = True
     partial_kind = "std"
     skips_nan = True
 

@@ -92,6 +92,9 @@ def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[Aggr
         if not isinstance(agg, AggregateFnV2):
             msg = f"aggregations must be AggregateFn or AggregateFnV2 objects, got {type(agg).__name__}"
             raise TypeError(msg)
+        if getattr(agg, "needs_on", False) and agg.on is None:  # Ray's message and type
+            msg = f"Provided `on` value has to be non-null (got 'None') for {type(agg).__name__}"
+            raise ValueError(msg)
     aggs = unique_names(aggs)
     partitions = max(FINE_PARTITIONS, num_partitions or 0) if keys else 1
     partial = decomposable(aggs)

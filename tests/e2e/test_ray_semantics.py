@@ -190,3 +190,12 @@ def test_argument_errors_are_the_value_errors_ray_raises():
     with pytest.raises(ValueError, match=r"filter\(expr=") as info:  # Ray: ValueError; a TypeError too
         ds.filter(fn="A > 1")
     assert isinstance(info.value, TypeError)
+    from dataflow.aggregate import Count, Max, Std
+
+    # Ray's block accessor refuses a column of None (a ValueError from the tasks); here at the call
+    for agg in (Max(), Std()):
+        with pytest.raises(ValueError, match="`on` value has to be non-null"):
+            ds.aggregate(agg)
+        with pytest.raises(ValueError, match="`on` value has to be non-null"):
+            ds.groupby("A").aggregate(agg)
+    assert ds.aggregate(Count()) == {"count()": 1}  # a count needs no column

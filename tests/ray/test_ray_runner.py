@@ -110,10 +110,18 @@ def test_an_actor_pool_leaves_cpus_to_the_tasks_that_feed_it(on_ray):
     assert runner._ray.executor._actor_cpus == 0  # every pool's actors ended with its execution
 
 
+class _SlowTag(_Tag):
+    def __call__(self, batch):
+        time.sleep(0.15)
+        return super().__call__(batch)
+
+
 def test_idle_actors_retire_and_a_busy_pool_grows(on_ray, caplog):
-    """The local engine's pool policy on Ray: actors idle past actor_idle_timeout_s retire down
-    to the minimum while the step before them is slow, and the pool grows again, one actor at a
-    time, when work waits and every actor is busy."""
+    """The local engine's pool policy on Ray: the pool grows, one actor at a time, when work
+    waits and every actor is busy, and actors idle past actor_idle_timeout_s retire down to the
+    minimum while the step before them is slow. (The fast blocks come first, and the actors are
+    slower than the step that feeds them, so both happen whatever the timing: with the slow
+    blocks first and fast actors, one actor kept up and neither happened in a full run.)"""
     import logging
 
     from engine import runner
@@ -122,20 +130,20 @@ def test_idle_actors_retire_and_a_busy_pool_grows(on_ray, caplog):
     saved = executor.options
     executor.options = saved.with_(actor_idle_timeout_s=0.3)
 
-    def slow_then_fast(batch):
-        time.sleep(1.5 if batch["id"][0] < 1500 else 0.0)  # a slow start: the actors idle
+    def fast_then_slow(batch):
+        time.sleep(4.0 if batch["id"][0] >= 4500 else 0.0)  # the last blocks are slow: the actors idle
         return batch
 
     try:
         with caplog.at_level(logging.INFO, logger="dataflow.ray"):
-            ds = dataflow.range(6000, override_num_blocks=24).map_batches(slow_then_fast, num_cpus=0.5)
-            out = ds.map_batches(_Tag, concurrency=(1, 3), batch_size=250, num_cpus=0.5).take_all()
+            ds = dataflow.range(6000, override_num_blocks=24).map_batches(fast_then_slow, num_cpus=0.5)
+            out = ds.map_batches(_SlowTag, concurrency=(1, 3), batch_size=250, num_cpus=0.5).take_all()
     finally:
         executor.options = saved
     assert sorted(r["id"] for r in out) == list(range(6000))
     messages = [r.getMessage() for r in caplog.records]
-    assert any("idle actor retired" in m for m in messages), messages
     assert any("actor pool grown" in m for m in messages), messages
+    assert any("idle actor retired" in m for m in messages), messages
 
 
 def test_udf_errors_keep_their_type(on_ray):

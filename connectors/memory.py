@@ -102,7 +102,8 @@ class ArrowDatasource(Datasource):
     """Arrow tables already in memory, split into about ``num_blocks`` blocks."""
 
     def __init__(self, tables: Sequence[pa.Table], num_blocks: int | None = None, name: str = "FromArrow") -> None:
-        self.tables = [t for t in tables if t.num_rows or len(tables) == 1]
+        # tables without rows add no blocks; if every one is empty, the first keeps the schema
+        self.tables = [t for t in tables if t.num_rows] or list(tables[:1])
         self.num_blocks = num_blocks
         self.name = name
 

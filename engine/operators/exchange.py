@@ -301,6 +301,9 @@ class ReduceOperator(MapOperator):
         self.seed = seed
         self._arrived: list[list[BlockRef]] = [[] for _ in upstream]
         self._planned: deque[tuple[list[Any], tuple[int, tuple[int, ...]], int]] = deque()
+        self._planned_tasks = itertools.count()
+        """Task indexes, one per planned task in plan order (ranges without rows get no task,
+        so a range's index, which reducers see, may skip numbers; the output order may not)."""
         self._is_planned = False
         self._ctx: OperatorContext | None = None
 
@@ -364,7 +367,7 @@ class ReduceOperator(MapOperator):
             inputs=list(bundle),
             output=self.output,  # (a write straight after a repartition: its tasks write)
             sink=self.sink,
-            task_index=params[0],
+            task_index=next(self._planned_tasks),
             params=params,
         )
         pending = Pending(spec, bundle, size, time.monotonic())

@@ -453,6 +453,14 @@ class MapOperator(PhysicalOperator):
             return self._give_up_waiting()
         return []
 
+    def waiting_for_order(self) -> bool:
+        """Some finished task's outputs wait for an earlier task's."""
+        return bool(self._finished_out_of_order)
+
+    def flush_order(self) -> list[BlockRef]:
+        """Every output waiting for its turn, in task order."""
+        return self._give_up_waiting()
+
     def _worth_waiting(self) -> bool:
         waiting = sum(ref.size_bytes for refs in self._finished_out_of_order.values() for ref in refs)
         if waiting > SOFT_ORDER_BYTES:

@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("ray")
 
 E2E = Path(__file__).parents[1] / "e2e"
-# every e2e suite whose tests take ``mode``; the notebooks run below, in kernels that reach the
-# cluster through the environment
-SUITES = ("test_api", "test_all_to_all", "test_errors", "test_split", "test_split_materialized",
+# every e2e suite whose tests take ``mode`` (the random all-to-all plans with their default seeds);
+# the notebooks run below, in kernels that reach the cluster through the environment
+SUITES = ("test_api", "test_all_to_all", "test_all_to_all_fuzz", "test_errors", "test_split", "test_split_materialized",
           "test_iterator_resume", "test_torch", "test_custom_io", "test_ray_kwargs", "test_with_column",
           "test_dataset_info", "test_on_error", "test_formats", "test_progress", "test_tracebacks", "test_mix",
           "test_file_based_io", "test_random_access", "test_dask", "test_lineage", "test_tf")

@@ -143,7 +143,8 @@ def test_join_is_pyarrows_join(mode, exchange, seed):
     if on == ("k",):
         right = right.drop_columns(["k2"]).append_column("r_k2", right.column("k2"))
         left = left.drop_columns(["k2"]).append_column("l_k2", left.column("k2"))
-    how = rng.choice(["inner", "left_outer", "right_outer", "full_outer"])
+    how = rng.choice(["inner", "left_outer", "right_outer", "full_outer", "left_semi", "right_semi", "left_anti",
+                      "right_anti"])
     got = _dataset(rng, left).join(_dataset(rng, right), how, num_partitions=rng.choice([1, 3, 8]), on=on).take_all()
     expected = left.join(right, list(on), join_type=how.replace("_", " "), coalesce_keys=True)
     assert len(got) == expected.num_rows, (seed, how, on)
@@ -168,3 +169,56 @@ def test_shuffle_unique_zip_and_repartition_keep_every_row(mode, exchange, seed)
     zipped = ds.zip(other).take_all()
     assert [r["id"] for r in zipped] == list(range(table.num_rows)), seed
     assert all(_key(r["k"]) == _key(r["z"]) for r in zipped), seed
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_top_k_and_map_groups_are_plain_pythons(mode, exchange, seed):
+    rng = random.Random(4000 + seed)
+    table = _table(rng, rng.choice([0, 1, 7, 300, 2000]), rng.choice(["int", "str", "float"]))
+    ds = _dataset(rng, table)
+    keys, descending = rng.choice([(["k"], False), (["k"], True), (["k2", "k"], [True, False])])
+    k = rng.choice([0, 1, 5, 100, 5000])
+    order = [(c, "descending" if d else "ascending", "at_end")
+             for c, d in zip(keys, descending if isinstance(descending, list) else [descending], strict=True)]
+    expected = table.take(pc.sort_indices(table, sort_keys=order)).slice(0, k)
+    assert [r["id"] for r in ds.sort(keys, descending=descending).limit(k).take_all()] == expected.column("id").to_pylist(), seed
+
+    def summarize(group: pa.Table) -> pa.Table:
+        values = [v for v in group.column("v").to_pylist() if v is not None]
+        return pa.table({"first_id": [group.column("id")[0].as_py()], "rows": [group.num_rows],
+                         "ids": [sorted(group.column("id").to_pylist())], "total": [math.fsum(values)]})
+
+    got = ds.groupby("k2").map_groups(summarize, batch_format="pyarrow").take_all()
+    groups: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for row in table.to_pylist():
+        groups[row["k2"]].append(row)
+    assert sorted(r["rows"] for r in got) == sorted(len(g) for g in groups.values()), seed
+    by_first = {r["first_id"]: r for r in got}
+    for rows in groups.values():  # a group's rows in input order: its first row's id comes first
+        summary = by_first[rows[0]["id"]]
+        assert summary["ids"] == [r["id"] for r in rows], seed
+        assert math.isclose(summary["total"], math.fsum(r["v"] for r in rows if r["v"] is not None), abs_tol=1e-9), seed
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_splits_and_samples_keep_every_row_once(mode, seed):
+    rng = random.Random(5000 + seed)
+    n = rng.choice([0, 1, 7, 300, 2000])
+    table = _table(rng, n, "int")
+    ds = _dataset(rng, table)
+    indices = sorted(rng.randrange(n + 3) for _ in range(rng.randrange(1, 4)))  # (none: ValueError, as Ray)
+    parts = ds.split_at_indices(indices)
+    assert len(parts) == len(indices) + 1
+    bounds = [0, *(min(i, n) for i in indices), n]
+    assert [[r["id"] for r in p.take_all()] for p in parts] == [list(range(a, max(a, b))) for a, b in itertools.pairwise(bounds)], seed
+    if n >= 2:
+        train, test = ds.train_test_split(test_size=rng.choice([0.25, 1]), shuffle=rng.random() < 0.5, seed=seed)
+        ids = [r["id"] for r in train.take_all()] + [r["id"] for r in test.take_all()]
+        assert sorted(ids) == list(range(n)), seed
+    shards = ds.split(rng.choice([1, 2, 3]), equal=rng.random() < 0.5)
+    rows = [r["id"] for shard in shards for r in shard.take_all()]
+    assert len(rows) == len(set(rows)) and set(rows) <= set(range(n)), seed
+    counts = [shard.count() for shard in shards]
+    assert sum(counts) == len(rows) >= n - len(shards) + 1 if n else True, (seed, counts)
+    sample = [r["id"] for r in ds.random_sample(rng.choice([0.0, 0.3, 1.0]), seed=seed).take_all()]
+    assert len(sample) == len(set(sample)) and set(sample) <= set(range(n)), seed

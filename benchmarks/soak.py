@@ -1,6 +1,6 @@
 """Soak: thousands of random plans (tests/engine/plan_fuzz.py) with blocks up to 256 MiB.
 
-    python benchmarks/soak.py --cases 500 --seed 1000 --max-block-mib 256 [--mode streaming|local]
+    python benchmarks/soak.py --cases 500 --seed 1000 --max-block-mib 256 [--mode streaming|local] [--store-mib 256]
 
 Each case must end with the exact rows, within --case-timeout seconds, with nothing left in the
 object store; the first failure stops the run and prints the case (rerun it with --seed N --cases 1).
@@ -34,8 +34,10 @@ def main() -> int:
     parser.add_argument("--mode", choices=["streaming", "local"], default="streaming")
     parser.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--case-timeout", type=float, default=300.0)
+    parser.add_argument("--store-mib", type=int, default=None, help="object store size (default: the engine's)")
     args = parser.parse_args()
-    dataflow.init(execution_mode=args.mode, num_cpus=args.num_cpus)
+    store = None if args.store_mib is None else args.store_mib << 20
+    dataflow.init(execution_mode=args.mode, num_cpus=args.num_cpus, object_store_memory=store)
     started = time.perf_counter()
     kills = 0
     for seed in range(args.seed, args.seed + args.cases):

@@ -304,7 +304,7 @@ class Execution:
             return False, None
         # an upstream holding its output budget full sends nothing more until this one runs:
         # waiting for a fuller bundle then would wait forever
-        upstream_busy = any(u.in_flight() > 0 or (not u.completed() and not self._budget_bound(u)) for u in op.upstream)
+        upstream_busy = any(self._sends_more(u) for u in op.upstream)
         inputs_were_done = op.inputs_done
         try:
             ready = op.has_ready_task(upstream_busy)  # may list more input (a source's generator)
@@ -326,6 +326,17 @@ class Execution:
         may always start when none of the execution's runs, whatever it asks for)."""
         running = sum(o.in_flight() * o.resources.num_cpus for o in self._task_ops)
         return running == 0 or running + op.resources.num_cpus <= (self.cpu_limit or 0.0) + 1e-9
+
+    def _sends_more(self, op: PhysicalOperator) -> bool:
+        """``op`` may send more without its downstream running first: it runs tasks and one is
+        running or may start, or (a union, a limit: no tasks of its own) what feeds it may."""
+        if op.in_flight() > 0:
+            return True
+        if op.completed():
+            return False
+        if op.runs_tasks or not op.upstream:
+            return not self._budget_bound(op)
+        return any(self._sends_more(u) for u in op.upstream)
 
     def _budget_bound(self, op: PhysicalOperator) -> bool:
         """``op`` runs tasks, none is running, and its budget keeps the next one from starting."""

@@ -54,14 +54,21 @@ def _engine_pids() -> set[int]:
 
 
 def _children() -> set[int]:
+    """Live descendants, but for a Ray cluster's raylets and what they start: ``tests/ray``'s
+    cluster lives for the session, and its raylets start and end idle workers when they like,
+    during later tests too (the Ray tests check the cluster's own processes themselves)."""
     alive = set()
+    ray_workers = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                alive.add(p.pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            alive.add(p.pid)
+            if p.name() == "raylet":
+                ray_workers |= {p.pid} | {c.pid for c in p.children(recursive=True)}
         except psutil.NoSuchProcess:  # it ended between the listing and the look
             pass
-    return alive
+    return alive - ray_workers
 
 
 def _orphaned_shm_dirs() -> set[str]:

@@ -25,7 +25,7 @@ def test_random_plan_is_exact(mode, seed, tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("seed", [5013, 100, 101, 102])
+@pytest.mark.parametrize("seed", [5013, 100])
 def test_random_plan_is_exact_in_a_small_store(fresh_engine, seed, tmp_path):
     """The same plans with a 256 MiB store, where budgets bind. Seed 5013 (two unions, a filter
     between them, a write) hung: the write waited for a fuller bundle while the union feeding it

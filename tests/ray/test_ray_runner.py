@@ -487,7 +487,7 @@ def test_streaming_split_feeds_ddp_ranks_on_three_nodes(on_ray):
         ray.kill(r)
 
 
-@pytest.mark.parametrize("seed", [5013, 5010])
+@pytest.mark.parametrize("seed", [5013])
 def test_random_plans_are_exact_on_ray(on_ray, seed, tmp_path):
     """Random plans of the local engine's stress test (tests/engine/plan_fuzz.py) on the
     cluster, without kills. Seed 5013 (two unions, a filter between them, a write) hung here: the

@@ -55,7 +55,7 @@ def _engine_pids() -> set[int]:
 
 def _children() -> set[int]:
     """Live descendants, but for a Ray cluster's raylets and what they start: ``tests/ray``'s
-    cluster lives for the session, and its raylets start and end idle workers when they like,
+    cluster lives for the whole run, and its raylets start and end idle workers when they like,
     during later tests too (the Ray tests check the cluster's own processes themselves)."""
     alive = set()
     ray_workers = set()

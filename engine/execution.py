@@ -377,10 +377,10 @@ class Execution:
         elif not op.keep_outputs(pending, result.refs):
             if self.options.preserve_order or op.ordered_output:
                 refs = op.in_order(pending.spec.task_index, result.refs)
-                if op.inputs_done and not op.has_pending_work() and op.waiting_for_order():
-                    # no task left can fill the gap they wait for (an engine bug): never lose them
+                stuck = op.flush_order() if op.inputs_done and not op.has_pending_work() else []
+                if stuck:  # no task left can fill the gap they wait for (an engine bug): never lose them
                     log.error("%s: outputs waited for a task index no task has; emitted in order", op.name)
-                    refs += op.flush_order()
+                    refs += stuck
             elif type(op) is MapOperator:
                 refs = op.soft_in_order(pending.spec.task_index, result.refs)
             else:

@@ -453,12 +453,8 @@ class MapOperator(PhysicalOperator):
             return self._give_up_waiting()
         return []
 
-    def waiting_for_order(self) -> bool:
-        """Some finished task's outputs wait for an earlier task's."""
-        return bool(self._finished_out_of_order)
-
     def flush_order(self) -> list[BlockRef]:
-        """Every output waiting for its turn, in task order."""
+        """Every output waiting for its turn, in task order (none: [])."""
         return self._give_up_waiting()
 
     def _worth_waiting(self) -> bool:

@@ -11,7 +11,10 @@ read exactly once and no footer is read on the driver. Each task then, per file:
 2. prunes row groups with the filter: ``ParquetFileFragment.subset(filter=...)`` compares the
    filter with each row group's min/max statistics and with the file's hive partition values, so
    a row group (or a whole partition folder) that cannot match is never read. The number read and
-   skipped is added to ``connectors.io_stats`` (``row_groups_read``, ``row_groups_skipped``);
+   skipped is added to ``connectors.io_stats`` (``row_groups_read``, ``row_groups_skipped``).
+   Statistics leave NaN out: a filter on a float column prunes with the part of it that is
+   false for NaN (``dataflow.expr_statistics``; for a pyarrow expression, none of it), and the
+   rows read are then filtered with the whole filter;
 3. reads the remaining row groups one at a time, only the projected columns, applying the filter
    to rows, with page CRCs verified. Each row group is retried as a unit (``Retrier.iterate``), so
    a dropped connection never duplicates or loses rows. Without a filter or partition
@@ -133,6 +136,9 @@ class ParquetDatasource(FileDatasource):
         if self._columns is not None and include_paths and "path" not in self._columns:
             self._columns.append("path")  # as Ray's: include_paths adds it to the columns asked for
         self._filter = filter
+        self._filter_parts: tuple[tuple[pc.Expression, Callable[[frozenset[str]], Any] | None], ...] = (
+            ((filter, None),) if filter is not None else ()
+        )
         self._user_schema = schema
         self._file_schema_cache: pa.Schema | None = schema
 
@@ -295,20 +301,48 @@ class ParquetDatasource(FileDatasource):
         clone._columns = list(columns)
         return clone
 
-    def apply_filter(self, expr: Any) -> ParquetDatasource | None:
+    def apply_filter(
+        self, expr: Any, statistics: Callable[[frozenset[str]], Any] | None = None
+    ) -> ParquetDatasource | None:
         """A copy applying ``expr`` (and any filter already set) while reading; None when
         ``expr`` does not evaluate on the columns read: one the projection dropped (Arrow's
         scanner would filter on it all the same, so ``select_columns(["a"]).filter(expr="b >
         5")`` would run on Parquet and fail naming ``b`` on any other source) or one the files
         lack (the scanner's error reads as a corrupt file). Left to the filter step, both fail
-        with a ``ColumnNotFoundError`` naming the column, on every source."""
+        with a ``ColumnNotFoundError`` naming the column, on every source.
+
+        ``statistics`` (from a dataflow expression) gives, for the names of the float columns,
+        the weaker filter that row-group statistics may prune with (``_statistics_filter``)."""
         if not isinstance(expr, pc.Expression):
             raise TypeError(f"filter must be a pyarrow.compute.Expression, got {type(expr).__name__}")
         if not self._filter_evaluates_on_read(expr):
             return None
         clone = copy.copy(self)
         clone._filter = expr if self._filter is None else (self._filter & expr)
+        clone._filter_parts = (*self._filter_parts, (expr, statistics))
         return clone
+
+    def _statistics_filter(self, schema: pa.Schema) -> tuple[pc.Expression | None, bool]:
+        """The filter row groups are pruned with (None: none), and whether it is the whole
+        filter. Statistics leave NaN out, so a part of the filter on a float column is replaced
+        by its ``statistics`` form (``dataflow.expr_statistics``), or dropped when it has none
+        (a pyarrow expression: its tree cannot be read). A part names a float column when the
+        column's name is in its text; a false match only prunes less."""
+        floats = frozenset(f.name for f in schema if pa.types.is_floating(f.type))
+        kept: list[pc.Expression] = []
+        exact = True
+        for expr, statistics in self._filter_parts:
+            text = str(expr)
+            if not any(name in text for name in floats):
+                kept.append(expr)
+                continue
+            exact = False
+            weaker = statistics(floats) if statistics is not None else None
+            if weaker is not None:
+                kept.append(weaker)
+        if not kept:
+            return None, exact
+        return functools.reduce(lambda a, b: a & b, kept), exact
 
     def _filter_evaluates_on_read(self, expr: pc.Expression) -> bool:
         """Whether ``expr`` evaluates on the columns read (tried on no rows). A filter on all the
@@ -466,8 +500,9 @@ class ParquetDatasource(FileDatasource):
             )
         ids = _piece_row_groups(metadata, piece)
         kept = ids
-        if self._filter is not None and ids:
-            matching = fragment.subset(filter=self._filter, schema=dataset_schema)
+        pruning, exact = self._statistics_filter(dataset_schema)
+        if pruning is not None and ids:
+            matching = fragment.subset(filter=pruning, schema=dataset_schema)
             matching_ids = {rg.id for rg in matching.row_groups}
             kept = [i for i in ids if i in matching_ids]
         io_stats.record(files_read=1, row_groups_read=len(kept), row_groups_skipped=len(ids) - len(kept))
@@ -475,9 +510,13 @@ class ParquetDatasource(FileDatasource):
         for run, decoded, _big in _row_group_runs(metadata, kept, columns):
             # use_threads=False: a task is one thread of work (the engine runs one per CPU), and
             # with page checksums on the threaded scanner is ~3x slower on one row group
-            table = fragment.subset(row_group_ids=run).to_table(
-                schema=dataset_schema, columns=columns, filter=self._filter, use_threads=False
-            )
+            part = fragment.subset(row_group_ids=run)
+            if exact:
+                table = part.to_table(schema=dataset_schema, columns=columns, filter=self._filter, use_threads=False)
+            else:  # the scanner would prune with the whole filter again: filtered here instead
+                table = part.to_table(schema=dataset_schema, use_threads=False).filter(self._filter)
+                if columns is not None:
+                    table = table.select(columns)
             io_stats.record(bytes_read=decoded)
             yield table
 

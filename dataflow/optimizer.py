@@ -13,8 +13,12 @@ node it is given into one operator and decides nothing.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import replace
 
+from dataflow.expr_statistics import statistics_filter
+from dataflow.expressions import FilterExpr
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Mix, Read, Resources, Union
 
 READ_RESOURCES = Resources()
@@ -77,7 +81,12 @@ def push_into_read(node: MapStages) -> LogicalNode:
         if pushed is not None:
             return replace(child, datasource=pushed)
     if node.filter_expr is not None:
-        pushed = child.datasource.apply_filter(node.filter_expr)
+        step, apply = node.stages[0].fn, child.datasource.apply_filter
+        # a dataflow expression's tree gives the part that row-group statistics may prune with
+        if isinstance(step, FilterExpr) and "statistics" in inspect.signature(apply).parameters:
+            pushed = apply(node.filter_expr, statistics=functools.partial(statistics_filter, step.expr))
+        else:
+            pushed = apply(node.filter_expr)
         if pushed is not None:
             return replace(child, datasource=pushed)
     return node

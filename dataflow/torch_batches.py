@@ -27,6 +27,7 @@ loop's stream waits on an event, so the copy of batch n+1 overlaps the compute o
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import threading
@@ -510,8 +511,10 @@ class ShardedDatasource(Datasource):
     def apply_projection(self, columns: list[str]) -> ShardedDatasource | None:
         return self._wrap(self.inner.apply_projection(columns))
 
-    def apply_filter(self, expr: Any) -> ShardedDatasource | None:
-        return self._wrap(self.inner.apply_filter(expr))
+    def apply_filter(self, expr: Any, statistics: Any = None) -> ShardedDatasource | None:
+        if statistics is None or "statistics" not in inspect.signature(self.inner.apply_filter).parameters:
+            return self._wrap(self.inner.apply_filter(expr))
+        return self._wrap(self.inner.apply_filter(expr, statistics=statistics))
 
 
 class BlockFilesDatasource:

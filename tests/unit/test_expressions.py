@@ -465,3 +465,29 @@ def test_cast_takes_rays_datatype():
     assert DataType.from_numpy("float32").to_numpy_dtype() == np.float32 and DataType.string().to_numpy_dtype() == np.dtype(object)
     assert DataType.from_dtype("int16") == DataType.from_numpy("int16") and DataType.from_dtype(None) is None
     assert DataType.infer_dtype(1.5) == DataType.float64() and DataType(int).to_python_type() is int
+
+
+def test_statistics_filter_keeps_what_holds_for_nan_out_of_float_columns():
+    """The filter row-group statistics prune with: true for every row the filter keeps, and
+    nothing that is true for NaN (which statistics leave out) on a float column."""
+    from dataflow.expr_statistics import statistics_filter
+
+    floats = frozenset({"f"})  # (compared as text: the literals' types differ)
+    f, g = pc.field("f"), pc.field("g")
+    assert statistics_filter(col("f") != 2, floats) is None
+    assert statistics_filter(~(col("f") > 2), floats) is None
+    assert statistics_filter(parse("is_nan(f)"), floats) is None
+    assert str(statistics_filter(~(col("f") != 2), floats)) == str(f == 2)
+    assert str(statistics_filter(col("f") > 2, floats)) == str(f > 2)
+    assert str(statistics_filter((col("g") == 1) & (col("f") != 2), floats)) == str(g == 1)
+    assert statistics_filter((col("g") == 1) | (col("f") != 2), floats) is None
+    assert str(statistics_filter(~((col("f") > 1) | (col("g") < 0)), floats)) == str(~(g < 0))
+    assert str(statistics_filter(~((col("f") != 1) & (col("g") < 0)), floats)) == str((f == 1) | ~(g < 0))
+    assert str(statistics_filter(col("f").is_in([0, 1.5]), floats)) == str((f == 0) | (f == 1.5))
+    assert statistics_filter(col("f").is_in([float("nan")]), floats) is None
+    assert str(statistics_filter(~col("f").not_in([3]), floats)) == str(f == 3)
+    assert statistics_filter(col("f").not_in([3]), floats) is None
+    assert str(statistics_filter(col("f").is_null(), floats)) == "is_null(f)"
+    assert str(statistics_filter(~col("f").is_null(), floats)) == str(f.is_valid())
+    assert statistics_filter((col("f") * 2) > 1, floats) is None  # not a plain comparison
+    assert statistics_filter(~(col("g") != 2), floats).equals(~(g != 2))  # no float column

@@ -746,7 +746,9 @@ class Dataset:
         if empty is not None:
             return empty
         same = _same_schema_input(self._plan)
-        return self._derive(same)._arrow_schema(fetch_if_missing) if same is not None else None
+        if same is not None:
+            return self._derive(same)._arrow_schema(fetch_if_missing)
+        return _schema_from_plan(self)  # no rows came: a column selection or rename of its input's
 
     def columns(self, fetch_if_missing: bool = True) -> list[str] | None:
         schema = self._arrow_schema(fetch_if_missing)

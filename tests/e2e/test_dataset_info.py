@@ -142,6 +142,12 @@ def test_schema_of_a_union_and_of_a_filter_that_leaves_no_rows(mode):
     assert dataflow.range(3).filter(lambda r: False).schema().names == ["id"]
     assert dataflow.range(3).filter(expr="id > 5").sort("id").limit(1).schema().names == ["id"]
     assert dataflow.range(3).map(lambda r: {"z": 1}).filter(lambda r: False).schema().names == ["z"]
+    # a column selection, drop or rename of a dataset without rows: its input's, as Ray's
+    empty = dataflow.from_arrow(pa.table({"a": pa.array([], pa.int64()), "b": pa.array([], pa.string())}))
+    assert empty.select_columns(["b"]).schema().base_schema == pa.schema([("b", pa.string())])
+    assert empty.rename_columns({"a": "x"}).drop_columns(["b"]).schema().names == ["x"]
+    assert empty.select_columns(["b"]).to_arrow().schema == pa.schema([("b", pa.string())])
+    assert empty.map(lambda r: r).schema() is None  # (a UDF's output has no schema until it runs, as in Ray)
 
 
 def test_schema_skips_empty_blocks_before_the_first_rows(mode, tmp_path):

@@ -351,6 +351,10 @@ class TaskTransform:
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
         raise NotImplementedError
 
+    def count_rows(self, blocks: Iterable[pa.Table]) -> int:
+        """Rows the transform would output (a ``count()`` whose last task runs it)."""
+        return sum(table.num_rows for table in self(blocks))
+
 
 class BlockTransform(TaskTransform):
     """Run a list of stages over a stream of blocks."""

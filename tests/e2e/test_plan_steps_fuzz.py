@@ -121,8 +121,30 @@ def _step(rng: random.Random, m: Model) -> bool:
         twice = pa.array([i // 2 for i in range(2 * t.num_rows)], pa.int64())
         m.table = t.take(twice)
     elif k < 0.77:
-        add(("union(itself)", lambda ds: ds.union(ds)))
-        m.table = pa.concat_tables([t, t])
+        if rng.random() < 0.5 or not _ints(t):
+            add(("union(itself)", lambda ds: ds.union(ds)))
+            m.table = pa.concat_tables([t, t])
+        else:  # with a filtered copy of itself: the filter is pushed into one side's read only
+            name, value = rng.choice(_ints(t)), rng.randrange(0, 50)
+            if not name.isidentifier():
+                return True
+            add((f"union(itself.filter({name} > {value}))", lambda ds: ds.union(ds.filter(expr=f"{name} > {value}"))))
+            m.table = pa.concat_tables([t, t.filter(pc.greater(t[name], value))])
+    elif k < 0.79 and any(pa.types.is_string(f.type) for f in t.schema):
+        name = rng.choice([f.name for f in t.schema if pa.types.is_string(f.type)])
+        value = rng.choice(["x", "y", "q"])
+        if not name.isidentifier():
+            return True
+        add((f"filter(expr=\"{name} == '{value}'\")", lambda ds: ds.filter(expr=f"{name} == '{value}'")))
+        m.table = t.filter(pc.equal(t[name], value))
+    elif k < 0.81:
+        name = rng.choice(names)
+        if t.schema.field(name).type == pa.null() or pa.types.is_floating(t.schema.field(name).type) or name == "count()":
+            return True
+        add((f"groupby({name!r}).count()", lambda ds: ds.groupby(name).count()))
+        counts = t.group_by(name).aggregate([([], "count_all")]).rename_columns([name, "count()"])
+        m.table = counts.select([name, "count()"])
+        m.ordered = False  # (groups come out in key order per reduce task, not overall)
     elif k < 0.8:
         seed = rng.randrange(100)
         add((f"random_shuffle(seed={seed})", lambda ds: ds.random_shuffle(seed=seed)))

@@ -1658,7 +1658,7 @@ def _schema_from_plan(ds: Dataset) -> pa.Schema | None:
         return ds._derive(same)._arrow_schema(fetch_if_missing=False)
     if isinstance(node, Exchange) and _is_builtin_aggregation(node):
         steps = [lambda t: node.partitioners[0].assign(t, 0)[0], lambda t: next(iter(node.reducer([[t]], 0)))]
-    elif isinstance(node, MapStages) and all(isinstance(s.fn, _SCHEMA_ONLY_STEPS) for s in node.stages):
+    elif isinstance(node, MapStages) and all(_schema_only(s.fn) for s in node.stages):
         steps = [stage.fn for stage in node.stages]
     else:
         return None
@@ -1681,6 +1681,22 @@ def _is_builtin_aggregation(node: Exchange) -> bool:
 
 
 _SCHEMA_ONLY_STEPS = (bi.SelectColumns, bi.DropColumns, bi.RenameColumns, bi.FilterExpression, bi.RangeTensor)
+_PLAIN_EXPRESSIONS = (ex.ColumnExpr, ex.LiteralExpr, ex.BinaryExpr, ex.UnaryExpr, ex.AliasExpr, ex.CastExpr,
+                      ex.FunctionExpr, ex.UnnestExpr)
+
+
+def _schema_only(step: Any) -> bool:
+    """Whether ``step`` may run on an empty table to tell its output's schema: a column step,
+    or expressions of Arrow kernels only (not a UDF's, which would be called on no rows)."""
+    if isinstance(step, _SCHEMA_ONLY_STEPS):
+        return True
+    if isinstance(step, ex.WithColumns):
+        exprs = [expr for _, expr in step.items]
+    elif isinstance(step, ex.FilterExpr):
+        exprs = [step.expr]
+    else:
+        return False
+    return all(isinstance(node, _PLAIN_EXPRESSIONS) for expr in exprs for node in expr._walk())
 
 
 def _same_schema_input(node: LogicalNode) -> LogicalNode | None:

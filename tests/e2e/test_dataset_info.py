@@ -148,6 +148,10 @@ def test_schema_of_a_union_and_of_a_filter_that_leaves_no_rows(mode):
     assert empty.rename_columns({"a": "x"}).drop_columns(["b"]).schema().names == ["x"]
     assert empty.select_columns(["b"]).to_arrow().schema == pa.schema([("b", pa.string())])
     assert empty.map(lambda r: r).schema() is None  # (a UDF's output has no schema until it runs, as in Ray)
+    from dataflow.expressions import col
+
+    added = empty.with_column("n", col("a") * 2.5).rename_columns({"a": "z"}).filter(expr="n > 1")
+    assert added.schema().base_schema == pa.schema([("z", pa.int64()), ("b", pa.string()), ("n", pa.float64())])
 
 
 def test_schema_skips_empty_blocks_before_the_first_rows(mode, tmp_path):

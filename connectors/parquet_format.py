@@ -514,7 +514,10 @@ class ParquetDatasource(FileDatasource):
             if exact:
                 table = part.to_table(schema=dataset_schema, columns=columns, filter=self._filter, use_threads=False)
             else:  # the scanner would prune with the whole filter again: filtered here instead
-                table = part.to_table(schema=dataset_schema, use_threads=False).filter(self._filter)
+                # (with the columns the filter names: those whose names are in its text)
+                text = str(self._filter)
+                read = None if columns is None else [n for n in dataset_schema.names if n in columns or n in text]
+                table = part.to_table(schema=dataset_schema, columns=read, use_threads=False).filter(self._filter)
                 if columns is not None:
                     table = table.select(columns)
             io_stats.record(bytes_read=decoded)

@@ -16,6 +16,7 @@ answering raises ``SplitCoordinatorLostError`` within ``LIVENESS_S``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -36,6 +37,8 @@ POLL_S = 2.0
 LIVENESS_S = 30.0
 """A request unanswered this long past ``POLL_S`` means the coordinator is lost."""
 NAMESPACE = "dataflow"
+
+log = logging.getLogger("dataflow.split")
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
@@ -136,9 +139,20 @@ class RaySplitClient:
             return piece
 
     def get(self, ref: BlockRef) -> pa.Table:
+        """The block's rows. Ray may take long to bring them (a busy or spilling object store):
+        every ``LIVENESS_S`` the coordinator is asked whether it still lives (a lost one raises
+        ``SplitCoordinatorLostError``) and the wait is logged, naming the block."""
         with self._lock:
             object_ref = self._held[ref.block_id][0]
-        return from_ray(ray.get(object_ref))
+        waited = 0.0
+        while True:
+            try:
+                return from_ray(ray.get(object_ref, timeout=LIVENESS_S))
+            except ray.exceptions.GetTimeoutError:
+                waited += LIVENESS_S
+            self.busy_cpus()  # (raises SplitCoordinatorLostError when the coordinator is gone)
+            log.warning("streaming_split %s: a rank has waited %.0f s for block %s (%d rows) from Ray's object "
+                        "store", self.key, waited, ref.block_id, ref.num_rows)
 
     def release(self, piece: Piece) -> None:
         with self._lock:
@@ -147,10 +161,12 @@ class RaySplitClient:
                 self._held[piece.ref.block_id] = (object_ref, count - 1)
             else:
                 del self._held[piece.ref.block_id]
-        self._actor.release.remote(piece)
+        if ray.is_initialized():  # (after ray.shutdown() a call would connect this process again)
+            self._actor.release.remote(piece)
 
     def abandon(self, split: int, epoch: int) -> None:
-        self._actor.abandon.remote(split, epoch)
+        if ray.is_initialized():
+            self._actor.abandon.remote(split, epoch)
 
     def busy_cpus(self) -> float:
         return float(self._call(self._actor.busy_cpus))

@@ -4,11 +4,13 @@ apply to a multi-node cluster, and why."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,9 +20,13 @@ E2E = Path(__file__).parents[1] / "e2e"
 # every e2e suite whose tests take ``mode`` (the random all-to-all plans with their default seeds);
 # the notebooks run below, in kernels that reach the cluster through the environment
 SUITES = ("test_api", "test_all_to_all", "test_all_to_all_fuzz", "test_errors", "test_split", "test_split_materialized",
-          "test_iterator_resume", "test_torch", "test_custom_io", "test_ray_kwargs", "test_with_column",
-          "test_dataset_info", "test_on_error", "test_formats", "test_progress", "test_tracebacks", "test_mix",
-          "test_file_based_io", "test_random_access", "test_dask", "test_lineage", "test_tf")
+          "test_iterator_resume", "test_torch", "test_ray_kwargs", "test_on_error", "test_tracebacks", "test_mix")
+SLOW_SUITES = ("test_formats", "test_dataset_info", "test_file_based_io", "test_progress", "test_with_column",
+               "test_custom_io", "test_random_access", "test_dask", "test_lineage", "test_tf")
+"""Suites whose Ray runs are in the ``slow`` tier (``-m slow``): what they check (readers, schemas,
+progress lines, expressions) is the same plan and code on both runners, and the default run has
+to stay within its time; the Ray-specific paths (resources, actors, splits, exchanges across
+nodes, errors and tracebacks from Ray workers) run by default."""
 NOT_ON_THIS_CLUSTER = {
     # num_gpus=1 fits here: node2 has two GPUs (test_ray_runner checks a request no node fits)
     "test_errors__test_impossible_resources_fail_at_once": "the cluster has GPUs",
@@ -52,9 +58,23 @@ def _is_fixture(value: object) -> bool:
     return hasattr(value, "_fixture_function_marker") or hasattr(value, "_pytestfixturefunction")
 
 
+def _slow(test: Any) -> Any:
+    """``test`` in the slow tier here only: a wrapper carries the mark (and its own copy of the
+    test's parametrize marks), so the same test in its own module stays in the default tier."""
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return test(*args, **kwargs)
+
+    run.pytestmark = [*getattr(test, "pytestmark", []), pytest.mark.slow]  # type: ignore[attr-defined]
+    return run
+
+
 _tests: dict = {}
 for _suite in SUITES:
     _tests.update(_load(_suite))
+for _suite in SLOW_SUITES:
+    _tests.update({name: _slow(value) if name.startswith(f"{_suite}__test_") else value
+                   for name, value in _load(_suite).items()})
 assert set(NOT_ON_THIS_CLUSTER) <= set(_tests), set(NOT_ON_THIS_CLUSTER) - set(_tests)
 globals().update({name: test for name, test in _tests.items() if name not in NOT_ON_THIS_CLUSTER})
 

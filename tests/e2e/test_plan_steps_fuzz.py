@@ -3,7 +3,8 @@ checked against the same steps applied to a pyarrow table: column selections, dr
 (swaps too), expression and function filters, ``with_column``, ``add_column``, ``map``,
 ``flat_map``, ``map_batches`` in three formats, shuffles, repartitions, unions, sorts, limits
 and ``materialize``; with and without ``preserve_order``. Each chain checks the rows (in order
-where the order is defined), ``count()``, the schema and each row's column order. The optimizer
+where the order is defined), ``count()``, the schema and each row's column order, and reads them
+again through ``iter_batches`` (batch sizes, ``drop_last``, local shuffles, prefetching). The optimizer
 rewrites these chains (projections and filters pushed into reads, fused steps, counts from
 footers, small exchanges in the reading task): a rewrite that changes a result fails here."""
 
@@ -215,3 +216,23 @@ def test_random_step_chains_match_pyarrow(mode, tmp_path, seed):
                 assert _rows(got) == _rows(model.table.to_pylist()), chain
             else:
                 assert sorted(_rows(got)) == sorted(_rows(model.table.to_pylist())), chain
+        if model.subset_of is None:  # and read as a training loop reads it
+            size, drop_last = rng.choice([None, 1, 7, 64]), rng.random() < 0.3
+            shuffle, prefetch = rng.choice([None, None, 5, 100]), rng.choice([0, 1, 3])
+            ds = dataflow.read_parquet(str(tmp_path))
+            for _, step in model.steps:
+                ds = step(ds)
+            batches = [b.to_pylist() for b in ds.iter_batches(
+                batch_size=size, drop_last=drop_last and size is not None, local_shuffle_buffer_size=shuffle,
+                prefetch_batches=prefetch, batch_format="pyarrow")]
+            got, want = [row for batch in batches for row in batch], model.table.to_pylist()
+            how = f"{chain} | iter_batches({size}, drop_last={drop_last}, shuffle={shuffle}, prefetch={prefetch})"
+            if size is not None and drop_last:
+                assert all(len(b) == size for b in batches) and len(got) == len(want) // size * size, how
+                assert set(_rows(got)) <= set(_rows(want)), how
+            else:
+                assert size is None or all(len(b) == size for b in batches[:-1]), how
+                if model.ordered and shuffle is None:
+                    assert _rows(got) == _rows(want), how
+                else:
+                    assert sorted(_rows(got)) == sorted(_rows(want)), how

@@ -17,16 +17,18 @@ import pytest
 pytest.importorskip("ray")
 
 E2E = Path(__file__).parents[1] / "e2e"
-# every e2e suite whose tests take ``mode`` (the random all-to-all plans with their default seeds);
-# the notebooks run below, in kernels that reach the cluster through the environment
+# the e2e suites whose tests take ``mode`` (random plans with their default seeds), by default or
+# in the slow tier; the notebooks run below, in kernels that reach the cluster through the environment
 SUITES = ("test_api", "test_all_to_all", "test_all_to_all_fuzz", "test_errors", "test_split", "test_split_materialized",
           "test_iterator_resume", "test_torch", "test_ray_kwargs", "test_on_error", "test_tracebacks", "test_mix")
 SLOW_SUITES = ("test_formats", "test_dataset_info", "test_file_based_io", "test_progress", "test_with_column",
-               "test_custom_io", "test_random_access", "test_dask", "test_lineage", "test_tf")
+               "test_custom_io", "test_random_access", "test_dask", "test_lineage", "test_tf", "test_filter_fuzz",
+               "test_plan_steps_fuzz")
 """Suites whose Ray runs are in the ``slow`` tier (``-m slow``): what they check (readers, schemas,
-progress lines, expressions) is the same plan and code on both runners, and the default run has
-to stay within its time; the Ray-specific paths (resources, actors, splits, exchanges across
-nodes, errors and tracebacks from Ray workers) run by default."""
+progress lines, expressions, random filters and chains of steps) is the same plan and code on
+both runners, and the default run has to stay within its time; the Ray-specific paths
+(resources, actors, splits, exchanges across nodes, errors and tracebacks from Ray workers) run
+by default."""
 NOT_ON_THIS_CLUSTER = {
     # num_gpus=1 fits here: node2 has two GPUs (test_ray_runner checks a request no node fits)
     "test_errors__test_impossible_resources_fail_at_once": "the cluster has GPUs",

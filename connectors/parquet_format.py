@@ -139,6 +139,8 @@ class ParquetDatasource(FileDatasource):
         self._filter_parts: tuple[tuple[pc.Expression, Callable[[frozenset[str]], Any] | None], ...] = (
             ((filter, None),) if filter is not None else ()
         )
+        self._pruning: tuple[pa.Schema, pc.Expression | None, bool] | None = None
+        """The last ``_statistics_filter`` answer, with the schema it was for (the same for every file)."""
         self._user_schema = schema
         self._file_schema_cache: pa.Schema | None = schema
 
@@ -320,6 +322,7 @@ class ParquetDatasource(FileDatasource):
         clone = copy.copy(self)
         clone._filter = expr if self._filter is None else (self._filter & expr)
         clone._filter_parts = (*self._filter_parts, (expr, statistics))
+        clone._pruning = None
         return clone
 
     def _statistics_filter(self, schema: pa.Schema) -> tuple[pc.Expression | None, bool]:
@@ -327,7 +330,10 @@ class ParquetDatasource(FileDatasource):
         filter. Statistics leave NaN out, so a part of the filter on a float column is replaced
         by its ``statistics`` form (``dataflow.expr_statistics``), or dropped when it has none
         (a pyarrow expression: its tree cannot be read). A part names a float column when the
-        column's name is in its text; a false match only prunes less."""
+        column's name is in its text; a false match only prunes less. Worked out once per schema."""
+        cached = self._pruning
+        if cached is not None and cached[0].equals(schema):
+            return cached[1], cached[2]
         floats = frozenset(f.name for f in schema if pa.types.is_floating(f.type))
         kept: list[pc.Expression] = []
         exact = True
@@ -340,9 +346,9 @@ class ParquetDatasource(FileDatasource):
             weaker = statistics(floats) if statistics is not None else None
             if weaker is not None:
                 kept.append(weaker)
-        if not kept:
-            return None, exact
-        return functools.reduce(lambda a, b: a & b, kept), exact
+        pruning = functools.reduce(lambda a, b: a & b, kept) if kept else None
+        self._pruning = (schema, pruning, exact)
+        return pruning, exact
 
     def _filter_evaluates_on_read(self, expr: pc.Expression) -> bool:
         """Whether ``expr`` evaluates on the columns read (tried on no rows). A filter on all the

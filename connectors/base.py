@@ -12,6 +12,7 @@ connectors port by changing an import.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, TypeVar
@@ -157,7 +158,9 @@ class Datasource:
 
     * ``apply_projection(columns)`` -> a new Datasource reading only those columns;
     * ``apply_filter(expr)`` -> a new Datasource that applies a pyarrow compute expression
-      while reading (row groups skipped from statistics, for Parquet);
+      while reading (row groups skipped from statistics, for Parquet); one that also takes
+      ``statistics=`` gets, for a dataflow expression, its form that statistics may prune with
+      (``push_filter``);
     * ``count_rows()`` -> the exact row count without reading data (e.g. from footers), or None;
     * ``schema()`` -> the output schema if known without reading, or None.
     """
@@ -200,6 +203,14 @@ class Datasource:
     def apply_filter(self, expr: Any) -> Datasource | None:
         """A copy that applies ``expr`` while reading, or None when not supported."""
         return None
+
+
+def push_filter(source: Any, expr: Any, statistics: Any = None) -> Any:
+    """``source.apply_filter(expr)``, with ``statistics=`` when given and the source takes it
+    (a source of a user's own may define ``apply_filter(expr)`` alone)."""
+    if statistics is not None and "statistics" in inspect.signature(source.apply_filter).parameters:
+        return source.apply_filter(expr, statistics=statistics)
+    return source.apply_filter(expr)
 
 
 @dataclass

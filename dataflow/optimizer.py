@@ -14,9 +14,9 @@ node it is given into one operator and decides nothing.
 from __future__ import annotations
 
 import functools
-import inspect
 from dataclasses import replace
 
+from connectors.base import push_filter
 from dataflow.expr_statistics import statistics_filter
 from dataflow.expressions import FilterExpr
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Mix, Read, Resources, Union
@@ -81,12 +81,10 @@ def push_into_read(node: MapStages) -> LogicalNode:
         if pushed is not None:
             return replace(child, datasource=pushed)
     if node.filter_expr is not None:
-        step, apply = node.stages[0].fn, child.datasource.apply_filter
+        step = node.stages[0].fn
         # a dataflow expression's tree gives the part that row-group statistics may prune with
-        if isinstance(step, FilterExpr) and "statistics" in inspect.signature(apply).parameters:
-            pushed = apply(node.filter_expr, statistics=functools.partial(statistics_filter, step.expr))
-        else:
-            pushed = apply(node.filter_expr)
+        statistics = functools.partial(statistics_filter, step.expr) if isinstance(step, FilterExpr) else None
+        pushed = push_filter(child.datasource, node.filter_expr, statistics)
         if pushed is not None:
             return replace(child, datasource=pushed)
     return node

@@ -27,7 +27,6 @@ loop's stream waits on an event, so the copy of batch n+1 overlaps the compute o
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import threading
@@ -512,9 +511,9 @@ class ShardedDatasource(Datasource):
         return self._wrap(self.inner.apply_projection(columns))
 
     def apply_filter(self, expr: Any, statistics: Any = None) -> ShardedDatasource | None:
-        if statistics is None or "statistics" not in inspect.signature(self.inner.apply_filter).parameters:
-            return self._wrap(self.inner.apply_filter(expr))
-        return self._wrap(self.inner.apply_filter(expr, statistics=statistics))
+        from connectors.base import push_filter
+
+        return self._wrap(push_filter(self.inner, expr, statistics))
 
 
 class BlockFilesDatasource:

@@ -163,3 +163,15 @@ def test_reduce_ranges_fill_the_last_wave_of_every_cpu():
     ranges = reduce_ranges(skewed, None, target=710, cpus=2)
     sizes = [skewed[lo:hi].sum() for lo, hi in ranges]
     assert len(ranges) == 2 and max(sizes) / min(sizes) < 1.1
+
+
+def test_a_worker_queue_holds_a_few_milliseconds_of_short_tasks():
+    from engine.executor import PIPELINE_MAX_DEPTH, PIPELINE_QUEUE_S, pipeline_depth
+
+    assert pipeline_depth(PIPELINE_QUEUE_S / 4, 0.0, 0.0) == 4  # by time
+    assert pipeline_depth(1e-5, 0.0, 0.0) == PIPELINE_MAX_DEPTH  # at most this many
+    assert pipeline_depth(0.0, 0.0, 0.0) == PIPELINE_MAX_DEPTH  # tasks too short to time
+    assert pipeline_depth(0.019, 0.0, 0.0) == 1  # one may always wait
+    # and no more than the queue's share of the store (queued tasks count as running)
+    assert pipeline_depth(1e-4, 8 * MiB, 24 * MiB) == 3
+    assert pipeline_depth(1e-4, 64 * MiB, 16 * MiB) == 1

@@ -31,9 +31,12 @@ def _identity(batch):
     return batch
 
 
-def _watch_queues(executor, on_sample: Callable[[object, int], bool]) -> tuple[threading.Thread, threading.Event, list[int]]:
-    """A thread that reads every task worker's queue length (tasks sent, the running one
-    first) until stopped or ``on_sample(handle, length)`` returns True; the longest seen."""
+def _drain_watching(executor, on_sample: Callable[[object, int], bool]) -> tuple[np.ndarray, int, dataflow.Dataset]:
+    """``map_batches(identity)`` over BLOCKS materialized blocks, drained, while a thread reads
+    every worker's queue length (tasks sent to it, the running one first) until the job ends or
+    ``on_sample(handle, length)`` returns True. The ids read, sorted; the longest queue seen;
+    the dataset."""
+    source = dataflow.range(ROWS, override_num_blocks=BLOCKS).materialize()
     stop, longest = threading.Event(), [0]
 
     def watch():
@@ -51,26 +54,24 @@ def _watch_queues(executor, on_sample: Callable[[object, int], bool]) -> tuple[t
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
-    return thread, stop, longest
-
-
-def test_short_tasks_queue_several_deep_and_come_back_exact(engine):
-    source = dataflow.range(ROWS, override_num_blocks=BLOCKS).materialize()
-    thread, stop, longest = _watch_queues(engine, lambda handle, length: False)
     try:
         ds = source.map_batches(_identity)
         ids = [b["id"] for b in ds.iter_batches(batch_size=None, batch_format="numpy")]
     finally:
         stop.set()
         thread.join(timeout=5)
-    assert np.array_equal(np.sort(np.concatenate(ids)), np.arange(ROWS))
+    return np.sort(np.concatenate(ids)), longest[0], ds
+
+
+def test_short_tasks_queue_several_deep_and_come_back_exact(engine):
+    ids, longest, ds = _drain_watching(engine, lambda handle, length: False)
+    assert np.array_equal(ids, np.arange(ROWS))
     assert sum(op.tasks for op in ds._last_handle.stats().operators) >= 0.9 * BLOCKS
     # one running and more than one waiting (the first engine queued one at most)
-    assert 3 <= longest[0] <= PIPELINE_MAX_DEPTH + 1, longest[0]
+    assert 3 <= longest <= PIPELINE_MAX_DEPTH + 1, longest
 
 
 def test_a_worker_killed_with_tasks_queued_loses_none_of_them(engine):
-    source = dataflow.range(ROWS, override_num_blocks=BLOCKS).materialize()
     killed: list[int] = []
 
     def kill_a_deep_one(handle, length):
@@ -80,14 +81,7 @@ def test_a_worker_killed_with_tasks_queued_loses_none_of_them(engine):
             return True
         return False
 
-    thread, stop, _ = _watch_queues(engine, kill_a_deep_one)
-    try:
-        ds = source.map_batches(_identity)
-        ids = [b["id"] for b in ds.iter_batches(batch_size=None, batch_format="numpy")]
-    finally:
-        stop.set()
-        thread.join(timeout=5)
+    ids, _, _ = _drain_watching(engine, kill_a_deep_one)
     assert killed, "no worker had four tasks sent to it"
-    got = np.sort(np.concatenate(ids))
-    assert np.array_equal(got, np.arange(ROWS))  # every row once: none lost, none twice
+    assert np.array_equal(ids, np.arange(ROWS))  # every row once: none lost, none twice
     assert dataflow.range(1000).map_batches(_identity).count() == 1000  # and the session goes on

@@ -546,7 +546,7 @@ class StreamingExecutor:
         elif isinstance(msg, protocol.TaskDone):
             if handle.kind != TASK_KIND:  # the next execution's actors will want them too
                 self.pool.want_preloaded(msg.imported)
-            execution, op, _ = handle.tasks.popleft()
+            execution, op, _ = handle.finished()
             for ref in msg.result.refs:
                 counter = ref.block_id.rsplit("-", 1)[-1]
                 if counter.isdigit():
@@ -606,8 +606,7 @@ class StreamingExecutor:
                 for execution in list(self._executions):
                     execution.fail(EngineError(why))
                     self._reap(execution)
-        queued = list(handle.tasks)[1:]  # pipelined behind the one that ran: never started
-        handle.tasks.clear()
+        queued = handle.forget_tasks()[1:]  # pipelined behind the one that ran: never started
         for execution, op, pending in queued:
             if execution.cancelled or op.cancelled:
                 execution.task_discarded(op, pending.spec.task_id, [])
@@ -777,9 +776,10 @@ class StreamingExecutor:
         return self._dispatch(execution, op, slot)
 
     def _running_output_bytes(self) -> float:
-        """Bytes the tasks running on workers are expected to add to the store (each task's
-        estimate from its operator: ``MapOperator.expected_bytes_of``)."""
-        return sum(op.expected_bytes_of(pending) for handle in self.pool.live() for _e, op, pending in handle.tasks)
+        """Bytes the tasks sent to workers are expected to add to the store (each task's
+        estimate from its operator when it was sent, ``MapOperator.expected_bytes_of``): summed
+        per worker as tasks come and go, since up to ``PIPELINE_MAX_DEPTH`` wait on each."""
+        return float(sum(handle.expected_bytes for handle in self.pool.live()))
 
     def _actor_wait(self, op: MapOperator) -> str:
         pool = self._actors.get(f"actor:{op.key}", [])
@@ -876,7 +876,8 @@ class StreamingExecutor:
             self._ledger.take(op.resources.num_cpus, op.resources.custom)
         slot.digests.add(op.digest)
         slot.state = BUSY
-        slot.tasks.append((execution, op, pending))
+        pending.expected_bytes = int(op.expected_bytes_of(pending))
+        slot.send((execution, op, pending))
         try:
             self._socket.send(slot.worker_id, frames)
         except PeerUnreachable:  # the worker vanished between Ready and now: its pidfd will say so

@@ -31,8 +31,11 @@ class WorkerHandle:
     pid: int | None = None
     pidfd: int | None = None
     tasks: deque[tuple[Any, Any, Any]] = field(default_factory=deque)
-    """(execution, operator, pending task) sent to it, the running one first; a second one
-    waits in its socket when short tasks are pipelined (``StreamingExecutor._pipeline_slot``)."""
+    """(execution, operator, pending task) sent to it, the running one first; more wait in its
+    socket when short tasks are pipelined (``StreamingExecutor._pipeline_slot``). Changed only
+    by ``send``, ``finished`` and ``forget_tasks``, which keep ``expected_bytes``."""
+    expected_bytes: int = 0
+    """What its tasks were expected to leave in the store, summed (each task's ``expected_bytes``)."""
     digests: set[str] = field(default_factory=set)
     idle_since: float = 0.0
     gpus: tuple[int, ...] = ()
@@ -45,6 +48,24 @@ class WorkerHandle:
     def task(self) -> tuple[Any, Any, Any] | None:
         """The task it is running, if any."""
         return self.tasks[0] if self.tasks else None
+
+    def send(self, entry: tuple[Any, Any, Any]) -> None:
+        """``entry``'s task was sent to it (runs after those before it)."""
+        self.tasks.append(entry)
+        self.expected_bytes += entry[2].expected_bytes
+
+    def finished(self) -> tuple[Any, Any, Any]:
+        """Its running task ended: that task's entry; the next one, if any, runs now."""
+        entry = self.tasks.popleft()
+        self.expected_bytes -= entry[2].expected_bytes
+        return entry
+
+    def forget_tasks(self) -> list[tuple[Any, Any, Any]]:
+        """It died: every task sent to it, the one that ran first."""
+        entries = list(self.tasks)
+        self.tasks.clear()
+        self.expected_bytes = 0
+        return entries
 
     rss: int = 0
     """Resident bytes when last sampled while it ran a task."""

@@ -73,6 +73,8 @@ class Pending:
     input_bytes: int
     started_at: float = 0.0
     """``time.monotonic()`` when it was handed out (for timeouts and long-running reports)."""
+    expected_bytes: int = 0
+    """What it was expected to leave in the store when it was sent to a worker."""
 
 
 @dataclass

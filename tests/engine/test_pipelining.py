@@ -60,6 +60,11 @@ def _drain_watching(executor, on_sample: Callable[[object, int], bool]) -> tuple
     finally:
         stop.set()
         thread.join(timeout=5)
+    # what the tasks sent to workers were expected to add to the store is counted back out
+    # as they end or their worker dies (summed per worker, with up to 16 tasks on each)
+    assert executor.sync()
+    assert [h.expected_bytes for h in executor.pool.workers.values() if h.expected_bytes] == []
+    assert executor._running_output_bytes() == 0
     return np.sort(np.concatenate(ids)), longest[0], ds
 
 

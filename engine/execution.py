@@ -434,7 +434,11 @@ class Execution:
         self.flush_soft_order(op)
 
     def flush_soft_order(self, op: MapOperator) -> None:
-        """Outputs ``op`` held back for the order of a task that is no longer running go on."""
+        """Outputs ``op`` held back for the order of a task that is no longer running go on;
+        not where the order is kept for good (``preserve_order``, an exchange's ordered
+        outputs): there they wait for the task's retry."""
+        if self.options.preserve_order or op.ordered_output:
+            return
         for ref in op.flush_soft_order():
             op.emit(ref)
 

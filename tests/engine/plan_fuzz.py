@@ -15,6 +15,7 @@ with bigger blocks.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -198,6 +199,8 @@ def run(case: Case, tmp_dir: str) -> None:
     ds, expected, exact_order, _keep_alive = build(case)
     has_limit = any(step[0] == "limit" for step in case.steps)
     killer = Killer(case.kills, random.Random(case.seed)) if case.kills else None
+    errors = _EngineErrors()
+    logging.getLogger("dataflow.engine").addHandler(errors)
     if killer is not None:
         killer.start()
     try:
@@ -205,6 +208,10 @@ def run(case: Case, tmp_dir: str) -> None:
     finally:
         if killer is not None:
             killer.stop()
+        logging.getLogger("dataflow.engine").removeHandler(errors)
+    # the engine logs an error where it catches its own inconsistency (outputs waiting for a
+    # task that no longer exists): the rows may still come out right, the case fails anyway
+    assert not errors.messages, f"{case}: the engine logged {errors.messages}"
     if isinstance(got, int):
         assert got == len(expected), f"{case}: counted {got}, expected {len(expected)}"
         return
@@ -272,6 +279,17 @@ def consume(ds: dataflow.Dataset, consumer: str, tmp_dir: str, rng: random.Rando
         assert first == second
         return first
     raise ValueError(consumer)
+
+
+class _EngineErrors(logging.Handler):
+    """Collects what the engine logs at ERROR."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 class Killer:

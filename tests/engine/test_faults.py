@@ -134,3 +134,32 @@ def test_a_worker_killed_like_the_oom_killer_does_is_reported_as_such(streaming)
     text = ds.stats()
     assert "was killed by SIGKILL" in text and "OOM killer" in text and "hog" in text, text
     assert "MiB when last sampled" in text or "GiB when last sampled" in text, text
+
+
+def _kill_late(marker: str, first_id: int):
+    driver = os.getpid()
+
+    def udf(batch):
+        if batch["id"][0] == first_id and os.getpid() != driver and not os.path.exists(marker):
+            time.sleep(0.5)  # the blocks after this one finish first and wait for it
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return batch
+
+    return udf
+
+
+def test_a_worker_death_under_preserve_order_keeps_the_order(tmp_path, streaming, caplog):
+    """Outputs that finished after a lost task's keep waiting for its retry: they used to be
+    let go at the death (as for an unordered job) and the retried block came out last."""
+    ctx = dataflow.DataContext.get_current()
+    saved = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True
+    try:
+        ds = dataflow.range(20_000, override_num_blocks=20).map_batches(_kill_late(str(tmp_path / "killed"), 5000))
+        ids = [row["id"] for row in ds.take_all()]
+    finally:
+        ctx.execution_options.preserve_order = saved
+    assert os.path.exists(tmp_path / "killed")
+    assert ids == list(range(20_000))
+    assert "no task has" not in caplog.text

@@ -85,6 +85,18 @@ class _SplitActor:
         self.coordinator.close()
 
 
+def _whereabouts(object_ref: ray.ObjectRef) -> str:
+    """What Ray says of where an object is, for a log line (never raises, waits at most 5 s)."""
+    try:
+        found = ray.experimental.get_object_locations([object_ref], timeout_ms=5000).get(object_ref)
+    except Exception as err:
+        return f"its locations could not be looked up: {err!r}"
+    if not found:
+        return "its owner knows of no copy"
+    nodes = found.get("node_ids") or []
+    return f"copies on {len(nodes)} node(s) {', '.join(n[:8] for n in nodes)}, {found.get('object_size')} bytes"
+
+
 def _read_here(ref: BlockRef) -> pa.Table:
     raise RuntimeError("ranks read a split's blocks from the object refs they are handed")
 
@@ -152,7 +164,7 @@ class RaySplitClient:
                 waited += LIVENESS_S
             self.busy_cpus()  # (raises SplitCoordinatorLostError when the coordinator is gone)
             log.warning("streaming_split %s: a rank has waited %.0f s for block %s (%d rows) from Ray's object "
-                        "store", self.key, waited, ref.block_id, ref.num_rows)
+                        "store (%s)", self.key, waited, ref.block_id, ref.num_rows, _whereabouts(object_ref))
 
     def release(self, piece: Piece) -> None:
         with self._lock:

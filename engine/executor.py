@@ -80,7 +80,8 @@ wake-ups on both sides: the driver's CPU per task 120 -> 85 us, the worker's 170
 PIPELINE_MAX_DEPTH = 16
 """Tasks queued behind a worker's running task, at most (one may always be)."""
 PIPELINE_STORE_SHARE = 1 / 16
-"""What the tasks queued on all workers may be expected to leave in the store, at most: they
+"""The share of the store's capacity the tasks queued on all workers may be expected to leave in
+it, at most: they
 count as running (``_running_output_bytes``), and a queue must not make later tasks spill."""
 
 

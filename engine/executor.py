@@ -81,8 +81,8 @@ PIPELINE_MAX_DEPTH = 16
 """Tasks queued behind a worker's running task, at most (one may always be)."""
 PIPELINE_STORE_SHARE = 1 / 16
 """The share of the store's capacity the tasks queued on all workers may be expected to leave in
-it, at most: they
-count as running (``_running_output_bytes``), and a queue must not make later tasks spill."""
+it, at most: they count as running (``_running_output_bytes``), and a queue must not make later
+tasks spill."""
 
 
 def _pipelinable(op: MapOperator) -> bool:

@@ -41,7 +41,7 @@ import torch
 import torch.distributed
 import torch.utils.data
 
-from connectors.base import Datasource
+from connectors.base import Datasource, push_filter
 from dataflow.collate_fn import collate_input, stack_cells
 from dataflow.iterator import DataIterator, check_batch_size, prefetch
 from engine.block_format import to_batch
@@ -511,8 +511,6 @@ class ShardedDatasource(Datasource):
         return self._wrap(self.inner.apply_projection(columns))
 
     def apply_filter(self, expr: Any, statistics: Any = None) -> ShardedDatasource | None:
-        from connectors.base import push_filter
-
         return self._wrap(push_filter(self.inner, expr, statistics))
 
 

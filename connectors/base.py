@@ -12,6 +12,8 @@ connectors port by changing an import.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
@@ -53,6 +55,29 @@ def as_table(block: Any, what: str) -> pa.Table:
 
         return frame_to_table(block)
     raise TypeError(f"{what} must yield pyarrow Tables, RecordBatches or pandas DataFrames, got {type(block).__name__}")
+
+
+_PLANNING: contextvars.ContextVar[dict[Any, Any] | None] = contextvars.ContextVar("dataflow_planning", default=None)
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[None]:
+    """The planning of one execution: what a source reads there about its files (a Parquet
+    footer) goes in ``planning_cache`` and is read once, however many planning steps ask (the
+    size of a small exchange's input, then the schema of its read tasks). The next execution
+    reads it afresh: the files may have changed in between. Nested scopes share the outer one."""
+    token = _PLANNING.set({}) if _PLANNING.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _PLANNING.reset(token)
+
+
+def planning_cache() -> dict[Any, Any] | None:
+    """The open planning scope's cache, or None outside one. Threads see it when they run in a
+    copy of the planning thread's context (``connectors.filesystem.map_small_reads`` does)."""
+    return _PLANNING.get()
 
 
 class ReadTask:

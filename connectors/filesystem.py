@@ -23,6 +23,7 @@ names a codec for every file instead, and a read buffer.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import fnmatch
 import os
@@ -426,8 +427,10 @@ def map_small_reads(fs: pafs.FileSystem, fn: Callable[[T], U], items: Sequence[T
         return [fn(item) for item in items]
     from concurrent.futures import ThreadPoolExecutor
 
+    # each call in a copy of the caller's context: a planning scope's cache reaches the threads
+    contexts = [contextvars.copy_context() for _ in items]
     with ThreadPoolExecutor(max_workers=min(METADATA_THREADS, len(items)), thread_name_prefix="footers") as pool:
-        return list(pool.map(fn, items))
+        return list(pool.map(lambda ctx, item: ctx.run(fn, item), contexts, items))
 
 
 def _fsspec_of(fs: pafs.FileSystem) -> Any:

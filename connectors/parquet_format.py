@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from connectors import io_stats, row_hash, tensor_columns
+from connectors.base import planning_cache
 from connectors.errors import (
     AccessDeniedError,
     FileFormatError,
@@ -740,6 +741,18 @@ def _format_error(exc: BaseException, display: str) -> FileFormatError:
 
 
 def _read_footer(fs: Any, entry: FileEntry, display: str, retrier: Retrier) -> pq.FileMetaData:
+    """The file's footer; read once per planning scope (``connectors.base.planning``)."""
+    cache = planning_cache()
+    key = ("parquet footer", id(fs), entry.path, entry.size)
+    if cache is not None and key in cache:
+        return cache[key]
+    metadata = _read_footer_now(fs, entry, display, retrier)
+    if cache is not None:
+        cache[key] = metadata
+    return metadata
+
+
+def _read_footer_now(fs: Any, entry: FileEntry, display: str, retrier: Retrier) -> pq.FileMetaData:
     def read() -> pq.FileMetaData:
         with open_input_file(fs, entry.path, retrier, display) as handle:
             return pq.read_metadata(handle)

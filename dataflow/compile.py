@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from connectors.base import planning
 from dataflow import plan
 from dataflow.expressions import FilterExpr, WithColumns
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Mix, Read, Union
@@ -358,7 +359,8 @@ def compile_plan(
     how many more times a callable class's constructor that raised is called (-1: no limit)."""
     options.check()
     c = _Compiler(options)
-    with compiling():  # one execution number per random step, however often it is asked
+    # one execution number per random step, and one read of each file's footer, however often asked
+    with compiling(), planning():
         last = c.build(node)
     for op in c.ops:  # what follows a sort keeps its order
         if any(id(up) in c.ordering for up in op.upstream):

@@ -176,3 +176,31 @@ def test_decoded_size_of_small_parquet_on_s3_is_bounded_from_its_footers(s3) -> 
     assert ParquetDatasource("s3://test-bucket/dict").decoded_bytes_at_most(1 << 20) is None
     guess = ParquetDatasource("s3://test-bucket/dict").decoded_bytes_at_most(1 << 20, guess_dictionaries=True)
     assert guess is not None and 1000 * 8 <= guess < 1000 * 9  # an offset a value, and the encoded bytes
+
+
+def test_planning_reads_each_footer_once(s3) -> None:
+    """A small sort on S3 sizes its input from the footers, then samples the schema for its
+    read tasks from the same footers: inside one planning scope each footer is fetched once
+    (on the threads that read footers in parallel too); the next scope fetches them afresh."""
+    from connectors.base import planning
+
+    for k in range(4):
+        s3.put(f"footers/part-{k}.parquet", _parquet_bytes(1000, k * 1000))
+    s3.fault("delay", method="GET", path="footers/part-", seconds=0, times=10_000)  # counts the GETs
+
+    def plan() -> None:
+        source = ParquetDatasource("s3://test-bucket/footers")
+        assert source.decoded_bytes_at_most(1 << 20) is not None
+        assert len(list(source.get_read_tasks(4))) >= 1
+
+    ParquetDatasource("s3://test-bucket/footers").decoded_bytes_at_most(1 << 20)
+    footers = s3.hits()[0]  # what reading each footer costs, once
+    assert footers >= 4
+    with planning():
+        plan()
+    assert s3.hits()[0] == 2 * footers
+    with planning():
+        plan()
+    assert s3.hits()[0] == 3 * footers  # afresh, and again once each
+    plan()  # no scope: each step reads its own
+    assert s3.hits()[0] == 5 * footers

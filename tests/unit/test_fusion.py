@@ -168,3 +168,23 @@ def test_a_groupby_reads_only_its_keys_and_aggregated_columns(tmp_path):
         ds.groupby("nope")
     # the rows of a sort are whole rows: nothing to skip
     assert optimize(ds.sort("k")._plan).children[0].datasource.schema().names == table.column_names
+
+
+def test_planning_a_small_sort_reads_each_footer_once(tmp_path, monkeypatch):
+    """Planning a small sort over files sizes the input from their footers, then samples the
+    schema from them: one read of each footer, and afresh for the next execution."""
+    from connectors import parquet_format
+    from engine.options import ExecutionOptions
+
+    for k in range(4):
+        pq.write_table(pa.table({"k": np.arange(k, 400, 4), "s": ["x"] * 100}), tmp_path / f"{k}.parquet",
+                       use_dictionary=False)
+    reads = []
+    real = parquet_format._read_footer_now
+    monkeypatch.setattr(parquet_format, "_read_footer_now", lambda fs, entry, *a: reads.append(entry.path) or real(fs, entry, *a))
+    plan = optimize(dataflow.read_parquet(str(tmp_path)).sort("k")._plan)
+    ops = compile_plan(plan, ExecutionOptions())
+    assert [op.name for op in ops] == ["ReadParquet->Sort"]  # the one-task plan, which sizes its input
+    assert sorted(reads) == sorted(str(p) for p in tmp_path.glob("*.parquet"))
+    compile_plan(plan, ExecutionOptions())
+    assert len(reads) == 8

@@ -13,6 +13,7 @@ order and sort stably: the sort is stable overall.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,7 +36,8 @@ BUCKETS = 1 << 14
 the L2 cache; with 255 boundaries about 1.6% of the rows still need a binary search)."""
 
 RADIX_MAX_ROWS = 1 << 19
-"""Up to this many keys spanning at most 32 bits, two counting passes beat a packed sort."""
+"""Up to this many keys spanning at most 32 bits, two counting passes beat a packed sort by
+polars (not one by numpy's vectorized sort, ``vectorized_sort``)."""
 
 COUNTING_SORT_RANGE = 4096
 """Arrow sorts integers whose values span at most about this many by counting (faster than
@@ -189,22 +191,23 @@ def count_at_most(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:
 def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
     """The stable sort order of ``table`` on ``key`` (nulls last, as ``pc.sort_indices`` with
     ``at_end``). A single integer key with no nulls whose span is past counting range is sorted
-    by two 16-bit counting passes when the span fits 32 bits and there are at most
-    ``RADIX_MAX_ROWS`` rows (``radix_order``), else as one unsigned 64-bit word per row, its
-    offset in the span above its row number, when the two fit (``packed_order``); any other
-    integer key by polars' stable arg_sort, every other key by Arrow. All run on one thread: a
-    task is one CPU's work.
+    as one unsigned 64-bit word per row, its offset in the span above its row number, when the
+    two fit (``packed_order``), except that without numpy's vectorized sort (``vectorized_sort``)
+    a span of at most 32 bits over at most ``RADIX_MAX_ROWS`` rows goes to two 16-bit counting
+    passes (``radix_order``); any other integer key by polars' stable arg_sort, every other key
+    by Arrow. All run on one thread: a task is one CPU's work.
 
-    Measured on this machine (one thread, the workers' allocator settings, median of 30):
+    Measured on this machine (one thread, AVX-512, median of 21; the packed words sorted by
+    numpy, or by polars as where numpy's sort is not vectorized):
 
-    ====================  ==========  ==========  ==============  =================
-    keys (span)           counting    packed      polars argsort  used
-    ====================  ==========  ==========  ==============  =================
-    200k (24, 32 bits)    2.3-4.0 ms  3.2-4.2 ms  -               counting
-    200k (40 bits)        -           4.6-4.8 ms  8.3-8.8 ms      packed
-    1M (24, 32 bits)      21-29 ms    18-19 ms    -               packed
-    1M (40 bits)          -           18 ms       41-43 ms        packed
-    ====================  ==========  ==========  ==============  =================
+    ====================  ==========  ===========  ============  ==============
+    keys (span)           counting    packed: np   packed: pl    polars argsort
+    ====================  ==========  ===========  ============  ==============
+    200k (24, 32 bits)    2.4-5.3 ms  0.9-4.5 ms   2.3-5.4 ms    -
+    200k (40 bits)        -           0.9-3.1 ms   2.3-4.3 ms    8.3-8.8 ms
+    1M (24, 32 bits)      38-48 ms    8.8-15 ms    18-22 ms      -
+    1M (40 bits)          -           5.6-12 ms    16-19 ms      41-43 ms
+    ====================  ==========  ===========  ============  ==============
     """
     if len(key.columns) == 1 and table.num_rows > COUNTING_SORT_RANGE:
         column = table.column(key.columns[0])
@@ -212,7 +215,8 @@ def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
             low, high = pc.min_max(column).values()
             if low.is_valid and high.as_py() - low.as_py() > COUNTING_SORT_RANGE:
                 span = high.as_py() - low.as_py()
-                if column.null_count == 0 and span.bit_length() <= 32 and len(column) <= RADIX_MAX_ROWS:
+                if (column.null_count == 0 and span.bit_length() <= 32 and len(column) <= RADIX_MAX_ROWS
+                        and not vectorized_sort()):
                     return radix_order(column.to_numpy(), low.as_py(), high.as_py(), key.descending[0])
                 if column.null_count == 0 and span.bit_length() + _row_bits(len(column)) <= 64:
                     return packed_order(column.to_numpy(), low.as_py(), high.as_py(), key.descending[0])
@@ -234,22 +238,48 @@ def _row_bits(n: int) -> int:
 def packed_order(values: np.ndarray, low: int, high: int, descending: bool) -> np.ndarray:
     """The stable order of integer ``values`` (in ``[low, high]``, no nulls, a span that fits
     beside the row numbers in 64 bits): each value's offset from ``low`` (from ``high`` when
-    descending) shifted above its row number, the words sorted (polars' radix sort, one thread),
-    the row numbers read back. Equal values keep their input order: their row numbers decide."""
+    descending) shifted above its row number, the words sorted (numpy's vectorized sort, or
+    polars' radix sort where numpy's is not vectorized; one thread), the row numbers read back.
+    Equal values keep their input order: their row numbers decide, and every word is distinct,
+    so an unstable sort of the words is a stable sort of the values."""
     n = len(values)
     bits = _row_bits(n)
     assert (high - low).bit_length() + bits <= 64
     words = values.astype(np.uint64)  # arithmetic modulo 2**64: each true offset fits its bits
     if descending:
-        words = np.uint64(high % (1 << 64)) - words
+        np.subtract(np.uint64(high % (1 << 64)), words, out=words)
     else:
         words -= np.uint64(low % (1 << 64))
     words <<= np.uint64(bits)
     words |= np.arange(n, dtype=np.uint64)
-    import polars as pl
+    if vectorized_sort():
+        words.sort()
+    else:
+        import polars as pl
 
-    ordered = pl.Series(words).sort(multithreaded=False).to_numpy()
-    return (ordered & np.uint64((1 << bits) - 1)).astype(np.int64)
+        words = pl.Series(words).sort(multithreaded=False).to_numpy()
+    return (words & np.uint64((1 << bits) - 1)).view(np.int64)  # row numbers: below 2**63
+
+
+@functools.cache
+def vectorized_sort() -> bool:
+    """Whether numpy sorts 64-bit integers with SIMD (x86-simd-sort): from numpy 2.0 on a CPU
+    with AVX2, from 1.26 with AVX-512, as numpy dispatches (``NPY_DISABLE_CPU_FEATURES``
+    counts). There it sorts 200k words 2.9x faster than polars (0.7 against 2.1 ms with AVX-512,
+    1.8 against 2.2 with AVX2); without, 5x slower (10 ms). Elsewhere (another architecture,
+    a numpy that does not say) polars sorts."""
+    try:
+        try:
+            from numpy._core._multiarray_umath import __cpu_features__ as features
+        except ImportError:
+            from numpy.core._multiarray_umath import __cpu_features__ as features
+    except ImportError:
+        return False
+    if "X86_V3" in features:  # numpy 2.4's names for its dispatch targets
+        return bool(features.get("X86_V3") or features.get("X86_V4"))
+    if int(np.__version__.split(".")[0]) >= 2:
+        return bool(features.get("AVX2") or features.get("AVX512_SKX"))
+    return bool(features.get("AVX512_SKX"))
 
 
 def radix_order(values: np.ndarray, low: int, high: int, descending: bool) -> np.ndarray:

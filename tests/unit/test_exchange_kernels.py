@@ -20,20 +20,43 @@ from dataflow.sort import (
 )
 
 
+@pytest.fixture(params=[False, True], ids=["radix", "vectorized"])
+def key_order_path(request, monkeypatch):
+    """key_order's two ways: packed words sorted by numpy (where its sort is vectorized), or
+    a radix sort of the top bits."""
+    from dataflow import shuffle
+
+    monkeypatch.setattr(shuffle, "vectorized_sort", lambda: request.param)
+
+
 @pytest.mark.parametrize("n", [0, 1, 5, 1000, 200_000])
-def test_key_order_is_argsort_of_distinct_keys(n):
+def test_key_order_is_argsort_of_distinct_keys(n, key_order_path):
     keys = splitmix64(np.arange(n, dtype=np.uint64) ^ np.uint64(12345))
     assert np.array_equal(key_order(keys), np.argsort(keys, kind="stable"))
 
 
 @pytest.mark.parametrize("distinct_tops", [1, 3, 1000])
-def test_key_order_puts_keys_that_share_their_top_bits_in_order(distinct_tops):
+def test_key_order_puts_keys_that_share_their_top_bits_in_order(distinct_tops, key_order_path):
     """Keys whose top bits repeat (rare in random keys; all of them here) come out ordered by
     their whole value, equal keys in their input order."""
     rng = np.random.default_rng(distinct_tops)
     tops = rng.integers(0, 1 << 32, distinct_tops, dtype=np.uint64)
     keys = (tops[rng.integers(0, distinct_tops, 50_000)] << np.uint64(32)) | rng.integers(0, 1 << 32, 50_000, dtype=np.uint64)
     keys[::7] = keys[0]  # and exact duplicates
+    assert np.array_equal(key_order(keys), np.argsort(keys, kind="stable"))
+
+
+def test_key_order_mends_a_few_keys_that_tie_in_their_top_bits(key_order_path):
+    """Random keys, a few of them sharing their top bits with another but not their low bits,
+    a few exact duplicates: too few for the argsort fallback, each tied run is put in order of
+    the whole keys, duplicates in their input order."""
+    rng = np.random.default_rng(11)
+    n = 100_000
+    keys = splitmix64(np.arange(n, dtype=np.uint64))
+    partners = rng.choice(n, 120, replace=False)
+    for a, b in zip(partners[:60], partners[60:], strict=True):  # same top 56 bits, other low bits
+        keys[b] = (keys[a] & ~np.uint64(0xFF)) | rng.integers(0, 256, dtype=np.uint64)
+    keys[rng.choice(n, 30, replace=False)] = keys[7]  # duplicates
     assert np.array_equal(key_order(keys), np.argsort(keys, kind="stable"))
 
 
@@ -62,10 +85,15 @@ def test_sort_indices_is_arrows_stable_order(dtype, span, descending):
 @pytest.mark.parametrize("dtype", ["int64", "int32", "int16", "uint64", "uint32"])
 @pytest.mark.parametrize("span", [COUNTING_SORT_RANGE * 4, 1 << 30, 1 << 44])
 @pytest.mark.parametrize("descending", [False, True])
-def test_a_wide_integer_key_without_nulls_sorts_as_arrow(dtype, span, descending):
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_a_wide_integer_key_without_nulls_sorts_as_arrow(dtype, span, descending, vectorized, monkeypatch):
     """Two counting passes (a span of 32 bits or less), packed words (a span that fits beside the
-    row numbers) or polars: Arrow's stable order, for negative values, values past int64
-    (uint64) and ties alike, across chunks."""
+    row numbers; sorted by numpy or by polars, as where numpy's sort is not vectorized) or
+    polars: Arrow's stable order, for negative values, values past int64 (uint64) and ties
+    alike, across chunks."""
+    from dataflow import sort
+
+    monkeypatch.setattr(sort, "vectorized_sort", lambda: vectorized)
     rng = np.random.default_rng([span, descending, len(dtype)])
     info = np.iinfo(dtype)
     n = 5 * COUNTING_SORT_RANGE

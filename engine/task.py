@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import os
 import random
 import re
 import sys
@@ -154,20 +155,24 @@ class ReadAll:
                 future.cancel()
 
 
-_READ_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_READ_POOL: tuple[int, int, ThreadPoolExecutor] | None = None
+"""The process's ``ReadAll`` pool: the pid that made it, its width, the pool."""
 _READ_POOL_LOCK = threading.Lock()
 
 
 def _read_pool(threads: int) -> ThreadPoolExecutor:
     """The process's pool of ``ReadAll`` threads, at least ``threads`` wide. Kept between tasks:
-    starting a pool's threads for each task cost about 1 ms of a 20 ms task (a small sort)."""
+    starting a pool's threads for each task cost about 1 ms of a 20 ms task (a small sort). A
+    process forked after the pool was made (a DataLoader worker of a local-mode job) makes its
+    own: the inherited one has no threads there, and would never run a read."""
     global _READ_POOL
+    pid = os.getpid()
     with _READ_POOL_LOCK:
-        if _READ_POOL is None or _READ_POOL[0] < threads:
-            if _READ_POOL is not None:
-                _READ_POOL[1].shutdown(wait=False)  # its running reads finish; new ones go to the wider pool
-            _READ_POOL = (threads, ThreadPoolExecutor(threads, thread_name_prefix="read"))
-        return _READ_POOL[1]
+        if _READ_POOL is None or _READ_POOL[0] != pid or _READ_POOL[1] < threads:
+            if _READ_POOL is not None and _READ_POOL[0] == pid:
+                _READ_POOL[2].shutdown(wait=False)  # its running reads finish; new ones go to the wider pool
+            _READ_POOL = (pid, threads, ThreadPoolExecutor(threads, thread_name_prefix="read"))
+        return _READ_POOL[2]
 
 
 @dataclass(frozen=True)

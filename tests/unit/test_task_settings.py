@@ -102,3 +102,47 @@ def test_reads_on_threads_keep_their_threads_between_tasks():
         list(ReadAll([Read(), Read(fail=True), Read()], threads=2)())
     wider = threads_of(ReadAll([Read() for _ in range(9)], threads=3)())
     assert len(wider) <= 3 and [t["tid"][0].as_py() for t in ReadAll([Read(), Read()], threads=2)()]
+
+
+def test_reads_on_threads_work_in_a_process_forked_after_them():
+    """A process forked after ``ReadAll`` made its pool (a DataLoader worker of a local-mode
+    job) reads on threads of its own: the inherited pool has none there and would never run."""
+    import os
+
+    import pyarrow as pa
+
+    from engine.task import ReadAll
+
+    class Read:
+        metadata = None
+
+        def __call__(self):
+            yield pa.table({"pid": [os.getpid()]})
+
+    assert len(list(ReadAll([Read(), Read()], threads=2)())) == 2  # the parent's pool exists now
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: read on threads, report, and leave at once (no pytest teardown here)
+        code = 1
+        try:
+            import threading
+
+            done = threading.Event()
+            pids: list[int] = []
+
+            def read() -> None:
+                pids.extend(t["pid"][0].as_py() for t in ReadAll([Read(), Read(), Read()], threads=2)())
+                done.set()
+
+            threading.Thread(target=read, daemon=True).start()
+            code = 0 if done.wait(10) and pids == [os.getpid()] * 3 else 2
+        finally:
+            os.write(write_end, bytes([code]))
+            os._exit(0)
+    os.close(write_end)
+    try:
+        got = os.read(read_end, 1)
+    finally:
+        os.close(read_end)
+        os.waitpid(child, 0)
+    assert got == bytes([0]), "the forked child's reads did not finish (2) or failed (1)"

@@ -37,6 +37,13 @@ POLL_S = 2.0
 LIVENESS_S = 30.0
 """A request unanswered this long past ``POLL_S`` means the coordinator is lost."""
 NAMESPACE = "dataflow"
+INLINE_ANSWER_BYTES = 64 << 10
+"""A block of at most this many bytes travels in the answer to a rank's poll, read by the actor
+from its own memory (Ray keeps an object under 100 KiB that a task returns in its owner's
+process, here the actor's). A rank reading it by its ref asks the actor for it in a second
+request, through Ray's borrowing of an object one of its own actors owns, and once waited
+there over a minute for a 20-row block; bigger blocks are in Ray's object store, and ranks
+read them by ref as before."""
 
 log = logging.getLogger("dataflow.split")
 
@@ -59,11 +66,16 @@ class _SplitActor:
         )
 
     def poll(self, split: int, epoch: int, node: str | None) -> tuple[Any, ...]:
-        """``("piece", piece, [object ref])``, ``("wait",)`` or ``("end",)``."""
+        """``("piece", piece, [object ref])``, ``("piece", piece, [None], rows)`` for a block of
+        at most ``INLINE_ANSWER_BYTES``, ``("wait",)`` or ``("end",)``."""
         result = self.coordinator.next_within(split, epoch, POLL_S, near=node)
         if isinstance(result, Piece):
             store = self._runner.backend(None, "ray").store  # type: ignore[attr-defined]
-            return ("piece", result, [store.object_ref(result.ref.block_id)])
+            object_ref = store.object_ref(result.ref.block_id)
+            if result.ref.size_bytes <= INLINE_ANSWER_BYTES:
+                with contextlib.suppress(ray.exceptions.GetTimeoutError):  # (then by ref, as a big one)
+                    return ("piece", result, [None], ray.get(object_ref, timeout=POLL_S))
+            return ("piece", result, [object_ref])
         return (result,)
 
     def release(self, piece: Piece) -> None:
@@ -111,8 +123,9 @@ class RaySplitClient:
         self.key = key
         self.address = RAY_SPLIT_PREFIX + key
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[ray.ObjectRef, int]] = {}
-        """block id -> its object ref and the pieces of it this process holds."""
+        self._held: dict[str, tuple[Any, int]] = {}
+        """block id -> its object ref (or its rows, for a block that came in the answer) and the
+        pieces of it this process holds."""
         self._node: str | None = None
 
     @classmethod
@@ -144,10 +157,11 @@ class RaySplitClient:
                 return None
             if answer[0] == WAIT:
                 continue
-            _, piece, (object_ref,) = answer
+            _, piece, (object_ref,), *rows = answer
             with self._lock:
                 held = self._held.get(piece.ref.block_id)
-                self._held[piece.ref.block_id] = (object_ref, held[1] + 1 if held else 1)
+                value = held[0] if held else rows[0] if rows else object_ref
+                self._held[piece.ref.block_id] = (value, held[1] + 1 if held else 1)
             return piece
 
     def get(self, ref: BlockRef) -> pa.Table:
@@ -156,6 +170,8 @@ class RaySplitClient:
         ``SplitCoordinatorLostError``) and the wait is logged, naming the block."""
         with self._lock:
             object_ref = self._held[ref.block_id][0]
+        if not isinstance(object_ref, ray.ObjectRef):  # the rows came in the answer
+            return from_ray(object_ref)
         waited = 0.0
         while True:
             try:

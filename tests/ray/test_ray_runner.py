@@ -487,6 +487,49 @@ def test_streaming_split_feeds_ddp_ranks_on_three_nodes(on_ray):
         ray.kill(r)
 
 
+def test_streaming_split_hands_small_blocks_in_the_answer(on_ray, monkeypatch):
+    """A block of at most ``INLINE_ANSWER_BYTES`` comes in the answer to the rank's poll (the
+    actor reads it from its own memory); a bigger one is read by its object ref. Every row once
+    either way."""
+    import ray
+
+    from engine import ray_split
+
+    how: list[tuple[int, bool]] = []
+    real_get = ray_split.RaySplitClient.get
+
+    def spy(self, ref):
+        how.append((ref.size_bytes, isinstance(self._held[ref.block_id][0], ray.ObjectRef)))
+        return real_get(self, ref)
+
+    monkeypatch.setattr(ray_split.RaySplitClient, "get", spy)
+    small = dataflow.range(4000, override_num_blocks=20)  # 200 ids a block: 1.6 KB
+    big = dataflow.range(400, override_num_blocks=4).map_batches(
+        lambda b: {"id": b["id"], "pad": np.zeros((len(b["id"]), 256))})  # 100 rows of 2 KiB: 200 KB
+    for ds, n, by_ref in ((small, 4000, False), (big, 400, True)):
+        how.clear()
+        its = ds.streaming_split(2)
+        seen: list[list[int]] = [[], []]
+        errors: list[BaseException] = []
+
+        def drain(k: int, it=its) -> None:
+            try:
+                for batch in it[k].iter_batches(batch_size=None):
+                    seen[k].extend(batch["id"].tolist())
+            except BaseException as err:  # reported below
+                errors.append(err)
+
+        threads = [threading.Thread(target=drain, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        assert sorted(seen[0] + seen[1]) == list(range(n))
+        assert how and all(ref == by_ref for _, ref in how), how
+        assert all((size <= ray_split.INLINE_ANSWER_BYTES) != by_ref for size, _ in how), how
+
+
 @pytest.mark.parametrize("seed", [5013])
 def test_random_plans_are_exact_on_ray(on_ray, seed, tmp_path):
     """Random plans of the local engine's stress test (tests/engine/plan_fuzz.py) on the

@@ -495,6 +495,11 @@ def test_streaming_split_hands_small_blocks_in_the_answer(on_ray, monkeypatch):
 
     from engine import ray_split
 
+    e2e = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "e2e")
+    if e2e not in sys.path:
+        sys.path.insert(0, e2e)
+    from test_split import _drain
+
     how: list[tuple[int, bool]] = []
     real_get = ray_split.RaySplitClient.get
 
@@ -508,23 +513,7 @@ def test_streaming_split_hands_small_blocks_in_the_answer(on_ray, monkeypatch):
         lambda b: {"id": b["id"], "pad": np.zeros((len(b["id"]), 256))})  # 100 rows of 2 KiB: 200 KB
     for ds, n, by_ref in ((small, 4000, False), (big, 400, True)):
         how.clear()
-        its = ds.streaming_split(2)
-        seen: list[list[int]] = [[], []]
-        errors: list[BaseException] = []
-
-        def drain(k: int, it=its) -> None:
-            try:
-                for batch in it[k].iter_batches(batch_size=None):
-                    seen[k].extend(batch["id"].tolist())
-            except BaseException as err:  # reported below
-                errors.append(err)
-
-        threads = [threading.Thread(target=drain, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors and not any(t.is_alive() for t in threads), errors
+        seen = _drain(ds.streaming_split(2), batch_size=None)  # both ranks at once, on threads
         assert sorted(seen[0] + seen[1]) == list(range(n))
         assert how and all(ref == by_ref for _, ref in how), how
         assert all((size <= ray_split.INLINE_ANSWER_BYTES) != by_ref for size, _ in how), how

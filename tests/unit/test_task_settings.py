@@ -101,7 +101,8 @@ def test_reads_on_threads_keep_their_threads_between_tasks():
     with pytest.raises(UDFFailure, match="disk gone"):
         list(ReadAll([Read(), Read(fail=True), Read()], threads=2)())
     wider = threads_of(ReadAll([Read() for _ in range(9)], threads=3)())
-    assert len(wider) <= 3 and [t["tid"][0].as_py() for t in ReadAll([Read(), Read()], threads=2)()]
+    assert 1 <= len(wider) <= 3
+    assert len(list(ReadAll([Read(), Read()], threads=2)())) == 2  # a narrower task: the wider pool serves it
 
 
 def test_reads_on_threads_work_in_a_process_forked_after_them():

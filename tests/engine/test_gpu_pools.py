@@ -11,6 +11,7 @@ import pytest
 
 import dataflow
 from engine import resources
+from engine.errors import ResourceError
 from engine.resources import GpuLedger
 
 
@@ -110,3 +111,19 @@ def test_custom_resources_limit_how_many_tasks_run_at_once(fresh_engine):
     assert len(spans) == 4
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end - 0.01, "two tasks held the only TPU at once"
+
+
+def test_a_plan_without_gpus_does_not_look_for_them(fresh_engine, monkeypatch):
+    """Counting GPUs lists /dev (0.2 ms): a job none of whose operators asks for a GPU skips it,
+    and one that asks still fails at once where there are none."""
+    dataflow.init(num_cpus=2)
+    assert dataflow.range(10).map(lambda r: r).count() == 10  # the session is up
+    calls = []
+    real = resources.detect_gpus
+    monkeypatch.setattr(resources, "detect_gpus", lambda: calls.append(1) or real())
+    assert sorted(r["id"] for r in dataflow.range(10).map(lambda r: r).take_all()) == list(range(10))
+    assert calls == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ResourceError, match=r"num_gpus=1\.0 but this machine has 0 GPUs"):
+        dataflow.range(10).map_batches(lambda b: b, num_gpus=1).take_all()
+    assert calls

@@ -43,12 +43,14 @@ ENGINE_GAUGES = (
     ("store_used_bytes", "Bytes of blocks in the shared-memory store now", "store_used"),
     ("store_peak_bytes", "Most bytes the shared-memory store held at once", "store_peak"),
     ("store_capacity_bytes", "Bytes the store holds before blocks spill to disk", "store_capacity"),
+    ("store_spare_bytes", "Bytes of freed block files kept for later blocks to be written over", "spare_bytes"),
     ("workers", "Task worker processes alive", "workers"),
     ("actors", "Actor worker processes alive", "actors"),
 )
 ENGINE_COUNTERS = (
     ("store_spilled_blocks", "Blocks written to disk because the store was full", "spilled_blocks"),
     ("store_spilled_bytes", "Bytes of the blocks written to disk because the store was full", "spilled_bytes"),
+    ("store_spares_reused", "Blocks written over a freed block's file instead of a new one", "spares_reused"),
 )
 
 

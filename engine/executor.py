@@ -36,7 +36,8 @@ from engine.operators.map import MapOperator, Resources
 from engine.options import ExecutionOptions
 from engine.resources import GpuLedger, ResourceLedger, visible_gpu_ids
 from engine.scheduler import Candidate, pick
-from engine.task import OUTPUT_WRITE, TaskResult, describe_error
+from engine.spare_files import SPARE_MIN_BYTES, SPARE_SHARE, SpareFiles
+from engine.task import OUTPUT_WRITE, TaskResult, TaskSpec, describe_error
 from engine.transform import UDFFailure
 from engine.transport import MAX_MESSAGE_BYTES, CurveKeys, DriverSocket, Dropped, PeerUnreachable, StreamDriverSocket
 from engine.wakeup import WakeupPipe
@@ -148,6 +149,7 @@ class StreamingExecutor:
         self.spilled_bytes = 0
         self._spill_logged_at: float | None = None
         self.store_capacity = options.resolved_store_capacity()
+        self._spares = SpareFiles(store.shm_dir, int(self.store_capacity * SPARE_SHARE))
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._curve = CurveKeys.generate(0) if transport == "tcp" else None
         self._socket: DriverSocket | StreamDriverSocket = (
@@ -270,10 +272,20 @@ class StreamingExecutor:
             )
 
     def free(self, ref: BlockRef) -> None:
-        """Free a block (loop thread only)."""
+        """Free a block (loop thread only): a big one's file is kept to be written over when
+        nobody maps it any more (``engine.spare_files``), else unlinked."""
         if _in_memory(ref):
             self.store_used -= ref.size_bytes
+            if ref.path is not None and ref.size_bytes >= SPARE_MIN_BYTES:
+                self._spares.offer(ref.path, time.monotonic())  # (kept, or unlinked)
+                return
         self.store.free(ref)
+
+    def _reclaim_spares(self, spec: TaskSpec) -> None:
+        """The spare files ``spec``'s task was given and did not write over are the pool's again."""
+        if spec.spare_files:
+            self._spares.reclaim(spec.spare_files, time.monotonic())
+            spec.spare_files = ()
 
     @property
     def stopped(self) -> bool:
@@ -298,6 +310,11 @@ class StreamingExecutor:
             "store_capacity": self.store_capacity,
             "spilled_blocks": self.spilled_blocks,
             "spilled_bytes": self.spilled_bytes,
+            "spare_files": len(self._spares),
+            "spare_bytes": self._spares.bytes,
+            "spares_kept": self._spares.kept,
+            "spares_reused": self._spares.reused,
+            "spares_refused": self._spares.refused,
             "executions": len(self._executions),
         }
 
@@ -341,6 +358,9 @@ class StreamingExecutor:
         if self._stopping:
             return 100
         timeouts = []
+        expiry = self._spares.next_expiry(time.monotonic())
+        if expiry is not None:
+            timeouts.append(expiry + 0.01)
         if any(a for a in self._actors.values()):
             timeouts.append(self.options.actor_idle_timeout_s)
         starting = [
@@ -547,7 +567,8 @@ class StreamingExecutor:
         elif isinstance(msg, protocol.TaskDone):
             if handle.kind != TASK_KIND:  # the next execution's actors will want them too
                 self.pool.want_preloaded(msg.imported)
-            execution, op, _ = handle.finished()
+            execution, op, pending = handle.finished()
+            self._reclaim_spares(pending.spec)
             for ref in msg.result.refs:
                 counter = ref.block_id.rsplit("-", 1)[-1]
                 if counter.isdigit():
@@ -578,6 +599,8 @@ class StreamingExecutor:
         self._reap(execution)
 
     def _on_death(self, handle: WorkerHandle) -> None:
+        for _, _, pending in handle.tasks:  # files it did not write over: nobody else has them open
+            self._reclaim_spares(pending.spec)
         task = handle.task
         # read before the zygote is asked to reap it: a zombie still holds its exit status
         code = zombie_exit_code(handle.pid) if handle.pid is not None and task is not None else None
@@ -711,6 +734,7 @@ class StreamingExecutor:
         together (a train and an eval iterator) share the workers instead of the first taking all."""
         if self._stopping:
             return
+        self._spares.expire(time.monotonic())
         if self._executions:
             self._turn = (self._turn + 1) % len(self._executions)
         active = self._executions[self._turn :] + self._executions[: self._turn]
@@ -844,7 +868,10 @@ class StreamingExecutor:
         expected = op.expected_output_bytes(prior=float(execution.options.target_max_block_size))
         # what the tasks already running will add counts too: two tasks sent in one turn would
         # otherwise both see room for one and both write to shared memory
-        room = self.store_capacity - self.store_used - self._running_output_bytes()
+        room = self.store_capacity - self.store_used - self._spares.bytes - self._running_output_bytes()
+        if expected > room and self._spares.bytes:  # kept files give way to blocks
+            room += self._spares.bytes
+            self._spares.drop()
         spec.spill = expected > room
         # a task may overshoot what was expected of it (a flat_map's unknown fan-out): past its
         # share of the room its outputs go to disk, so the tasks running at once cannot fill
@@ -852,14 +879,17 @@ class StreamingExecutor:
         spec.shm_room = None if spec.spill else max(2 * expected, room / max(1, self.options.resolved_num_cpus()))
         frames: list[bytes] = []
         if isinstance(slot, WorkerHandle):
+            spec.spare_files = () if spec.spill else self._spares.take(expected)
             try:
                 frames = protocol.encode(protocol.RunTask(spec, transform, sys.path if transform is not None else None))
             except Exception as err:
+                self._reclaim_spares(spec)
                 op.pending.pop(spec.task_id, None)
                 execution.fail(unpicklable_error(op.name, "a task's inputs (its read task or arguments)", err))
                 return False
             size = sum(len(frame) for frame in frames)
             if size > MAX_MESSAGE_BYTES:  # a worker would refuse it: say why, instead of a dead worker
+                self._reclaim_spares(spec)
                 op.pending.pop(spec.task_id, None)
                 err = ValueError(
                     f"it pickles to {size / 2**20:.0f} MiB, more than the {MAX_MESSAGE_BYTES >> 20} MiB a message to "

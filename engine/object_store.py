@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.errors import ObjectStoreFullError
+from engine.spare_files import SPARE_MIN_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,9 @@ class SharedMemoryStore(BlockStore):
         self._prefix = owner
         self._counter = itertools.count()
         self._lock = threading.Lock()
+        self.spares: list[tuple[str, int]] = []
+        """Freed block files (path, size) the running task may write its blocks over (a
+        worker's store: set for each task from ``TaskSpec.spare_files``)."""
 
     def _next_id(self) -> str:
         with self._lock:
@@ -128,8 +132,12 @@ class SharedMemoryStore(BlockStore):
             return BlockRef(block_id, None, table.num_rows, nbytes, data=ipc_stream_bytes(table))
         if not spill:
             path = os.path.join(self.shm_dir, block_id + ".arrow")
+            spare = self._pick_spare(nbytes)
             try:
-                self._write_file(path, table, nbytes)
+                if spare is None:
+                    self._write_file(path, table, nbytes)
+                else:
+                    write_over(spare, path, table, nbytes)
                 return BlockRef(block_id, path, table.num_rows, nbytes, False)
             except OSError as err:
                 if err.errno not in (errno.ENOSPC, errno.ENOMEM):
@@ -143,6 +151,16 @@ class SharedMemoryStore(BlockStore):
             msg = f"object store is full and spilling to {self.spill_dir} failed: {err}"
             raise ObjectStoreFullError(msg) from err
         return BlockRef(block_id, path, table.num_rows, nbytes, True)
+
+    def _pick_spare(self, nbytes: int) -> str | None:
+        """The spare file to write a block of ``nbytes`` over: the smallest that holds it, else
+        the biggest; None when there is none or the block is too small to gain from one."""
+        if not self.spares or nbytes < SPARE_MIN_BYTES:
+            return None
+        fits = [s for s in self.spares if s[1] >= nbytes]
+        best = min(fits, key=lambda s: s[1]) if fits else max(self.spares, key=lambda s: s[1])
+        self.spares.remove(best)
+        return best[0]
 
     @staticmethod
     def _write_file(path: str, table: pa.Table, nbytes: int | None = None) -> None:
@@ -227,6 +245,22 @@ def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None) -> Non
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def write_over(spare: str, path: str, table: pa.Table, nbytes: int) -> None:
+    """``table`` as an Arrow IPC file at ``path``, written over the pages of the freed block
+    file ``spare`` (renamed to ``path``; cut to its new length): no page to allocate and zero
+    where the old file had one. Unlinked on any failure, as a new file is."""
+    os.rename(spare, path)
+    try:
+        with open(path, "r+b") as file:  # (buffered: it writes every byte or raises)
+            rows = max(1, table.num_rows * IPC_BATCH_BYTES // nbytes) if nbytes > IPC_BATCH_BYTES else None
+            with pa.ipc.new_file(pa.PythonFile(file, mode="w"), table.schema) as writer:
+                writer.write_table(table, max_chunksize=rows)
+            file.truncate(file.tell())
+    except BaseException:
+        _unlink_quietly(path)
+        raise
 
 
 def read_block(ref: BlockRef) -> pa.Table:

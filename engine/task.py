@@ -59,6 +59,9 @@ class TaskSpec:
     task whose outputs far exceed what was expected (a flat_map that turns each row into
     hundreds) would otherwise fill shared memory many times past the store's capacity, since
     its outputs are counted only when it ends."""
+    spare_files: tuple[tuple[str, int], ...] = ()
+    """Freed block files (path, size) the worker may write its outputs over instead of new
+    ones (``engine.spare_files``); those it leaves are the driver's again when the task ends."""
     params: Any = None
     """Plain data the transform needs for this task only (an exchange's row offset, the
     number of inputs from each side of a reduce)."""

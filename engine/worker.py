@@ -93,7 +93,11 @@ def _serve_task(msg: protocol.RunTask, transforms: dict[str, TaskTransform], sto
         except BaseException as err:
             return TaskResult(spec.task_id, error=describe_error(UDFFailure("deserializing the UDF", err)))
         transforms[spec.transform_digest] = transform
-    return run_task(spec, transform, store)
+    store.spares = list(spec.spare_files)
+    try:
+        return run_task(spec, transform, store)
+    finally:
+        store.spares = []  # the driver takes back the ones left
 
 
 def load_transform(data: bytes) -> TaskTransform:

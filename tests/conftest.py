@@ -137,6 +137,9 @@ def no_leaks() -> Iterator[None]:
         assert _wait_for(lambda: current.executor.statistics()["store_used"] == 0), (
             f"blocks left in the object store: {current.executor.statistics()['store_used']} bytes counted"
         )
+        # freed files kept to be written over: each one on disk is in the pool (none orphaned)
+        assert _wait_for(lambda: len(glob.glob(os.path.join(current.shm_dir, "spare-*")))
+                         == current.executor.statistics()["spare_files"]), "spare block files outside the pool"
         assert not current.executor._executions or _wait_for(lambda: not current.executor._executions), (
             "an execution is still running after the test"
         )

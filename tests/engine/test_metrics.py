@@ -72,7 +72,8 @@ def test_operator_and_store_metrics_are_scraped(endpoint):
     assert values(samples, "dataflow_store_capacity_bytes")[0] > 0
     assert values(samples, "dataflow_workers") == [2.0]
     for name in ("dataflow_store_used_bytes", "dataflow_store_peak_bytes", "dataflow_store_spilled_bytes_total",
-                 "dataflow_store_spilled_blocks_total", "dataflow_actors", "dataflow_executions_running"):
+                 "dataflow_store_spilled_blocks_total", "dataflow_store_spare_bytes", "dataflow_store_spares_reused_total",
+                 "dataflow_actors", "dataflow_executions_running"):
         assert values(samples, name), name
 
 

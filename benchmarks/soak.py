@@ -79,9 +79,20 @@ def main() -> int:
             if left:
                 print(f"LEAKED {len(left)} blocks: {case}")
                 return 1
+            # freed files kept to be written over: each one on disk is in the pool
+            spares = glob.glob(os.path.join(current.shm_dir, "spare-*"))
+            if len(spares) != current.executor.statistics()["spare_files"]:
+                print(f"LEAKED spare files ({len(spares)} on disk, {current.executor.statistics()['spare_files']} kept): {case}")
+                return 1
         kills += case.kills
         print(f"ok {took:6.2f} s  {case}", flush=True)
     print(f"{args.cases} cases, {kills} worker kills, {time.perf_counter() - started:.0f} s, all exact")
+    from engine import session as engine_session
+
+    current = engine_session.current_session()
+    if current is not None:
+        stats = current.executor.statistics()
+        print(f"freed block files written over: {stats['spares_reused']} (of {stats['spares_kept']} kept)")
     dataflow.shutdown()
     return 0
 

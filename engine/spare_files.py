@@ -27,9 +27,11 @@ on every turn. The pool holds at most ``SPARE_SHARE`` of the store and forgets a
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import os
+import signal
 from collections import deque
 from collections.abc import Iterable
 
@@ -44,17 +46,24 @@ MAX_PROBES = 16
 """Files asked about for one task at most (each ask is four system calls, ~10 us)."""
 
 
-def nobody_else_opens(fd: int) -> bool:
-    """Whether the file behind ``fd`` is open or mapped nowhere but through ``fd`` (any process).
+BREAK_SIGNAL = signal.SIGURG
+"""What the kernel sends this process if something opens a file while it holds the lease: by
+default SIGIO, which ends a process; SIGURG is ignored unless a program asks for it. (Nothing
+opens a spare by name, and the lease is held for microseconds; this is for what does anyway.)"""
+
+
+def nobody_else_opens(fd: int) -> bool | None:
+    """Whether the file behind ``fd`` is open or mapped nowhere but through ``fd`` (any process);
+    None when the kernel cannot say (leases turned off, a file system without them).
 
     Asks the kernel for a write lease and gives it back at once; the lease is refused while any
-    other open file or mapping of the file exists. Any other error (a file system without
-    leases) answers no, so the caller falls back to unlinking.
+    other open file or mapping of the file exists.
     """
     try:
+        fcntl.fcntl(fd, fcntl.F_SETSIG, BREAK_SIGNAL)
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
-    except OSError:
-        return False
+    except OSError as err:
+        return False if err.errno in (errno.EAGAIN, errno.EBUSY) else None
     try:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
     except OSError:
@@ -62,12 +71,33 @@ def nobody_else_opens(fd: int) -> bool:
     return True
 
 
+def on_tmpfs(path: str) -> bool:
+    """Whether ``path`` is on a tmpfs mount (``/proc/self/mounts``: the longest mount point that
+    holds it). Elsewhere (an overlay file system in a container without ``/dev/shm``) a mapping
+    may hold a file the lease does not see, so the pool keeps nothing there."""
+    path = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return False
+    return kind == "tmpfs"
+
+
 class SpareFiles:
     """Freed block files under ``folder`` kept for writing over (see the module docstring)."""
 
     def __init__(self, folder: str, capacity: int, idle_s: float = SPARE_IDLE_S) -> None:
         self.folder = os.path.normpath(folder)
-        self.capacity = capacity
+        self.capacity = capacity if on_tmpfs(self.folder) else 0
         self.idle_s = idle_s
         self._files: deque[tuple[str, int, float]] = deque()
         """(path, size, since), oldest first."""
@@ -78,7 +108,8 @@ class SpareFiles:
         self.refused = 0
         """Times a file was passed over because something still opened or mapped it."""
         self.reused = 0
-        """Kept files a task wrote over."""
+        """Kept files a task took and did not give back (it wrote a block over them; or, rarely,
+        the block failed and was removed, or its worker died and its files were swept)."""
 
     def __len__(self) -> int:
         return len(self._files)
@@ -117,7 +148,12 @@ class SpareFiles:
             if got >= want_bytes or len(out) >= MAX_SPARES_PER_TASK:
                 break
             path, size, _ = entry
-            if not _unused(path):
+            unused = _unused(path)
+            if unused is None:  # the kernel cannot tell: keep nothing from now on
+                self.capacity = 0
+                self.drop()
+                break
+            if not unused:
                 self.refused += 1
                 continue
             self._files.remove(entry)
@@ -160,7 +196,7 @@ class SpareFiles:
             _unlink(path)
 
 
-def _unused(path: str) -> bool:
+def _unused(path: str) -> bool | None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

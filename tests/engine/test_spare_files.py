@@ -4,22 +4,36 @@ changes under it."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gc
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
 import dataflow
+from engine import spare_files
 from engine.object_store import SharedMemoryStore, read_block, write_over
 from engine.session import current_session
-from engine.spare_files import SPARE_MIN_BYTES, SpareFiles, nobody_else_opens
+from engine.spare_files import SPARE_MIN_BYTES, SpareFiles, nobody_else_opens, on_tmpfs
 
 MiB = 1 << 20
+
+
+@pytest.fixture
+def shm_tmp():
+    """A folder on tmpfs, where the pool keeps files (``tmp_path`` may be on disk)."""
+    folder = tempfile.mkdtemp(prefix="spare-test-", dir="/dev/shm")
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _file(path, size: int) -> str:
@@ -56,7 +70,8 @@ def test_the_kernel_says_who_still_maps_a_file(tmp_path):
     assert _unused(path)
 
 
-def test_the_pool_keeps_takes_gives_back_and_forgets(tmp_path):
+def test_the_pool_keeps_takes_gives_back_and_forgets(shm_tmp):
+    tmp_path = shm_tmp
     pool = SpareFiles(str(tmp_path), capacity=5 * MiB, idle_s=10.0)
     assert not pool.offer(_file(tmp_path / "small.arrow", SPARE_MIN_BYTES - 1), 0.0)  # too small to gain
     assert not os.path.exists(tmp_path / "small.arrow")
@@ -84,6 +99,33 @@ def test_the_pool_keeps_takes_gives_back_and_forgets(tmp_path):
     pool.expire(13.0)
     assert len(pool) == 0 and pool.bytes == 0 and pool.next_expiry(13.0) is None
     assert sorted(os.listdir(tmp_path)) == ["written.arrow"]
+
+
+def test_the_pool_keeps_nothing_off_tmpfs_or_where_leases_fail(shm_tmp, tmp_path, monkeypatch):
+    assert on_tmpfs(str(shm_tmp)) and on_tmpfs("/dev/shm")
+    assert not on_tmpfs("/proc/self")
+    if not on_tmpfs(str(tmp_path)):  # e.g. an overlay or ext4 /tmp: a mapping may hide from the lease there
+        pool = SpareFiles(str(tmp_path), capacity=64 * MiB)
+        assert not pool.offer(_file(tmp_path / "a.arrow", 2 * MiB), 0.0)
+        assert os.listdir(tmp_path) == []
+    pool = SpareFiles(str(shm_tmp), capacity=64 * MiB)
+    for name in "abc":
+        assert pool.offer(_file(shm_tmp / f"{name}.arrow", 2 * MiB), 0.0)
+    first = pool.take(2 * MiB)
+    assert len(first) == 1
+    real = fcntl.fcntl
+
+    def no_leases(fd, cmd, *args):
+        if cmd == fcntl.F_SETLEASE:
+            raise OSError(errno.EINVAL, "leases are off")
+        return real(fd, cmd, *args)
+
+    monkeypatch.setattr(spare_files.fcntl, "fcntl", no_leases)
+    assert pool.take(8 * MiB) == ()  # the kernel cannot tell: the pool lets everything go, for good
+    assert len(pool) == 0 and pool.bytes == 0 and pool.capacity == 0
+    assert sorted(os.listdir(shm_tmp)) == [os.path.basename(first[0][0])]  # the one a task holds stays its
+    pool.reclaim(first, 1.0)  # and goes when the task gives it back
+    assert os.listdir(shm_tmp) == []
 
 
 def _table(rows: int, seed: int) -> pa.Table:

@@ -26,6 +26,9 @@ from engine.session import current_session
 from engine.spare_files import SPARE_MIN_BYTES, SpareFiles, nobody_else_opens, on_tmpfs
 
 MiB = 1 << 20
+needs_tmpfs = pytest.mark.skipif(
+    not (os.path.isdir("/dev/shm") and on_tmpfs("/dev/shm")), reason="the pool keeps files on tmpfs only"
+)
 
 
 @pytest.fixture
@@ -70,6 +73,7 @@ def test_the_kernel_says_who_still_maps_a_file(tmp_path):
     assert _unused(path)
 
 
+@needs_tmpfs
 def test_the_pool_keeps_takes_gives_back_and_forgets(shm_tmp):
     tmp_path = shm_tmp
     pool = SpareFiles(str(tmp_path), capacity=5 * MiB, idle_s=10.0)
@@ -101,6 +105,7 @@ def test_the_pool_keeps_takes_gives_back_and_forgets(shm_tmp):
     assert sorted(os.listdir(tmp_path)) == ["written.arrow"]
 
 
+@needs_tmpfs
 def test_the_pool_keeps_nothing_off_tmpfs_or_where_leases_fail(shm_tmp, tmp_path, monkeypatch):
     assert on_tmpfs(str(shm_tmp)) and on_tmpfs("/dev/shm")
     assert not on_tmpfs("/proc/self")
@@ -176,6 +181,7 @@ def _executor_stats() -> dict:
     return current.executor.statistics()
 
 
+@needs_tmpfs
 def test_blocks_reuse_freed_files_and_no_kept_batch_changes(fresh_engine):
     """Blocks of 1.6 MB: the read tasks' outputs are freed as the pool consumes them and written
     over by later ones, except those whose batches the UDF (in another process) or the
@@ -204,6 +210,7 @@ def test_blocks_reuse_freed_files_and_no_kept_batch_changes(fresh_engine):
     assert out == 2 * sum(range(n))
 
 
+@needs_tmpfs
 def test_kept_files_go_back_when_idle_and_on_shutdown(fresh_engine):
     dataflow.init(num_cpus=2)
     current = current_session()

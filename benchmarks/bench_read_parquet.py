@@ -11,7 +11,8 @@
 B defaults to 4096 rows (Ray's own iter_batches default is 256; 4096 is the size the project
 quotes and keeps per-batch overhead from dominating; ``--batch-size 256`` gives Ray's default).
 The page cache is warmed before the first side, so this measures decode + conversion + engine
-overhead, not the disk. Engines are started (``init``) before the timed runs; the median of
+overhead, not the disk. Engines are started (``init``, and dataflow's worker processes up) before
+the timed runs; the median of
 ``--runs`` timed drains is reported. Target: dataflow <= 1.4x raw.
 """
 

@@ -82,12 +82,14 @@ def arrow_batch_to_numpy(batch) -> dict:
 
 
 def maybe_init_dataflow():
-    """Import dataflow and start it if it has an ``init`` (mirrors ``ray.init``)."""
+    """Import dataflow and start it if it has an ``init``, its worker processes up (mirrors
+    ``ray.init``, which returns once its cluster is up: the timed runs then start alike)."""
     import dataflow
 
     init = getattr(dataflow, "init", None)
     if callable(init):
         init()
+        wait_for_dataflow_workers()
     return dataflow
 
 

@@ -53,8 +53,9 @@ def _unused(path: str) -> bool:
         os.close(fd)
 
 
-def test_the_kernel_says_who_still_maps_a_file(tmp_path):
-    path = _file(tmp_path / "b", 2 * MiB)
+@needs_tmpfs
+def test_the_kernel_says_who_still_maps_a_file(shm_tmp):
+    path = _file(shm_tmp / "b", 2 * MiB)
     assert _unused(path)
     mapped = pa.memory_map(path)
     view = mapped.read_buffer(16)  # a view of the mapping outlives the file object

@@ -26,9 +26,21 @@ from engine.session import current_session
 from engine.spare_files import SPARE_MIN_BYTES, SpareFiles, nobody_else_opens, on_tmpfs
 
 MiB = 1 << 20
-needs_tmpfs = pytest.mark.skipif(
-    not (os.path.isdir("/dev/shm") and on_tmpfs("/dev/shm")), reason="the pool keeps files on tmpfs only"
-)
+
+
+def _leases_on_tmpfs() -> bool:
+    """/dev/shm is tmpfs and the kernel answers write-lease requests there (the pool's ground)."""
+    if not (os.path.isdir("/dev/shm") and on_tmpfs("/dev/shm")):
+        return False
+    fd, path = tempfile.mkstemp(dir="/dev/shm", prefix="spare-test-")
+    try:
+        return nobody_else_opens(fd) is True
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+needs_tmpfs = pytest.mark.skipif(not _leases_on_tmpfs(), reason="the pool keeps files only on tmpfs that grants leases")
 
 
 @pytest.fixture

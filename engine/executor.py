@@ -311,6 +311,9 @@ class StreamingExecutor:
             "spilled_blocks": self.spilled_blocks,
             "spilled_bytes": self.spilled_bytes,
             "spare_files": len(self._spares),
+            "spare_files_lent": sum(  # (handed to tasks not yet ended; list(): one C call, whole)
+                len(entry[2].spec.spare_files) for handle in self.pool.live() for entry in list(handle.tasks)
+            ),
             "spare_bytes": self._spares.bytes,
             "spares_kept": self._spares.kept,
             "spares_reused": self._spares.reused,

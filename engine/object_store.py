@@ -229,11 +229,8 @@ def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None) -> Non
     """
     nbytes = table.nbytes if nbytes is None else nbytes
     if nbytes > SMALL_BLOCK_BYTES:
-        rows = None
-        if nbytes > IPC_BATCH_BYTES:
-            rows = max(1, table.num_rows * IPC_BATCH_BYTES // nbytes)
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=rows)
+        with pa.OSFile(path, "wb") as sink:
+            _stream_ipc_file(sink, table, nbytes)
         return
     buffer = pa.BufferOutputStream()
     with pa.ipc.new_file(buffer, table.schema) as writer:
@@ -247,6 +244,14 @@ def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None) -> Non
         os.close(fd)
 
 
+def _stream_ipc_file(sink: Any, table: pa.Table, nbytes: int) -> None:
+    """``table`` as an Arrow IPC file into ``sink``, in record batches of at most about
+    ``IPC_BATCH_BYTES`` (``nbytes``: the table's)."""
+    rows = max(1, table.num_rows * IPC_BATCH_BYTES // nbytes) if nbytes > IPC_BATCH_BYTES else None
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=rows)
+
+
 def write_over(spare: str, path: str, table: pa.Table, nbytes: int) -> None:
     """``table`` as an Arrow IPC file at ``path``, written over the pages of the freed block
     file ``spare`` (renamed to ``path``; cut to its new length): no page to allocate and zero
@@ -254,9 +259,7 @@ def write_over(spare: str, path: str, table: pa.Table, nbytes: int) -> None:
     os.rename(spare, path)
     try:
         with open(path, "r+b") as file:  # (buffered: it writes every byte or raises)
-            rows = max(1, table.num_rows * IPC_BATCH_BYTES // nbytes) if nbytes > IPC_BATCH_BYTES else None
-            with pa.ipc.new_file(pa.PythonFile(file, mode="w"), table.schema) as writer:
-                writer.write_table(table, max_chunksize=rows)
+            _stream_ipc_file(pa.PythonFile(file, mode="w"), table, nbytes)
             file.truncate(file.tell())
     except BaseException:
         _unlink_quietly(path)

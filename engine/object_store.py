@@ -145,7 +145,7 @@ class SharedMemoryStore(BlockStore):
         os.makedirs(self.spill_dir, mode=0o700, exist_ok=True)
         path = os.path.join(self.spill_dir, block_id + ".arrow")
         try:
-            write_ipc_file(path, table, nbytes)
+            write_ipc_file(path, table, nbytes, piecewise=True)
         except OSError as err:
             _unlink_quietly(path)
             msg = f"object store is full and spilling to {self.spill_dir} failed: {err}"
@@ -217,7 +217,7 @@ def ipc_stream_bytes(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None) -> None:
+def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None, piecewise: bool = False) -> None:
     """``table`` as an Arrow IPC file at ``path``, with write(2); ``nbytes``: its ``nbytes``
     when the caller has it.
 
@@ -225,9 +225,17 @@ def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None) -> Non
     call: the IPC writer's own writes (magic, schema, batch, footer) are a system call each,
     which for an 8 KiB block costs more than the data (26 against 42 us a block). A bigger one
     streams to the file, without a second copy in memory, in batches of at most
-    ``IPC_BATCH_BYTES``.
+    ``IPC_BATCH_BYTES``; with ``piecewise`` (spill files, on disk), in writes of at most
+    ``DISK_WRITE_BYTES``.
     """
     nbytes = table.nbytes if nbytes is None else nbytes
+    if nbytes > SMALL_BLOCK_BYTES and piecewise:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            _stream_ipc_file(pa.PythonFile(_PiecewiseWriter(fd), mode="w"), table, nbytes)
+        finally:
+            os.close(fd)
+        return
     if nbytes > SMALL_BLOCK_BYTES:
         with pa.OSFile(path, "wb") as sink:
             _stream_ipc_file(sink, table, nbytes)
@@ -242,6 +250,45 @@ def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None) -> Non
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+DISK_WRITE_BYTES = 1 << 20
+"""Spill files are written at most this many bytes per write(2).
+
+Linux (6.x) caches a file written in bigger pieces in 2 MiB page-cache folios where the file
+system allows it (ext4, xfs; not tmpfs by default). On a virtual machine that hands its free
+memory back to the host (virtio free page reporting, as Firecracker and other VMs use) such a
+folio is new host memory: spilling a 70 MB block in pieces of 32 MiB took 1.3-1.9 ms per MB
+there, in pieces of 1 MiB 0.21 ms (tmpfs: 0.4 ms either way). Elsewhere a write(2) per MiB
+costs nothing that shows."""
+
+
+class _PiecewiseWriter:
+    """A write-only file for ``pa.PythonFile``: write(2) on ``fd``, ``DISK_WRITE_BYTES`` at a
+    time (the caller closes ``fd``)."""
+
+    closed = False
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.position = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        size, done = len(view), 0
+        while done < size:
+            done += os.write(self.fd, view[done : done + DISK_WRITE_BYTES])
+        self.position += size
+        return size
+
+    def tell(self) -> int:
+        return self.position
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _stream_ipc_file(sink: Any, table: pa.Table, nbytes: int) -> None:

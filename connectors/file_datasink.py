@@ -78,6 +78,7 @@ from connectors.partitioning import folder_name
 from connectors.resumable_write import ResumeManifest, ResumeState
 from connectors.retry import Retrier, RetryPolicy, default_retry_policy
 from engine.exchange import grouped_rows
+from engine.object_store import DISK_WRITE_BYTES
 
 logger = logging.getLogger("dataflow.write")
 
@@ -688,7 +689,7 @@ class FileDatasink(Datasink):
             self._fs.create_dir(parent, recursive=True)
             with self._open_output(target) as out:
                 if isinstance(data, pa.Buffer):
-                    out.write(data)
+                    write_in_pieces(out, data)
                 else:
                     self._encode_into(data, out)
                 return int(out.tell())
@@ -710,7 +711,18 @@ class FileDatasink(Datasink):
         """Write one file holding ``tables`` into ``out``: the bytes of ``_encode``, unless the
         format's writer streams (Parquet, CSV, ORC override this), so that a file is never
         whole in memory (a 512 MiB file held 512 MiB, and up to twice that while its buffer grew)."""
-        out.write(self._encode(tables))
+        write_in_pieces(out, self._encode(tables))
+
+
+def write_in_pieces(out: pa.NativeFile, data: pa.Buffer) -> None:
+    """``data`` into ``out`` in writes of at most ``DISK_WRITE_BYTES``: a file on a local disk
+    written in one bigger piece is cached in 2 MiB folios, up to ten times slower to fill on a
+    VM that hands free memory back to its host (``engine.object_store.DISK_WRITE_BYTES``; a
+    300 MiB file here: 2.5-2.9 ms per MB in one write, 0.19-0.25 ms in 1 MiB pieces). Slices
+    are views: nothing is copied; an object store's stream gathers them into its parts."""
+    data = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    for offset in range(0, data.size, DISK_WRITE_BYTES):
+        out.write(data.slice(offset, min(DISK_WRITE_BYTES, data.size - offset)))
 
 
 class _RollingFile:

@@ -68,9 +68,16 @@ def op_budget(
     floor: int,
     feeds_consumer: bool = False,
     first_wave: bool = False,
+    pool_starting: bool = False,
 ) -> int:
     """Bytes one operator may hold: ``WAVES`` waves of ``slots`` tasks of its expected output, at
     least ``floor`` (capped by the share), at most its share of the store.
+
+    While the actor pool it feeds is starting (none of its actor processes is up yet: the first
+    ones of a session wait for the zygote to import the frameworks the driver imported, torch
+    1.3 s here), its whole share: every row read then is one the pool will need, and the CPUs
+    would otherwise wait for the pool. Once an actor is up, the usual budget holds again and the
+    operator waits until its held bytes fall under it.
 
     The operator feeding the consumer gets one wave plus one block: every slot busy while the
     consumer reads the block it holds, but no more (what the consumer has not read counts, and a
@@ -79,6 +86,8 @@ def op_budget(
     guesses, so every slot gets a task where the share holds them, and no more until the
     guess has been replaced by what tasks made."""
     share = int(store_capacity * STORE_SHARE / max(1, task_operators))
+    if pool_starting:
+        return share
     if first_wave:
         tasks = max(1, slots)
     else:

@@ -107,6 +107,10 @@ class OutputBuffer:
             return items
 
 
+def _no_pool_starting(op: MapOperator) -> bool:
+    return False
+
+
 class Execution:
     """The state of one plan while it runs."""
 
@@ -134,6 +138,10 @@ class Execution:
             self.store_capacity = min(self.store_capacity, int(store_limit))
         self.cpu_limit = options.cpu_limit()
         """``resource_limits.cpu``: the CPUs this execution's running tasks may use at once."""
+        self.pool_starting: Callable[[MapOperator], bool] = _no_pool_starting
+        """Whether an operator is an actor pool none of whose actors has started yet (the
+        executor, which manages workers, sets it): what feeds it then reads ahead
+        (``backpressure.op_budget``)."""
         self.shares_finished_budgets = shares_finished_budgets
         """The store's operator share is split between the operators still running tasks (an
         exchange's reduce gets the part of the steps before it). The Ray runner turns it off:
@@ -286,7 +294,7 @@ class Execution:
         # must not depend on that timing, so one task runs until the first has finished
         first_wave = learned is None and not (self.options.preserve_order or op.ordered_output)
         budget = op_budget(self.store_capacity, active, slots, expected if first_wave else (learned or 0.0), floor,
-                           consumer, first_wave=first_wave)
+                           consumer, first_wave=first_wave, pool_starting=down is not None and self.pool_starting(down))
         starved = down is not None and down.needs_more_input()
         return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved, backlogged,
                       len(self.buffer) if consumer else 0, consumer_block_cap(slots) if consumer else 0)

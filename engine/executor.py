@@ -809,6 +809,12 @@ class StreamingExecutor:
         per worker as tasks come and go, since up to ``PIPELINE_MAX_DEPTH`` wait on each."""
         return float(sum(handle.expected_bytes for handle in self.pool.live()))
 
+    def _pool_starting(self, op: MapOperator) -> bool:
+        """``op`` runs on an actor pool and none of its actors has started yet."""
+        if op.actor_pool is None:
+            return False
+        return not any(h.state != STARTING for h in self._actors.get(f"actor:{op.key}", []))
+
     def _actor_wait(self, op: MapOperator) -> str:
         pool = self._actors.get(f"actor:{op.key}", [])
         if any(w.state == STARTING for w in pool) or not pool:
@@ -992,6 +998,7 @@ class StreamingExecutor:
         if execution in self._submitted:
             self._submitted.remove(execution)
         self._executions.append(execution)
+        execution.pool_starting = self._pool_starting
         for op in execution.map_ops():
             op.pull_source_in_background(self._wake)
         self._grow_actor_pools(execution)

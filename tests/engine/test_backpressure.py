@@ -6,6 +6,7 @@ import os
 import time
 
 import numpy as np
+import pytest
 
 import dataflow
 from engine import session as engine_session
@@ -331,3 +332,36 @@ def test_a_slow_functions_small_blocks_are_not_bundled_onto_one_worker(streaming
     for r in rows:
         per_pid[r["pid"]] = per_pid.get(r["pid"], 0) + 1
     assert len(per_pid) == 2 and min(per_pid.values()) >= 15, per_pid
+
+
+def _stamped(batch):
+    # ~4 MiB per 512-row block, made in 20 ms (a Parquet read), and when it was made
+    time.sleep(0.02)
+    n = len(batch["id"])
+    return {"id": batch["id"], "made": np.full(n, time.time()), "payload": np.ones((n, 1024), dtype=np.float64)}
+
+
+class _Stamp:
+    def __init__(self) -> None:
+        self.up = time.time()
+
+    def __call__(self, batch):
+        return {"id": batch["id"], "made": batch["made"], "up": np.full(len(batch["id"]), self.up)}
+
+
+def test_reads_go_on_while_the_actor_pool_they_feed_starts(fresh_engine):
+    """A script that imported torch: the zygote imports it too before it forks the first actor
+    (about a second). Meanwhile the task operator feeding the pool is not held to two waves of
+    blocks: it reads ahead within its share of the store (the CPUs would idle), then waits
+    for the pool like any operator. Exact rows either way."""
+    pytest.importorskip("torch")
+    dataflow.init(num_cpus=2, op_output_budget=4 * MiB)
+    assert engine_session.current_session().executor.wait_for_workers(30)
+    ds = dataflow.range(24 * 512, override_num_blocks=24).map_batches(_stamped).map_batches(
+        _Stamp, concurrency=1, batch_size=512)
+    rows = ds.take_all()
+    assert sorted(r["id"] for r in rows) == list(range(24 * 512))
+    up = rows[0]["up"]
+    made_before = sum(1 for r in rows if r["made"] < up) // 512
+    # two waves of two tasks would be 4-6 blocks; all 24 (96 MiB) fit the share of the store
+    assert made_before >= 20, f"only {made_before} of 24 blocks were read while the pool started:\n{ds.stats()}"

@@ -101,6 +101,10 @@ def test_budgets_scale_with_block_size_and_stay_within_the_store_share():
     assert op_budget(store, 1, 2, 128 * MiB_, 128 * MiB_, feeds_consumer=True, first_wave=True) == 2 * 128 * MiB_
     # ...as far as the share holds them (64 slots of 128 MiB guesses on an 8 GiB store: 32)
     assert op_budget(store, 1, 64, 128 * MiB_, 192 * MiB_, first_wave=True) == store // 2
+    # while the actor pool it feeds starts: the whole share (reads fill the idle CPUs), first
+    # wave or not
+    assert op_budget(store, 2, 2, 1 * MiB_, 192 * MiB_, pool_starting=True) == store // 4
+    assert op_budget(store, 2, 2, 128 * MiB_, 192 * MiB_, first_wave=True, pool_starting=True) == store // 4
 
 
 def test_a_tasks_output_is_capped_to_fit_its_operators_share_of_a_small_store():

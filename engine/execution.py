@@ -292,9 +292,12 @@ class Execution:
         # a first wave of several tasks would form its bundles before the first task has shown
         # its output (each a single input), later ones after: under preserve_order the blocks
         # must not depend on that timing, so one task runs until the first has finished
-        first_wave = learned is None and not (self.options.preserve_order or op.ordered_output)
+        ordered = self.options.preserve_order or op.ordered_output
+        first_wave = learned is None and not ordered
+        # reading ahead while the pool fed starts: under preserve_order, once that first task is back
+        reads_ahead = down is not None and (learned is not None or not ordered) and self.pool_starting(down)
         budget = op_budget(self.store_capacity, active, slots, expected if first_wave else (learned or 0.0), floor,
-                           consumer, first_wave=first_wave, pool_starting=down is not None and self.pool_starting(down))
+                           consumer, first_wave=first_wave, pool_starting=reads_ahead)
         starved = down is not None and down.needs_more_input()
         return OpLoad(op.held_bytes, op.in_flight(), expected, budget, op.max_concurrency, starved, backlogged,
                       len(self.buffer) if consumer else 0, consumer_block_cap(slots) if consumer else 0)

@@ -137,7 +137,7 @@ class SharedMemoryStore(BlockStore):
                 if spare is None:
                     self._write_file(path, table, nbytes)
                 else:
-                    write_over(spare, path, table, nbytes)
+                    write_over(spare, path, table)
                 return BlockRef(block_id, path, table.num_rows, nbytes, False)
             except OSError as err:
                 if err.errno not in (errno.ENOSPC, errno.ENOMEM):
@@ -202,11 +202,13 @@ open, a write and a close, its reader an open, a stat, a read and a close, and i
 unlink: more than moving 64 KiB through a socket twice."""
 
 
-IPC_BATCH_BYTES = 128 << 20
-"""A block file holds record batches of at most about this many bytes. Arrow's IPC format
-cannot hold an array of 2^31 or more values, which one column of a bigger block can need (2,048
-rows of a 1 MiB tensor are 2^31 bytes in one child array: ``repartition(1)`` of such rows, or
-an exchange's map output); 128 MiB is at most 2^30 values even of booleans."""
+IPC_WRITE_OPTIONS = pa.ipc.IpcWriteOptions(allow_64bit=True)
+"""Block files are written with 64-bit array lengths allowed: one column of a big block can hold
+2^31 values or more (2,048 rows of a 1 MiB tensor are 2^31 bytes in one child array:
+``repartition(1)`` of such rows, or an exchange's map output), which Arrow's IPC writer refuses
+otherwise. So a block is one record batch per chunk it has, whatever its size. (Cutting blocks
+into 128 MiB batches instead, as before, made every reader of a bigger block copy it whole to
+turn a column into one numpy array: 512 MiB more in a driver reading 256 MiB blocks.)"""
 
 
 def ipc_stream_bytes(table: pa.Table) -> bytes:
@@ -224,21 +226,20 @@ def write_ipc_file(path: str, table: pa.Table, nbytes: int | None = None, piecew
     A table of at most ``SMALL_BLOCK_BYTES`` is serialized in memory and written with one
     call: the IPC writer's own writes (magic, schema, batch, footer) are a system call each,
     which for an 8 KiB block costs more than the data (26 against 42 us a block). A bigger one
-    streams to the file, without a second copy in memory, in batches of at most
-    ``IPC_BATCH_BYTES``; with ``piecewise`` (spill files, on disk), in writes of at most
-    ``DISK_WRITE_BYTES``.
+    streams to the file, without a second copy in memory; with ``piecewise`` (spill files, on
+    disk), in writes of at most ``DISK_WRITE_BYTES``.
     """
     nbytes = table.nbytes if nbytes is None else nbytes
     if nbytes > SMALL_BLOCK_BYTES and piecewise:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            _stream_ipc_file(pa.PythonFile(_PiecewiseWriter(fd), mode="w"), table, nbytes)
+            _stream_ipc_file(pa.PythonFile(_PiecewiseWriter(fd), mode="w"), table)
         finally:
             os.close(fd)
         return
     if nbytes > SMALL_BLOCK_BYTES:
         with pa.OSFile(path, "wb") as sink:
-            _stream_ipc_file(sink, table, nbytes)
+            _stream_ipc_file(sink, table)
         return
     buffer = pa.BufferOutputStream()
     with pa.ipc.new_file(buffer, table.schema) as writer:
@@ -291,22 +292,20 @@ class _PiecewiseWriter:
         self.closed = True
 
 
-def _stream_ipc_file(sink: Any, table: pa.Table, nbytes: int) -> None:
-    """``table`` as an Arrow IPC file into ``sink``, in record batches of at most about
-    ``IPC_BATCH_BYTES`` (``nbytes``: the table's)."""
-    rows = max(1, table.num_rows * IPC_BATCH_BYTES // nbytes) if nbytes > IPC_BATCH_BYTES else None
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=rows)
+def _stream_ipc_file(sink: Any, table: pa.Table) -> None:
+    """``table`` as an Arrow IPC file into ``sink``: a record batch per chunk."""
+    with pa.ipc.new_file(sink, table.schema, options=IPC_WRITE_OPTIONS) as writer:
+        writer.write_table(table)
 
 
-def write_over(spare: str, path: str, table: pa.Table, nbytes: int) -> None:
+def write_over(spare: str, path: str, table: pa.Table) -> None:
     """``table`` as an Arrow IPC file at ``path``, written over the pages of the freed block
     file ``spare`` (renamed to ``path``; cut to its new length): no page to allocate and zero
     where the old file had one. Unlinked on any failure, as a new file is."""
     os.rename(spare, path)
     try:
         with open(path, "r+b") as file:  # (buffered: it writes every byte or raises)
-            _stream_ipc_file(pa.PythonFile(file, mode="w"), table, nbytes)
+            _stream_ipc_file(pa.PythonFile(file, mode="w"), table)
             file.truncate(file.tell())
     except BaseException:
         _unlink_quietly(path)

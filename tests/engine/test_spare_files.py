@@ -169,7 +169,7 @@ def test_a_failed_write_over_a_spare_leaves_no_file(tmp_path):
     spare = _file(tmp_path / "spare-0", 4 * MiB)
     target = str(tmp_path / "b.arrow")
     with pytest.raises(AttributeError):
-        write_over(spare, target, "not a table", 4 * MiB)  # type: ignore[arg-type]
+        write_over(spare, target, "not a table")  # type: ignore[arg-type]
     assert os.listdir(tmp_path) == []
 
 

@@ -249,7 +249,8 @@ def test_a_spilled_block_is_written_a_mebibyte_at_a_time(tmp_path, monkeypatch):
 
     def counted(fd, data):
         done = real_write(fd, data)
-        writes.append(done)
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path)):  # not another thread's pipe
+            writes.append(done)
         return done
 
     monkeypatch.setattr(object_store.os, "write", counted)

@@ -258,11 +258,11 @@ def test_json_default_encoder_and_rays_pandas_path_as_the_readme_says(tmp_path: 
     assert pandas_file.read_text().splitlines()[0] == '{"ts":1704164645123,"d":1704153600000}'
 
 
-def test_a_file_encoded_whole_reaches_the_disk_a_mebibyte_at_a_time(tmp_path: Path, monkeypatch) -> None:
+def test_a_file_encoded_whole_reaches_the_disk_in_small_pieces(tmp_path: Path, monkeypatch) -> None:
     """Formats that encode a file whole (JSON, NumPy, TFRecords...) hand it to the file system
-    in writes of at most ``DISK_WRITE_BYTES`` (one bigger write is cached in 2 MiB folios, up to
-    ten times slower to fill on a VM that returns free memory to its host); the file holds
-    every byte."""
+    in writes of at most ``DISK_WRITE_BYTES`` (a bigger write is cached in large folios, many
+    times slower to fill on a VM that returns free memory to its host); the file holds every
+    byte."""
     from connectors.file_datasink import FileDatasink
     from engine.object_store import DISK_WRITE_BYTES
 

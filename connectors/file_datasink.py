@@ -719,7 +719,7 @@ def write_in_pieces(out: pa.NativeFile, data: pa.Buffer) -> None:
     written in bigger pieces is cached in large folios, many times slower to fill on a VM that
     hands free memory back to its host (``engine.object_store.DISK_WRITE_BYTES``; a 300 MiB
     file there: 2.5-2.9 ms per MB in one write, 0.19-0.25 ms in 1 MiB pieces; past the first
-    0.5-1 GB of new files 1 MiB pieces cost 4.6-10 ms per MB too, 256 KiB pieces 0.17). Slices
+    0.5-1 GB of new files 1 MiB pieces cost 4.6-10 ms per MB too, 256 KiB pieces 0.16-0.26). Slices
     are views: nothing is copied; an object store's stream gathers them into its parts."""
     data = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
     for offset in range(0, data.size, DISK_WRITE_BYTES):

@@ -29,6 +29,7 @@ data; with a filter it is None. ``schema()`` reads one footer.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from connectors import io_stats, row_hash, tensor_columns
@@ -60,6 +62,28 @@ if TYPE_CHECKING:
     import pyarrow.dataset as pads
 
 PARQUET_EXTENSIONS = (".parquet", ".parq", ".pq")
+@contextlib.contextmanager
+def _source(fs: Any, piece: FilePiece, handle: pa.NativeFile) -> Iterator[Any]:
+    """What a file's row groups are read from: the whole file in memory when it is small and
+    read whole (``WHOLE_FILE_BYTES``); a bigger file on the local disk mapped into memory, so
+    its pages are decoded where the page cache holds them; else ``handle`` (pre-buffered reads).
+
+    Reading a mapped file copies nothing before decoding: a 42 MB file's pages were read into a
+    new 42 MB buffer first, and a worker's first pass over 32 such files (1.35 GB) took 1.9-2.6 s
+    of CPU that way against 1.16-1.22 s mapped, since each buffer is fresh memory to fault in;
+    later passes 1.14-1.45 s against 1.16-1.25 s (one 1.92). polars maps local Parquet files too.
+    A file another program cuts shorter while a task decodes it can end that worker with SIGBUS;
+    the task is then retried as after any worker's death."""
+    if piece.count == 1 and piece.entry.size is not None and piece.entry.size <= WHOLE_FILE_BYTES:
+        yield pa.BufferReader(handle.read())  # one read, not one per footer and page
+        return
+    if not isinstance(fs, pafs.LocalFileSystem):
+        yield handle
+        return
+    with pa.memory_map(piece.entry.path) as mapped:
+        yield mapped
+
+
 WHOLE_FILE_BYTES = 4 << 20
 """A file this small, read whole by one task, is fetched in one read and parsed from memory:
 half the CPU of a 17 KB file's footer and page reads (~190 against ~335 us on a local disk),
@@ -544,10 +568,7 @@ class ParquetDatasource(FileDatasource):
         the same checks, checksums and results; hive partition values are added as constant
         columns, as the fragment's scanner adds them. A file whose columns differ from the
         dataset's (a ``schema=`` that reconciles files) takes the fragment's path, which casts."""
-        with fs.open_input_file(piece.entry.path) as handle:  # (retried with the row groups)
-            source: Any = handle
-            if piece.count == 1 and piece.entry.size is not None and piece.entry.size <= WHOLE_FILE_BYTES:
-                source = pa.BufferReader(handle.read())  # one read, not one per footer and page
+        with fs.open_input_file(piece.entry.path) as handle, _source(fs, piece, handle) as source:
             parquet = pq.ParquetFile(source, pre_buffer=source is handle, page_checksum_verification=True)
             physical = parquet.schema_arrow
             columns = self._projected_file_columns()

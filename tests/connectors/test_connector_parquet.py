@@ -265,8 +265,12 @@ def test_empty_folder_fails_naming_the_folder(tmp_path: Path) -> None:
         ParquetDatasource(str(tmp_path / "empty"))
 
 
+@pytest.mark.parametrize("whole_file", [True, False], ids=["read-whole", "mapped"])
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
-def test_corrupt_file_names_the_file(tmp_path: Path, damage: str) -> None:
+def test_corrupt_file_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str,
+                                     whole_file: bool) -> None:
+    if not whole_file:  # (a bigger local file is read from a mapping of it)
+        monkeypatch.setattr(parquet_format, "WHOLE_FILE_BYTES", 0)
     pq.write_table(_table(100), tmp_path / "good.parquet")
     pq.write_table(_table(100), tmp_path / "bad.parquet")
     data = (tmp_path / "bad.parquet").read_bytes()
@@ -298,6 +302,39 @@ def test_flipped_byte_is_caught_by_page_checksums(
     path.write_bytes(bytes(data))
     with pytest.raises(FileFormatError, match=name):
         read_all(ParquetDatasource(str(path)))
+
+
+def test_a_bigger_local_file_is_read_from_a_mapping_let_go_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local file past ``WHOLE_FILE_BYTES`` is decoded from a memory mapping of it (no copy of
+    its pages into a buffer first), one mapping per file, each closed when its rows are read:
+    the rows are those of the footer-and-page reads, and no mapping outlives the read."""
+    rng = np.random.default_rng(5)
+    table = pa.table({"id": pa.array(range(400_000), pa.int64()), "x": rng.random(400_000),
+                      "name": [f"n{i}" for i in range(400_000)]})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=100_000, compression="none")
+    pq.write_table(table.slice(0, 1000), tmp_path / "b.parquet")
+    assert os.path.getsize(tmp_path / "a.parquet") > parquet_format.WHOLE_FILE_BYTES
+    assert os.path.getsize(tmp_path / "b.parquet") <= parquet_format.WHOLE_FILE_BYTES
+    mapped: list[pa.MemoryMappedFile] = []
+    real_map = pa.memory_map
+
+    def spy(path, *args, **kwargs):
+        mapped.append(real_map(path, *args, **kwargs))
+        return mapped[-1]
+
+    monkeypatch.setattr(parquet_format.pa, "memory_map", spy)
+    got = read_all(ParquetDatasource(str(tmp_path)))
+    assert mapped and all(m.closed for m in mapped)  # (a.parquet: b.parquet is read whole)
+    maps = Path("/proc/self/maps").read_text()
+    assert str(tmp_path / "a.parquet") not in maps
+    expected = pa.concat_tables([table, table.slice(0, 1000)])
+    assert got.sort_by([("id", "ascending"), ("x", "ascending")]).equals(
+        expected.sort_by([("id", "ascending"), ("x", "ascending")]))
+    # the same rows through pre-buffered reads of a file system that is not the local one
+    monkeypatch.setattr(parquet_format.pa, "memory_map", real_map)
+    remote = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    via_handle = read_all(ParquetDatasource(["a.parquet"], filesystem=remote))
+    assert via_handle.sort_by("id").equals(table)
 
 
 def test_small_files_read_whole_give_the_rows_of_footer_and_page_reads(

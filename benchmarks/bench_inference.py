@@ -20,9 +20,11 @@ defines a model does), so no side times the import; engines are started before i
 ``init`` and its task workers up, ``ray.init``), as in the other scripts. Target: dataflow <=
 1.2x the better raw baseline (the engine issue's: <= 1.1x on the first run of a fresh process).
 
-dataflow's workers run with glibc malloc thresholds of their own (``engine.forkserver``'s
-``MALLOC_ENV``); run the script with ``MALLOC_MMAP_THRESHOLD_=33554432
-MALLOC_TRIM_THRESHOLD_=67108864`` in its environment to give the raw side the same allocator.
+dataflow's workers run with glibc allocator settings of their own (``engine.forkserver``'s
+``MALLOC_TUNABLES``: thresholds, and no per-thread cache, without which torch's aligned
+activations are faulted in anew every batch); run the script with
+``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=67108864:glibc.malloc.tcache_count=0``
+in its environment to give the raw side the same allocator.
 """
 
 from __future__ import annotations

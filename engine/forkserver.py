@@ -71,17 +71,29 @@ ended and it was trimmed: 2,065 page faults per batch of the inference benchmark
 without the cache, 4.2 against 2.6 s for the whole job. Fast-bin chunks are merged before glibc
 looks for a big one.
 
-Set ``GLIBC_TUNABLES`` or one of ``USER_MALLOC_ENV`` in the driver's environment to choose
-yourself: then none of these apply."""
-MALLOC_ENV = {"GLIBC_TUNABLES": ":".join(f"{name}={value}" for name, value in MALLOC_TUNABLES.items())}
-"""What the zygote is started with, ``MALLOC_TUNABLES`` spelled for glibc."""
-USER_MALLOC_ENV = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
-                   "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_PERTURB_",
-                   "MALLOC_CHECK_")
-"""glibc's allocator variables: one set in the driver's environment means the user chose."""
+A ``GLIBC_TUNABLES`` in the driver's environment (even an empty one) replaces all of these. One
+of glibc's older variables replaces only the setting it names (``MALLOC_TRIM_THRESHOLD_``,
+``MALLOC_MMAP_THRESHOLD_``): container images often set ``MALLOC_ARENA_MAX``, and that alone
+must not cost a model's workers the rest."""
+MALLOC_ALIASES = {
+    "glibc.malloc.mmap_threshold": "MALLOC_MMAP_THRESHOLD_",
+    "glibc.malloc.trim_threshold": "MALLOC_TRIM_THRESHOLD_",
+}
+"""The older environment variable of each of ``MALLOC_TUNABLES`` that has one."""
+
+
+def zygote_malloc_env(env: dict[str, str]) -> dict[str, str]:
+    """What to add to ``env`` (the zygote's environment) for ``MALLOC_TUNABLES``: nothing when
+    the user set ``GLIBC_TUNABLES``, else those whose older variable the user did not set."""
+    if "GLIBC_TUNABLES" in env:
+        return {}
+    tunables = [f"{name}={value}" for name, value in MALLOC_TUNABLES.items() if MALLOC_ALIASES.get(name) not in env]
+    return {"GLIBC_TUNABLES": ":".join(tunables)} if tunables else {}
+
+
 MALLOC_SET_ENV = "DATAFLOW_ZYGOTE_MALLOC"
-"""The ``MALLOC_ENV`` names the driver set for the zygote (which removes them from its
-environment once glibc has read them, so a UDF's own subprocesses get the user's)."""
+"""The names ``zygote_malloc_env`` added to the zygote's environment (it removes them once glibc
+has read them, so a UDF's own subprocesses get the user's environment)."""
 
 
 def _set_parent_death_signal(sig: int) -> None:
@@ -217,7 +229,7 @@ class Zygote:
         forked later must not inherit them)."""
         driver = os.environ.pop(DRIVER_PID_ENV, "")
         for name in os.environ.pop(MALLOC_SET_ENV, "").split(","):
-            if name in MALLOC_ENV:
+            if name == "GLIBC_TUNABLES":
                 os.environ.pop(name, None)
         try:
             folders = [str(f) for f in json.loads(os.environ.pop(CLEANUP_ENV, "") or "[]")]
@@ -399,9 +411,10 @@ class ForkServer:
         child_env.update(env or {})
         child_env[DRIVER_PID_ENV] = str(os.getpid())
         child_env[CLEANUP_ENV] = json.dumps(list(cleanup))
-        if not any(name in child_env for name in USER_MALLOC_ENV):
-            child_env.update(MALLOC_ENV)
-            child_env[MALLOC_SET_ENV] = ",".join(MALLOC_ENV)
+        malloc_env = zygote_malloc_env(child_env)
+        if malloc_env:
+            child_env.update(malloc_env)
+            child_env[MALLOC_SET_ENV] = ",".join(malloc_env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine.forkserver"],
             stdin=subprocess.PIPE,

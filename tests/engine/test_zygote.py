@@ -92,6 +92,46 @@ def test_a_user_choice_of_malloc_settings_is_left_alone():
     assert mine["env"] == [None, str(1 << 20), None], mine
 
 
+_ACTIVATIONS_PROBE = textwrap.dedent("""
+    import json, os, resource
+    import dataflow
+
+    def probe(batch):
+        import torch
+
+        torch.set_num_threads(1)
+        weight, x = torch.ones(256, 64), torch.ones(4096, 64)
+        kept, faults = [], []
+        with torch.inference_mode():
+            for _ in range(40):
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                hidden = torch.nn.functional.linear(x, weight, torch.zeros(256))  # 4 MiB
+                out = torch.relu(hidden)  # 4 MiB
+                del hidden
+                kept.append(out[:, :10].clone())  # 160 KiB, kept like a batch's output
+                del out
+                faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        env = [os.environ.get(n) for n in ("GLIBC_TUNABLES", "MALLOC_ARENA_MAX")]
+        return {"faults": [json.dumps(faults[20:])], "env": [json.dumps(env)], "pid": [os.getpid()]}
+
+    dataflow.init(num_cpus=1, inline_cold_start=False)
+    row = dataflow.range(1, override_num_blocks=1).map_batches(probe, batch_size=None).take_all()[0]
+    assert row["pid"] != os.getpid(), "the probe must run in a worker"
+    print(json.dumps({"faults": json.loads(row["faults"]), "env": json.loads(row["env"])}))
+""")
+
+
+def _activation_faults(env: dict[str, str]) -> dict:
+    import json
+    import os
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _ACTIVATIONS_PROBE], capture_output=True, text=True, timeout=120,
+                         env={**full, **env})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_a_model_s_aligned_activations_reuse_the_memory_freed_by_the_last_batch():
     """torch allocates with ``posix_memalign``. With glibc's per-thread cache of small chunks
     (its default), each such allocation left a cached sliver that kept the chunks freed around
@@ -99,38 +139,33 @@ def test_a_model_s_aligned_activations_reuse_the_memory_freed_by_the_last_batch(
     4 MiB activations came from new memory, 1,024 page faults a batch. The zygote turns that
     cache off for its workers: the freed activations are used again."""
     pytest.importorskip("torch")
-    script = textwrap.dedent("""
-        import json, os, resource
-        import dataflow
+    got = _activation_faults({})
+    assert sum(got["faults"]) / len(got["faults"]) < 256, got  # 1,024 a batch with the cache on
+    assert got["env"] == [None, None], got
 
-        def probe(batch):
-            import torch
 
-            torch.set_num_threads(1)
-            weight, x = torch.ones(256, 64), torch.ones(4096, 64)
-            kept, faults = [], []
-            with torch.inference_mode():
-                for _ in range(40):
-                    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-                    hidden = torch.nn.functional.linear(x, weight, torch.zeros(256))  # 4 MiB
-                    out = torch.relu(hidden)  # 4 MiB
-                    del hidden
-                    kept.append(out[:, :10].clone())  # 160 KiB, kept like a batch's output
-                    del out
-                    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-            return {"faults": [json.dumps(faults[20:])], "pid": [os.getpid()]}
+def test_a_container_s_arena_limit_keeps_the_other_allocator_settings():
+    """``MALLOC_ARENA_MAX`` (set by many container images) replaces none of the zygote's
+    settings: the activations are still reused, and the variable reaches the workers as set.
+    An empty ``GLIBC_TUNABLES`` is the user taking all of them: the cache is on again."""
+    pytest.importorskip("torch")
+    got = _activation_faults({"MALLOC_ARENA_MAX": "2"})
+    assert sum(got["faults"]) / len(got["faults"]) < 256, got
+    assert got["env"] == [None, "2"], got
+    theirs = _activation_faults({"GLIBC_TUNABLES": ""})
+    assert sum(theirs["faults"]) / len(theirs["faults"]) > 512, theirs
+    assert theirs["env"] == ["", None], theirs
 
-        dataflow.init(num_cpus=1, inline_cold_start=False)
-        row = dataflow.range(1, override_num_blocks=1).map_batches(probe, batch_size=None).take_all()[0]
-        assert row["pid"] != os.getpid(), "the probe must run in a worker"
-        print(row["faults"])
-    """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    import json
 
-    faults = json.loads(out.stdout.strip().splitlines()[-1])
-    assert sum(faults) / len(faults) < 256, faults  # 1,024 a batch with the cache on
+def test_zygote_malloc_env_leaves_out_what_the_user_set():
+    from engine.forkserver import MALLOC_TUNABLES, zygote_malloc_env
+
+    every = ":".join(f"{k}={v}" for k, v in MALLOC_TUNABLES.items())
+    assert zygote_malloc_env({}) == {"GLIBC_TUNABLES": every}
+    assert zygote_malloc_env({"MALLOC_ARENA_MAX": "2"}) == {"GLIBC_TUNABLES": every}
+    assert zygote_malloc_env({"GLIBC_TUNABLES": ""}) == {}
+    trimmed = zygote_malloc_env({"MALLOC_TRIM_THRESHOLD_": "1"})["GLIBC_TUNABLES"]
+    assert "trim_threshold" not in trimmed and "tcache_count=0" in trimmed and "mmap_threshold" in trimmed
 
 
 def test_the_zygote_imports_torch_at_start_when_the_driver_has():

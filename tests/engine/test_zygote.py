@@ -63,12 +63,14 @@ _MALLOC_PROBE = textwrap.dedent("""
 """)
 
 
-def _run_probe(env: dict[str, str]) -> dict:
+def _run_probe(env: dict[str, str], script: str = _MALLOC_PROBE) -> dict:
+    """``script``'s last line of output, as JSON; run without this environment's allocator
+    variables, with ``env`` instead."""
     import json
     import os
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", _MALLOC_PROBE], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={**full, **env})
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -121,17 +123,6 @@ _ACTIVATIONS_PROBE = textwrap.dedent("""
 """)
 
 
-def _activation_faults(env: dict[str, str]) -> dict:
-    import json
-    import os
-
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    out = subprocess.run([sys.executable, "-c", _ACTIVATIONS_PROBE], capture_output=True, text=True, timeout=120,
-                         env={**full, **env})
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def test_a_model_s_aligned_activations_reuse_the_memory_freed_by_the_last_batch():
     """torch allocates with ``posix_memalign``. With glibc's per-thread cache of small chunks
     (its default), each such allocation left a cached sliver that kept the chunks freed around
@@ -139,7 +130,7 @@ def test_a_model_s_aligned_activations_reuse_the_memory_freed_by_the_last_batch(
     4 MiB activations came from new memory, 1,024 page faults a batch. The zygote turns that
     cache off for its workers: the freed activations are used again."""
     pytest.importorskip("torch")
-    got = _activation_faults({})
+    got = _run_probe({}, _ACTIVATIONS_PROBE)
     assert sum(got["faults"]) / len(got["faults"]) < 256, got  # 1,024 a batch with the cache on
     assert got["env"] == [None, None], got
 
@@ -149,10 +140,10 @@ def test_a_container_s_arena_limit_keeps_the_other_allocator_settings():
     settings: the activations are still reused, and the variable reaches the workers as set.
     An empty ``GLIBC_TUNABLES`` is the user taking all of them: the cache is on again."""
     pytest.importorskip("torch")
-    got = _activation_faults({"MALLOC_ARENA_MAX": "2"})
+    got = _run_probe({"MALLOC_ARENA_MAX": "2"}, _ACTIVATIONS_PROBE)
     assert sum(got["faults"]) / len(got["faults"]) < 256, got
     assert got["env"] == [None, "2"], got
-    theirs = _activation_faults({"GLIBC_TUNABLES": ""})
+    theirs = _run_probe({"GLIBC_TUNABLES": ""}, _ACTIVATIONS_PROBE)
     assert sum(theirs["faults"]) / len(theirs["faults"]) > 512, theirs
     assert theirs["env"] == ["", None], theirs
 

@@ -75,7 +75,7 @@ def op_budget(
 
     While the actor pool it feeds is starting (none of its actor processes is up yet: the first
     ones of a session wait for the zygote to import the frameworks the driver imported, torch
-    1.3 s here), its whole share: every row read then is one the pool will need, and the CPUs
+    0.7 s here), its whole share: every row read then is one the pool will need, and the CPUs
     would otherwise wait for the pool. Once an actor is up, the usual budget holds again and the
     operator waits until its held bytes fall under it.
 

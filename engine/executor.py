@@ -1022,7 +1022,7 @@ class StreamingExecutor:
             self._spawn(TASK_KIND)
         # then torch, if the script imported it: the zygote imports it once its task workers are
         # forked (they start without it), in the background, so the first actors fork with it
-        # instead of waiting 1.3 CPU-s for the import. A script that only trains in the driver
+        # instead of waiting 0.7 CPU-s for the import. A script that only trains in the driver
         # pays that once per session, in the zygote's process
         self.pool.preload_like_driver()
 

@@ -253,11 +253,7 @@ def test_workers_collect_their_own_objects_not_the_zygotes():
         assert row["pid"] != os.getpid(), "the probe must run in a worker"
         print(json.dumps({k: row[k] for k in ("enabled", "frozen", "collected")}))
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    import json
-
-    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row = _run_probe({}, script)
     assert row["enabled"] is True, row
     assert row["frozen"] > 20_000, row  # pyarrow, numpy and the engine, imported by the zygote
     assert row["collected"] is True, row

@@ -149,7 +149,7 @@ class StreamingExecutor:
         self.spilled_bytes = 0
         self._spill_logged_at: float | None = None
         self.store_capacity = options.resolved_store_capacity()
-        self._spares = SpareFiles(store.shm_dir, int(self.store_capacity * SPARE_SHARE))
+        self._spares = SpareFiles(store.shm_dir, int(self.store_capacity * SPARE_SHARE), reaper=store.reaper)
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._curve = CurveKeys.generate(0) if transport == "tcp" else None
         self._socket: DriverSocket | StreamDriverSocket = (

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.errors import ObjectStoreFullError
+from engine.file_reaper import FileReaper
 from engine.spare_files import SPARE_MIN_BYTES
 
 
@@ -108,9 +109,11 @@ class SharedMemoryStore(BlockStore):
 
     private_views = True
 
-    def __init__(self, shm_dir: str, spill_dir: str, owner: str) -> None:
+    def __init__(self, shm_dir: str, spill_dir: str, owner: str, reaper: FileReaper | None = None) -> None:
         self.shm_dir = shm_dir
         self.spill_dir = spill_dir
+        self.reaper = reaper
+        """Unlinks freed blocks' files off the caller's thread (the driver's store); None: in place."""
         self._prefix = owner
         self._counter = itertools.count()
         self._lock = threading.Lock()
@@ -187,7 +190,11 @@ class SharedMemoryStore(BlockStore):
         return read_block(ref)
 
     def free(self, ref: BlockRef) -> None:
-        if ref.path is not None:  # (a block held in its ref goes with the ref)
+        if ref.path is None:  # a block held in its ref goes with the ref
+            return
+        if self.reaper is not None:
+            self.reaper.unlink(ref.path, ref.size_bytes)
+        else:
             _unlink_quietly(ref.path)
 
 

@@ -43,6 +43,7 @@ from engine.backend import Backend, Capacity, ExecutionHandle, put_each
 from engine.errors import EngineError
 from engine.execution import Execution
 from engine.executor import StreamingExecutor
+from engine.file_reaper import FileReaper
 from engine.forkserver import remove_abandoned
 from engine.object_store import BlockRef, SharedMemoryStore, read_block
 from engine.operators.base import PhysicalOperator
@@ -104,7 +105,7 @@ class Session(Backend):
         sweep_dead_sessions(spill_root)
         self.shm_dir, self._shm_lock = _make_locked_dir(shm_root, PREFIX + self.session_id)
         self.spill_dir, self._spill_lock = _make_locked_dir(spill_root, PREFIX + "spill-" + self.session_id)
-        self.store = SharedMemoryStore(self.shm_dir, self.spill_dir, owner="driver")
+        self.store = SharedMemoryStore(self.shm_dir, self.spill_dir, owner="driver", reaper=FileReaper())
         self.executor = StreamingExecutor(options, self.store, self.shm_dir, transport)
         self._closed = False
         self._lock = threading.Lock()
@@ -122,6 +123,8 @@ class Session(Backend):
             SplitCoordinator.close_all()
             self.executor.stop()
         finally:
+            if self.store.reaper is not None:
+                self.store.reaper.close()
             for path, fd in ((self.shm_dir, self._shm_lock), (self.spill_dir, self._spill_lock)):
                 shutil.rmtree(path, ignore_errors=True)
                 os.close(fd)

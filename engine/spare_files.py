@@ -35,6 +35,8 @@ import signal
 from collections import deque
 from collections.abc import Iterable
 
+from engine.file_reaper import FileReaper, unlink_quietly
+
 SPARE_MIN_BYTES = 1 << 20
 """Smaller blocks are not kept: the rename and the lease cost more than their pages."""
 SPARE_SHARE = 0.125
@@ -95,8 +97,11 @@ def on_tmpfs(path: str) -> bool:
 class SpareFiles:
     """Freed block files under ``folder`` kept for writing over (see the module docstring)."""
 
-    def __init__(self, folder: str, capacity: int, idle_s: float = SPARE_IDLE_S) -> None:
+    def __init__(self, folder: str, capacity: int, idle_s: float = SPARE_IDLE_S,
+                 reaper: FileReaper | None = None) -> None:
         self.folder = os.path.normpath(folder)
+        self._reaper = reaper
+        """Where the files it lets go are unlinked (off the loop); None: in place."""
         self.capacity = capacity if on_tmpfs(self.folder) else 0
         self.idle_s = idle_s
         self._files: deque[tuple[str, int, float]] = deque()
@@ -123,13 +128,13 @@ class SpareFiles:
         except OSError:
             return False
         if size < SPARE_MIN_BYTES or self.bytes + size > self.capacity or os.path.dirname(path) != self.folder:
-            _unlink(path)
+            self._unlink(path, size)
             return False
         spare = os.path.join(self.folder, f"spare-{next(self._ids)}")
         try:
             os.rename(path, spare)
         except OSError:
-            _unlink(path)
+            self._unlink(path, size)
             return False
         self._files.append((spare, size, now))
         self.bytes += size
@@ -172,7 +177,7 @@ class SpareFiles:
                 self.reused += 1
                 continue
             if self.bytes + size > self.capacity:
-                _unlink(path)
+                self._unlink(path, size)
                 continue
             self._files.append((path, size, now))
             self.bytes += size
@@ -182,7 +187,7 @@ class SpareFiles:
         while self._files and now - self._files[0][2] >= self.idle_s:
             path, size, _ = self._files.popleft()
             self.bytes -= size
-            _unlink(path)
+            self._unlink(path, size)
 
     def next_expiry(self, now: float) -> float | None:
         """Seconds until the oldest file expires, or None when there is none."""
@@ -193,7 +198,14 @@ class SpareFiles:
         while self._files:
             path, size, _ = self._files.popleft()
             self.bytes -= size
-            _unlink(path)
+            self._unlink(path, size)
+
+
+    def _unlink(self, path: str, size: int) -> None:
+        if self._reaper is not None:
+            self._reaper.unlink(path, size)
+        else:
+            unlink_quietly(path)
 
 
 def _unused(path: str) -> bool | None:
@@ -206,9 +218,3 @@ def _unused(path: str) -> bool | None:
     finally:
         os.close(fd)
 
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

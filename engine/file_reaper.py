@@ -1,0 +1,90 @@
+"""Freed block files unlinked by a thread of their own, off the executor's loop.
+
+Unlinking a file gives its pages back, and the kernel frees them one by one before ``unlink``
+returns: ~0.1 ms a MiB of page cache or shared memory here. A sort of 1.4 GB through a 256 MiB
+store frees 2.5 GB of files a run: its 1.4 GB of map outputs when the last reduce task ends,
+the result when the user drops it. Unlinked by the loop, that was 160 ms between the last task
+and the result reaching the caller, and 100 ms before the next job's first task (11% and 7% of
+the run), with both CPUs idle. Here the loop hands the path over and goes on; the thread
+unlinks while the loop dispatches (``unlink`` releases the GIL).
+
+Nothing reads a freed block's file by name any more (block names are never reused; a reader
+that mapped or opened it keeps its pages until it lets go, as with an unlink in place), so the
+only change is when the pages come back. Files under ``BACKGROUND_MIN_BYTES`` are unlinked in
+place: a hand-over costs more than their unlink. ``close`` unlinks what is left and stops the
+thread (a session's shutdown, before it removes its folders).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+BACKGROUND_MIN_BYTES = 1 << 20
+"""Smaller files are unlinked by the caller."""
+
+
+
+class FileReaper:
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+        self._closed = False
+
+    def unlink(self, path: str, size: int) -> None:
+        """Unlink ``path`` (of ``size`` bytes) soon: now when small or after ``close``."""
+        if size < BACKGROUND_MIN_BYTES or not self._start():
+            unlink_quietly(path)
+            return
+        self._queue.put(path)
+
+    def _start(self) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="dataflow-file-reaper", daemon=True)
+                self._thread.start()
+            return True
+
+    def _run(self) -> None:
+        while True:
+            path = self._queue.get()
+            if path is None:  # (close)
+                return
+            unlink_quietly(path)
+            with self._lock:
+                self._pending -= 1
+                if not self._pending:
+                    self._idle.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every file handed over so far is unlinked; False when ``timeout`` ran out."""
+        with self._lock:
+            return self._idle.wait_for(lambda: not self._pending, timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Unlink what is left, then stop the thread; later files are unlinked in place."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout)
+
+    @property
+    def pending(self) -> int:
+        """Files handed over and not unlinked yet."""
+        return self._pending
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -237,10 +237,15 @@ class StreamingExecutor:
         self.call_soon(do)
 
     def sync(self, timeout: float = 10.0) -> bool:
-        """Wait until the loop has handled every command posted before this call."""
+        """Wait until the loop has handled every command posted before this call, and the files
+        it freed meanwhile are unlinked."""
+        deadline = time.monotonic() + timeout
         done = threading.Event()
         self.call_soon(done.set)
-        return done.wait(timeout)
+        if not done.wait(timeout):
+            return False
+        reaper = getattr(self.store, "reaper", None)
+        return reaper is None or reaper.flush(max(0.0, deadline - time.monotonic()))
 
     def wait_for_workers(self, timeout: float = 30.0) -> bool:
         """Block until every task worker has started (tests and benchmarks use this)."""

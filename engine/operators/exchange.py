@@ -338,6 +338,15 @@ class ReduceOperator(MapOperator):
     def queued_bytes(self) -> int:
         return sum(size for _, _, size in self._planned)
 
+    def expected_output_bytes(self, prior: float) -> float:
+        """Before a reduce task is back, the next one's planned input, not a whole block: the
+        plan sized the tasks from the bytes that arrived so that one per CPU fits in the store
+        (``_target_bytes``). With a whole block as the guess, a 256 MiB store ran the first
+        reduce task of a join alone, the other CPU idle for its 60 ms."""
+        if self._planned and self._out_ratio is None and self._out_bytes_per_task is None and not self.retry_queue:
+            return float(self._planned[0][2])
+        return super().expected_output_bytes(prior)
+
     def queued(self) -> int:
         """Planned reduce tasks not started yet, and tasks waiting for a retry."""
         return len(self._planned) + len(self.retry_queue)

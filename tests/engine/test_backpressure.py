@@ -272,6 +272,22 @@ def test_an_exchanges_reduce_gets_the_store_part_of_the_steps_that_finished(fres
     assert overlapping, f"the reduce ran its groups one at a time: {sorted(spans, key=lambda s: s[2])}"
 
 
+def test_the_first_reduce_tasks_run_one_per_cpu_in_a_small_store(fresh_engine):
+    """Before a reduce task is back, each is expected to leave its planned input in the store,
+    not a whole block (128 MiB by default): with a whole block, a 64 MiB store had room for one,
+    and the first reduce task ran alone while the other CPU waited for it."""
+    dataflow.init(num_cpus=2, object_store_memory=64 * MiB)
+    assert engine_session.current_session().executor.wait_for_workers()
+    ds = dataflow.range(40_000, override_num_blocks=8).map_batches(
+        lambda b: {"k": b["id"] % 8, "pad": np.ones((len(b["id"]), 128))}  # 1 KiB rows, 5 MiB a group
+    )
+    rows = ds.groupby("k").map_groups(_slow_group, batch_format="numpy").select_columns(["k", "pid", "start", "end"]).take_all()
+    spans = sorted({(r["start"], r["end"], r["pid"]) for r in rows})
+    _, first_end, first_pid = spans[0]
+    alongside = [s for s in spans if s[2] != first_pid and s[0] < first_end]
+    assert alongside, f"the first reduce task ran alone: {spans}"
+
+
 def _slow_after_the_first(batch):
     time.sleep(0.01 if batch["id"][0] == 0 else 60)
     return batch

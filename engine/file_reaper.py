@@ -25,7 +25,6 @@ BACKGROUND_MIN_BYTES = 1 << 20
 """Smaller files are unlinked by the caller."""
 
 
-
 class FileReaper:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -37,20 +36,16 @@ class FileReaper:
 
     def unlink(self, path: str, size: int) -> None:
         """Unlink ``path`` (of ``size`` bytes) soon: now when small or after ``close``."""
-        if size < BACKGROUND_MIN_BYTES or not self._start():
-            unlink_quietly(path)
-            return
-        self._queue.put(path)
-
-    def _start(self) -> bool:
-        with self._lock:
-            if self._closed:
-                return False
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="dataflow-file-reaper", daemon=True)
-                self._thread.start()
-            return True
+        if size >= BACKGROUND_MIN_BYTES:
+            with self._lock:  # (so that no path lands behind the stop ``close`` queues)
+                if not self._closed:
+                    if self._thread is None:
+                        self._thread = threading.Thread(target=self._run, name="dataflow-file-reaper", daemon=True)
+                        self._thread.start()
+                    self._pending += 1
+                    self._queue.put(path)
+                    return
+        unlink_quietly(path)
 
     def _run(self) -> None:
         while True:
@@ -73,8 +68,9 @@ class FileReaper:
         with self._lock:
             self._closed = True
             thread = self._thread
+            if thread is not None:
+                self._queue.put(None)
         if thread is not None:
-            self._queue.put(None)
             thread.join(timeout)
 
     @property
@@ -84,7 +80,8 @@ class FileReaper:
 
 
 def unlink_quietly(path: str) -> None:
+    """Unlink ``path``; one that is gone or cannot be unlinked is left to the session's sweep."""
     try:
         os.unlink(path)
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: a path with a NUL in it)
         pass

@@ -79,6 +79,15 @@ class FileReaper:
         return self._pending
 
 
+def unlink_freed(path: str, size: int, reaper: FileReaper | None) -> None:
+    """A freed file of ``size`` bytes unlinked by ``reaper`` (the driver's), or here and now
+    when there is none (a worker's store)."""
+    if reaper is not None:
+        reaper.unlink(path, size)
+    else:
+        unlink_quietly(path)
+
+
 def unlink_quietly(path: str) -> None:
     """Unlink ``path``; one that is gone or cannot be unlinked is left to the session's sweep."""
     try:

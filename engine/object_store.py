@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.errors import ObjectStoreFullError
-from engine.file_reaper import FileReaper
+from engine.file_reaper import FileReaper, unlink_freed, unlink_quietly
 from engine.spare_files import SPARE_MIN_BYTES
 
 
@@ -150,7 +150,7 @@ class SharedMemoryStore(BlockStore):
         try:
             write_ipc_file(path, table, nbytes, piecewise=True)
         except OSError as err:
-            _unlink_quietly(path)
+            unlink_quietly(path)
             msg = f"object store is full and spilling to {self.spill_dir} failed: {err}"
             raise ObjectStoreFullError(msg) from err
         return BlockRef(block_id, path, table.num_rows, nbytes, True)
@@ -177,7 +177,7 @@ class SharedMemoryStore(BlockStore):
         try:
             write_ipc_file(path, table, nbytes)
         except BaseException:
-            _unlink_quietly(path)
+            unlink_quietly(path)
             raise
 
     def get(self, ref: BlockRef) -> pa.Table:
@@ -190,12 +190,8 @@ class SharedMemoryStore(BlockStore):
         return read_block(ref)
 
     def free(self, ref: BlockRef) -> None:
-        if ref.path is None:  # a block held in its ref goes with the ref
-            return
-        if self.reaper is not None:
-            self.reaper.unlink(ref.path, ref.size_bytes)
-        else:
-            _unlink_quietly(ref.path)
+        if ref.path is not None:  # (a block held in its ref goes with the ref)
+            unlink_freed(ref.path, ref.size_bytes, self.reaper)
 
 
 SMALL_BLOCK_BYTES = 64 << 10
@@ -318,7 +314,7 @@ def write_over(spare: str, path: str, table: pa.Table) -> None:
             _stream_ipc_file(pa.PythonFile(file, mode="w"), table)
             file.truncate(file.tell())
     except BaseException:
-        _unlink_quietly(path)
+        unlink_quietly(path)
         raise
 
 
@@ -386,9 +382,3 @@ class MemoryStore(BlockStore):
     def __len__(self) -> int:
         return len(self._blocks)
 
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -35,7 +35,7 @@ import signal
 from collections import deque
 from collections.abc import Iterable
 
-from engine.file_reaper import FileReaper, unlink_quietly
+from engine.file_reaper import FileReaper, unlink_freed
 
 SPARE_MIN_BYTES = 1 << 20
 """Smaller blocks are not kept: the rename and the lease cost more than their pages."""
@@ -128,13 +128,13 @@ class SpareFiles:
         except OSError:
             return False
         if size < SPARE_MIN_BYTES or self.bytes + size > self.capacity or os.path.dirname(path) != self.folder:
-            self._unlink(path, size)
+            unlink_freed(path, size, self._reaper)
             return False
         spare = os.path.join(self.folder, f"spare-{next(self._ids)}")
         try:
             os.rename(path, spare)
         except OSError:
-            self._unlink(path, size)
+            unlink_freed(path, size, self._reaper)
             return False
         self._files.append((spare, size, now))
         self.bytes += size
@@ -177,7 +177,7 @@ class SpareFiles:
                 self.reused += 1
                 continue
             if self.bytes + size > self.capacity:
-                self._unlink(path, size)
+                unlink_freed(path, size, self._reaper)
                 continue
             self._files.append((path, size, now))
             self.bytes += size
@@ -187,7 +187,7 @@ class SpareFiles:
         while self._files and now - self._files[0][2] >= self.idle_s:
             path, size, _ = self._files.popleft()
             self.bytes -= size
-            self._unlink(path, size)
+            unlink_freed(path, size, self._reaper)
 
     def next_expiry(self, now: float) -> float | None:
         """Seconds until the oldest file expires, or None when there is none."""
@@ -198,14 +198,7 @@ class SpareFiles:
         while self._files:
             path, size, _ = self._files.popleft()
             self.bytes -= size
-            self._unlink(path, size)
-
-
-    def _unlink(self, path: str, size: int) -> None:
-        if self._reaper is not None:
-            self._reaper.unlink(path, size)
-        else:
-            unlink_quietly(path)
+            unlink_freed(path, size, self._reaper)
 
 
 def _unused(path: str) -> bool | None:

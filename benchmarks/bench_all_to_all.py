@@ -24,6 +24,13 @@ imports are not timed. Cases
   1M N rows (``key`` the even numbers below 2M N, each once, ``w``; 8 files) on ``key``:
   ~half the left rows match.
 
+Between runs, each side drops the last result before the clock starts. pyarrow, polars and Daft
+give its memory back then and there; dataflow unlinks a dropped result's block files on a thread
+of its own, so its side waits for that to finish first (``benchcommon.settle_dataflow``): the
+next run is not charged for freeing the last one's result, as no other side is. The clock stops
+when ``materialize()`` returns, as for Ray: files a run frees as it ends (an exchange's spilled
+map outputs) are unlinked after that, off the caller's thread, and before the next clock.
+
 Groups b and c: one untimed warm-up of the same operation on the first file of the input
 (workers up, imports done), then ``--big-runs`` timed runs (default 1).
 
@@ -211,9 +218,11 @@ class Box:
         self.value, self.op_time, self.extra = value, op_time, extra or {}
 
 
-def drive(a: dict, side: str, ops: dict, extract, version: str) -> dict:
+def drive(a: dict, side: str, ops: dict, extract, version: str, settle=None) -> dict:
     """Time each case of ``a["cases"]``: ``ops[case](small)`` runs the job (small: on the warm-up
-    input) and returns a :class:`Box`; ``extract(case, value)`` -> pyarrow tables / batches."""
+    input) and returns a :class:`Box`; ``extract(case, value)`` -> pyarrow tables / batches;
+    ``settle()``, before each clock starts, waits until the memory of results dropped before it
+    is given back (a side that frees in the background)."""
     import numpy as np
     import pyarrow as pa
 
@@ -231,6 +240,8 @@ def drive(a: dict, side: str, ops: dict, extract, version: str) -> dict:
         for _ in range(a["big_runs"] if big else a["runs"]):
             result = None
             gc.collect()
+            if settle is not None:
+                settle()
             with bc.TreeMemorySampler(0.05) as sampler:
                 c0, t0 = bc.tree_cpu_s(), time.perf_counter()
                 result = fn(False)
@@ -382,7 +393,8 @@ def run_dataflow(a: dict) -> dict:
         return ds.iter_batches(batch_size=None, batch_format="pyarrow")
 
     try:
-        return drive(a, "dataflow", {c: job(c) for c in ALL_CASES}, extract, f"dataflow from {dataflow.__file__}")
+        return drive(a, "dataflow", {c: job(c) for c in ALL_CASES}, extract, f"dataflow from {dataflow.__file__}",
+                     settle=bc.settle_dataflow)
     finally:
         dataflow.shutdown()
 

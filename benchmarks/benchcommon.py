@@ -104,6 +104,17 @@ def wait_for_dataflow_workers(timeout: float = 60.0) -> None:
         raise RuntimeError(f"dataflow's workers were not up after {timeout} s")
 
 
+def settle_dataflow(timeout: float = 60.0) -> None:
+    """Block until dataflow has freed the blocks of the results dropped so far: their frees have
+    reached its executor and the files are unlinked (``StreamingExecutor.sync``). dataflow
+    unlinks freed files on a thread of its own, which otherwise runs into whatever is timed next."""
+    from engine import session
+
+    current = session.current_session()
+    if current is not None and not current.executor.sync(timeout):
+        raise RuntimeError(f"dataflow had not freed dropped blocks after {timeout} s")
+
+
 def maybe_shutdown(mod) -> None:
     fn = getattr(mod, "shutdown", None)
     if callable(fn):

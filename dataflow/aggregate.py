@@ -142,7 +142,9 @@ def nan_as_null(values: pa.ChunkedArray) -> pa.ChunkedArray:
 class _BuiltIn(AggregateFnV2):
     kind = ""
     skips_nan = False
-    """With ``ignore_nulls``, NaN is skipped as null (sum, mean, std; min and max skip it anyway)."""
+    """With ``ignore_nulls``, NaN is skipped as null (sum, min, max, abs max, mean, std): Arrow's
+    min and max skip NaN too, but give NaN where a group has nothing else, and Ray's docs make
+    that group's answer None, as for a group of nulls."""
     needs_on = False
     """Ray's block accessor refuses a column of None for it (sum, min, max, abs max, mean, std)."""
 
@@ -195,6 +197,7 @@ class Min(_BuiltIn):
     kind = "min"
     needs_on = True
     partial_kind = "min"
+    skips_nan = True
 
     def _value(self, values: pa.ChunkedArray) -> Any:
         return pc.min(values).as_py() if len(values) else None
@@ -204,6 +207,7 @@ class Max(_BuiltIn):
     kind = "max"
     needs_on = True
     partial_kind = "max"
+    skips_nan = True
 
     def _value(self, values: pa.ChunkedArray) -> Any:
         return pc.max(values).as_py() if len(values) else None
@@ -213,6 +217,7 @@ class AbsMax(_BuiltIn):
     kind = "abs_max"
     needs_on = True
     partial_kind = "abs_max"
+    skips_nan = True
 
     def _value(self, values: pa.ChunkedArray) -> Any:
         return pc.max(pc.abs(values)).as_py() if len(values) else None
@@ -510,7 +515,7 @@ def _prepared(table: pa.Table, aggs: Sequence[AggregateFnV2]) -> tuple[pa.Table,
             table = table.append_column(f"__num{i}", table.column(agg.on).cast(pa.float64()))
             columns_of[i] = f"__num{i}"
         if agg.partial_kind == "abs_max":
-            table = table.append_column(f"__abs{i}", pc.abs(table.column(agg.on)))
+            table = table.append_column(f"__abs{i}", pc.abs(table.column(columns_of[i])))  # (NaN as null)
         if agg.partial_kind == "zero_pct":
             table = table.append_column(f"__zero{i}", pc.cast(pc.equal(table.column(columns_of[i]), 0), pa.int64()))
     return table, columns_of

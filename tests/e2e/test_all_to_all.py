@@ -474,6 +474,25 @@ def test_nan_is_null_for_sum_mean_std_whatever_the_blocks(mode, exchange):
         assert math.isnan(ds.sum("f", ignore_nulls=False)) and math.isnan(ds.mean("f", ignore_nulls=False))
 
 
+def test_min_and_max_of_nothing_but_nan_are_none_as_of_nulls(mode, exchange):
+    """Ray's docs make NaN a null for min and max too: a group (or dataset) whose values are all
+    NaN has no minimum (None), as a group of nulls; Arrow alone answers NaN there (Ray 2.60 gives
+    None globally and NaN per group). Other NaNs are skipped; ``ignore_nulls=False`` keeps them."""
+    items = [{"k": "b", "f": 2.5}, {"k": "b", "f": math.nan}, {"k": "b", "f": -1.0}, {"k": "c", "f": math.nan},
+             {"k": "c", "f": math.nan}, {"k": "d", "f": None}]
+    for blocks in (1, 2, 4):
+        ds = dataflow.from_items(items, override_num_blocks=blocks)
+        for extra in ((), (Quantile("f"),)):  # the partial path, and the whole-group path
+            got = {r["k"]: r for r in ds.groupby("k").aggregate(Min("f"), Max("f"), AbsMax("f"), *extra).take_all()}
+            assert (got["b"]["min(f)"], got["b"]["max(f)"], got["b"]["abs_max(f)"]) == (-1.0, 2.5, 2.5)
+            for k in ("c", "d"):
+                assert (got[k]["min(f)"], got[k]["max(f)"], got[k]["abs_max(f)"]) == (None, None, None)
+        assert (ds.min("f"), ds.max("f")) == (-1.0, 2.5)
+        only_nan = ds.filter(lambda r: r["k"] == "c")
+        assert (only_nan.min("f"), only_nan.max("f")) == (None, None)
+        assert math.isnan(only_nan.min("f", ignore_nulls=False))
+
+
 def test_std_with_a_null_or_nan_and_ignore_nulls_false_is_null_or_nan_as_ray(mode, exchange):
     """A null (or NaN) with ``ignore_nulls=False`` makes the deviation null (NaN), as it makes a
     sum or a mean: pooling the parts' variances turned it into 0.0, whatever the blocks."""

@@ -9,7 +9,7 @@ lists of rows) become Arrow tables through ``to_block``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sized
 from typing import Any
 
 import numpy as np
@@ -172,6 +172,8 @@ def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
         return pa.Table.from_batches([batch])
     if isinstance(batch, Mapping):
         names = list(batch.keys())
+        for n in names:
+            _check_column(str(n), batch[n])
         columns = [column_from_values(str(n), batch[n], objects) for n in names]
         lengths = {len(c) for c in columns}
         if len(lengths) > 1:
@@ -192,6 +194,23 @@ def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
         f"DataFrame; got {type(batch).__name__}"
     )
     raise UDFOutputError(msg)
+
+
+def _check_column(name: str, values: Any) -> None:
+    """Refuse a batch column that is one value rather than one value per row: a number, a string
+    (which would become one row per character), None, a dict, a numpy scalar or 0-d array. Ray
+    refuses these too (``ValueError``)."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return
+    shape = getattr(values, "shape", None)
+    if (isinstance(values, (str, bytes, bytearray, Mapping)) or (shape is not None and len(shape) == 0)
+            or not (isinstance(values, Sized) and isinstance(values, Iterable))):
+        msg = (
+            f"the batch function's column {name!r} is one {type(values).__name__}, not a column: a batch's "
+            "columns are lists, numpy arrays, pyarrow arrays or pandas/polars Series with one value per row "
+            "(to return one value, wrap it: [value])"
+        )
+        raise UDFOutputError(msg)
 
 
 def frame_to_table(frame: Any, objects: bool | None = None) -> pa.Table:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 import dataflow
@@ -67,6 +69,24 @@ def test_bad_udf_return_names_the_udf(mode):
     with pytest.raises(ValueError, match="must return a dict") as info:
         dataflow.range(10).flat_map(lambda r: [1]).take_all()
     assert isinstance(info.value, dataflow.errors.UDFOutputError)
+
+
+@pytest.mark.parametrize("value", [1, np.int64(1), "xy", None, {"k": [1]}, np.array(3), b"ab"])
+def test_a_batch_column_that_is_one_value_is_refused_naming_it(mode, value):
+    """Ray 2.60 refuses a dict value that is not a list or an array (ValueError). Here a string
+    became one row per character, and a number failed with "'int' object is not iterable"."""
+    with pytest.raises(ValueError, match=r"column 'a' is one .*, not a column") as info:
+        dataflow.range(4, override_num_blocks=1).map_batches(lambda b: {"id": b["id"], "a": value}).take_all()
+    assert isinstance(info.value, TypeError) and "MapBatches(<lambda>)" in str(info.value)
+
+
+def test_batch_columns_of_every_kind_are_columns(mode):
+    import pandas as pd
+
+    kinds = {"list": [1, 2], "tuple": (1, 2), "range": range(1, 3), "array": np.array([1, 2]),
+             "arrow": pa.array([1, 2]), "chunked": pa.chunked_array([[1], [2]]), "series": pd.Series([1, 2])}
+    rows = dataflow.range(2, override_num_blocks=1).map_batches(lambda b: dict(kinds)).take_all()
+    assert rows == [dict.fromkeys(kinds, 1), dict.fromkeys(kinds, 2)]
 
 
 def _other_keys(row):

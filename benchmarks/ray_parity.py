@@ -158,6 +158,7 @@ def _cases(rd, ds, ds2, aggs) -> dict:
                                                               batch_format="pandas", batch_size=5)),
         "map_batches_one_value": ("value", lambda: ds.map_batches(lambda b: {"n": len(b["y"])}).take_all()),
         "map_batches_string_column": ("value", lambda: ds.map_batches(lambda b: {"s": "xy"}).take_all()),
+        "flat_map_one_row": ("value", lambda: ds.flat_map(lambda r: {"y": r["y"]}).take_all()),
         "map_rows": ("rows", lambda: ds.map(lambda r: {"neg": -r["y"], "s": r["s"]})),
         "flat_map": ("rows", lambda: ds.flat_map(lambda r: [{"y": r["y"]}] * max(0, r["y"] % 3))),
         "filter_function": ("rows", lambda: ds.filter(lambda r: r["s"] is not None and r["s"] > "a")),

@@ -198,12 +198,12 @@ def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
 
 def _check_column(name: str, values: Any) -> None:
     """Refuse a batch column that is one value rather than one value per row: a number, a string
-    (which would become one row per character), None, a dict, a numpy scalar or 0-d array. Ray
-    refuses these too (``ValueError``)."""
+    (which would become one row per character), None, a dict, a numpy scalar or 0-d array; and a
+    set, whose rows would come in no order. Ray refuses these too (``ValueError``)."""
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return
     shape = getattr(values, "shape", None)
-    if (isinstance(values, (str, bytes, bytearray, Mapping)) or (shape is not None and len(shape) == 0)
+    if (isinstance(values, (str, bytes, bytearray, Mapping, set, frozenset)) or (shape is not None and len(shape) == 0)
             or not (isinstance(values, Sized) and isinstance(values, Iterable))):
         msg = (
             f"the batch function's column {name!r} is one {type(values).__name__}, not a column: a batch's "

@@ -489,8 +489,8 @@ def _apply_row_stage(stage: Stage, fn: Callable[..., Any], rows: list[Any]) -> l
             return [r for r in rows if fn(r)]
         if stage.row_mode == "flat_map":
             if args or kwargs:
-                return [out for r in rows for out in fn(r, *args, **kwargs)]
-            return [out for r in rows for out in fn(r)]
+                return [out for r in rows for out in _rows_out(fn(r, *args, **kwargs))]
+            return [out for r in rows for out in _rows_out(fn(r))]
     except UDFFailure:
         raise
     except USER_ERRORS as err:
@@ -499,6 +499,15 @@ def _apply_row_stage(stage: Stage, fn: Callable[..., Any], rows: list[Any]) -> l
         raise UDFFailure(stage.name, err) from err
     msg = f"unknown row mode {stage.row_mode!r}"
     raise ValueError(msg)
+
+
+def _rows_out(out: Any) -> Any:
+    """What one ``flat_map`` call returned, if it is rows: a list or another iterable, not one row
+    (a dict, whose keys would be taken for rows), a string or None. Ray refuses these too."""
+    if out is None or isinstance(out, (Mapping, str, bytes)) or not hasattr(out, "__iter__"):
+        msg = f"a flat_map function must return a list (or another iterable) of rows, got {type(out).__name__}"
+        raise UDFOutputError(msg)
+    return out
 
 
 def _apply_async_rows(stage: Stage, fn: _AsyncCall, rows: list[Any]) -> list[Any]:
@@ -516,8 +525,8 @@ def _apply_async_rows(stage: Stage, fn: _AsyncCall, rows: list[Any]) -> list[Any
         if fn.generates:  # an async generator's rows
             return [out for outputs in calls for out in outputs]
         try:  # a coroutine returning the rows
-            return [out for outputs in calls for out in outputs[0]]
-        except TypeError as err:
+            return [out for outputs in calls for out in _rows_out(outputs[0])]
+        except (TypeError, ValueError) as err:
             raise failed(err) from err
     finally:
         calls.close()
@@ -534,7 +543,7 @@ def _skip_failing_rows(stage: Stage, fn: Callable[..., Any], rows: list[Any]) ->
                 if fn(row, *args, **kwargs):
                     kept.append(row)
                 continue
-            out = [fn(row, *args, **kwargs)] if mode == "map" else list(fn(row, *args, **kwargs))
+            out = [fn(row, *args, **kwargs)] if mode == "map" else list(_rows_out(fn(row, *args, **kwargs)))
             bad = next((r for r in out if not isinstance(r, Mapping)), None)
             if bad is not None:
                 msg = f"a row function must return a dict, got {type(bad).__name__}"

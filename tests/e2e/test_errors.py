@@ -71,13 +71,23 @@ def test_bad_udf_return_names_the_udf(mode):
     assert isinstance(info.value, dataflow.errors.UDFOutputError)
 
 
-@pytest.mark.parametrize("value", [1, np.int64(1), "xy", None, {"k": [1]}, np.array(3), b"ab"])
+@pytest.mark.parametrize("value", [1, np.int64(1), "xy", None, {"k": [1]}, np.array(3), b"ab", {5, 6}])
 def test_a_batch_column_that_is_one_value_is_refused_naming_it(mode, value):
     """Ray 2.60 refuses a dict value that is not a list or an array (ValueError). Here a string
     became one row per character, and a number failed with "'int' object is not iterable"."""
     with pytest.raises(ValueError, match=r"column 'a' is one .*, not a column") as info:
         dataflow.range(4, override_num_blocks=1).map_batches(lambda b: {"id": b["id"], "a": value}).take_all()
     assert isinstance(info.value, TypeError) and "MapBatches(<lambda>)" in str(info.value)
+
+
+@pytest.mark.parametrize("value", [{"a": 1}, None, "ab", 5])
+def test_a_flat_map_that_returns_no_rows_list_is_refused_naming_it(mode, value):
+    """A dict came out as its keys, each "not a dict"; None as "'NoneType' object is not
+    iterable". Ray refuses both (ValueError, TypeError)."""
+    with pytest.raises(ValueError, match=r"flat_map function must return a list .* of rows, got") as info:
+        dataflow.range(3).flat_map(lambda r: value).take_all()
+    assert isinstance(info.value, TypeError) and "FlatMap(<lambda>)" in str(info.value)
+    assert dataflow.range(3).flat_map(lambda r: value, on_error="skip").take_all() == []
 
 
 def test_batch_columns_of_every_kind_are_columns(mode):

@@ -504,6 +504,8 @@ def _apply_row_stage(stage: Stage, fn: Callable[..., Any], rows: list[Any]) -> l
 def _rows_out(out: Any) -> Any:
     """What one ``flat_map`` call returned, if it is rows: a list or another iterable, not one row
     (a dict, whose keys would be taken for rows), a string or None. Ray refuses these too."""
+    if type(out) is list:  # (the common case, first: an ABC's isinstance costs ~0.2 us a row)
+        return out
     if out is None or isinstance(out, (Mapping, str, bytes)) or not hasattr(out, "__iter__"):
         msg = f"a flat_map function must return a list (or another iterable) of rows, got {type(out).__name__}"
         raise UDFOutputError(msg)

@@ -42,6 +42,9 @@ KNOWN = {
                                   "are cut and combined to the target (README: repartition)",
     "map_groups_null_key": "a pandas UDF handed a null int key returns it as NaN on Ray (numpy "
                            "conversion of its output); here as null",
+    "expr_division": "expressions follow Python's rules here (/ is true division, // floors, % takes the "
+                     "divisor's sign); Ray 2.60 passes them to Arrow's kernels (int / truncates, // and % "
+                     "give floats with C's signs) (README: integer arithmetic in expressions)",
     "nan_sum": "Ray's docs make NaN a null (skipped); Ray 2.60 answers None globally and NaN per "
                "group instead; here it is skipped, as documented (README: NaN in aggregations)",
     "nan_groupby": "as nan_sum",
@@ -165,6 +168,11 @@ def _cases(rd, ds, ds2, aggs) -> dict:
         "filter_expr": ("rows", lambda: ds.filter(expr="y > 0 and g == 2")),
         "filter_expr_in_nulls": ("rows", lambda: ds.filter(expr="s in ['a', 'b']")),
         "with_column": ("rows", lambda: ds.with_column("z", col("y") * 2 + lit(1)).select_columns(["z", "i"])),
+        "expr_nulls_and_logic": ("rows", lambda: ds.with_column("a", col("g") + col("y")).with_column(
+            "b", (col("g") > lit(2)) | (col("s") == lit("a"))).with_column("c", col("g").is_in([1, 2]))
+            .with_column("d", ~col("s").is_null()).select_columns(["a", "b", "c", "d", "i"])),
+        "expr_division": ("rows", lambda: ds.with_column("q", col("y") / lit(2)).with_column("f", col("y") // lit(2))
+                          .with_column("m", col("y") % lit(3)).select_columns(["q", "f", "m", "i"])),
         "add_drop_rename_select": ("rows", lambda: ds.add_column("w", lambda df: df["y"] * 10)
                                    .drop_columns(["x"]).rename_columns({"y": "yy"}).select_columns(["yy", "w", "s"])),
         "iter_batches_drop_last": ("value", lambda: batches(ds.select_columns(["y"]).iter_batches(

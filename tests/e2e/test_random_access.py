@@ -167,7 +167,9 @@ def test_blocks_live_with_it_and_are_freed_when_it_closes(small_blocks):
         gc.collect()  # the sorted dataset is the RandomAccessDataset's: nothing else holds it
         assert held() > 0
         assert rad.get_async(7).result()["id"] == 7
-    assert _eventually(lambda: held() == 0)  # (a pool thread on its way out may hold its last block a moment)
+    # (once, in a full run on a loaded machine, 5 blocks were still counted right after close();
+    # they were gone on every rerun: what held them was not found, so the check waits, bounded)
+    assert _eventually(lambda: held() == 0)
     with pytest.raises(RuntimeError, match="closed"):
         rad.get_async(7)
     with pytest.raises(RuntimeError, match="closed"):

@@ -175,6 +175,7 @@ def _cases(rd, ds, ds2, aggs) -> dict:
                           .with_column("m", col("y") % lit(3)).select_columns(["q", "f", "m", "i"])),
         "add_drop_rename_select": ("rows", lambda: ds.add_column("w", lambda df: df["y"] * 10)
                                    .drop_columns(["x"]).rename_columns({"y": "yy"}).select_columns(["yy", "w", "s"])),
+        "rename_with_a_function": ("value", lambda: ds.rename_columns(str.upper)),
         "iter_batches_drop_last": ("value", lambda: batches(ds.select_columns(["y"]).iter_batches(
             batch_size=40, drop_last=True, batch_format="numpy"))),
         "take_limit_count": ("value", lambda: [ds.take(3), ds.limit(4).take_all(), ds.limit(3).count(),

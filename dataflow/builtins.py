@@ -69,6 +69,15 @@ class DropColumns:
 
 class RenameColumns:
     def __init__(self, mapping: dict[str, str] | list[str]) -> None:
+        # checked at the call, as Ray does: a function here failed in the job as "object of type
+        # 'function' has no len()"
+        if isinstance(mapping, dict):
+            names = [n for pair in mapping.items() for n in pair]
+        else:
+            names = list(mapping) if isinstance(mapping, (list, tuple)) else [mapping]
+        if not isinstance(mapping, (dict, list, tuple)) or not all(isinstance(n, str) for n in names):
+            msg = f"rename_columns takes a dict of old to new names or a list of new names (str), got {mapping!r}"
+            raise TypeError(msg)
         self.mapping = mapping
 
     def __call__(self, table: pa.Table) -> pa.Table:

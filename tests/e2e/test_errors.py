@@ -127,6 +127,9 @@ def test_arguments_are_checked_when_called():
         dataflow.range(3).map_batches(lambda b: b, batch_size=0)
     with pytest.raises(ValueError, match="exactly one"):
         dataflow.range(3).filter()
+    for names in (str.upper, {"id": 1}, ["a", 2], "id"):  # Ray: TypeError at the call too
+        with pytest.raises(TypeError, match="rename_columns takes a dict of old to new names or a list"):
+            dataflow.range(3).rename_columns(names)
 
 
 def test_impossible_resources_fail_at_once(mode):

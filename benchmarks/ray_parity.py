@@ -124,6 +124,8 @@ def _cases(rd, ds, ds2, aggs) -> dict:
         "groupby_two_keys": ("rows", lambda: ds.groupby(["g", "s"]).aggregate(Count(), Sum("y"))),
         "groupby_ignore_nulls_false": ("rows", lambda: ds.groupby("g").sum("x", ignore_nulls=False)),
         "groupby_missing_column": ("value", lambda: ds.groupby("nope").count()),
+        "groupby_no_aggregation": ("rows", lambda: ds.groupby(["g", "s"]).aggregate()),
+        "write_to_an_int_path": ("value", lambda: ds.write_parquet(5)),
         "global_sum_mean_std": ("value", lambda: [ds.sum("y"), ds.sum("x"), ds.mean("y"), ds.std("x"), ds.min("s"),
                                                   ds.max("x"), ds.std("i", ddof=0)]),
         "global_several": ("value", lambda: [ds.sum(["x", "y"]), ds.mean(["y", "i"]),

@@ -60,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
 import posixpath
 import uuid
 import warnings
@@ -229,6 +230,8 @@ class FileDatasink(Datasink):
         filename_provider: FilenameProvider | None = None,
         min_bytes_per_file: int | None = None,
     ) -> None:
+        if not isinstance(path, (str, os.PathLike)):  # (an int was written as a folder named "5")
+            raise ValueError(f"the path to write to must be a str or os.PathLike, got {type(path).__name__}: {path!r}")
         if min_rows_per_file is not None and min_rows_per_file < 1:
             raise ValueError(f"min_rows_per_file must be at least 1, got {min_rows_per_file}")
         if min_bytes_per_file is not None and (not isinstance(min_bytes_per_file, int) or min_bytes_per_file <= 0):

@@ -13,7 +13,7 @@ import os
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import pyarrow as pa
@@ -56,6 +56,15 @@ from engine.task import OUTPUT_BLOCKS, OUTPUT_COUNT, OUTPUT_WRITE
 if TYPE_CHECKING:
     from dataflow.random_access import RandomAccessDataset
 
+
+
+def _datasets(method: str, others: Sequence[Any]) -> None:
+    """Refuse what is not a dataset where ``method`` takes datasets (Ray fails on it with an
+    ``AttributeError`` about a private attribute)."""
+    for other in others:
+        if not isinstance(other, Dataset):
+            msg = f"{method}() takes datasets, got {type(other).__name__}: {other!r}"
+            raise TypeError(msg)
 
 class Dataset:
     """A distributed collection of rows, computed lazily and streamed block by block."""
@@ -257,6 +266,9 @@ class Dataset:
         """Add (or replace) column ``col`` with ``fn(batch)``. ``**remote``: Ray's task
         arguments (``concurrency``, ``num_cpus``, ``num_gpus``, ``memory``, ``resources``,
         ``compute`` with tasks, and Ray's remote arguments), as ``map_batches`` takes them."""
+        if not isinstance(col, str):  # (Ray names it str(col); here a number failed in the job)
+            msg = f"add_column: the column name must be a str, got {type(col).__name__}: {col!r}"
+            raise TypeError(msg)
         arrow_backed = DataContext.get_current().enable_arrow_backed_pandas_conversion
         return self._column_step("add_column", f"AddColumn({col})", bi.AddColumn(col, fn, batch_format, arrow_backed), remote)
 
@@ -316,6 +328,7 @@ class Dataset:
 
     def union(self, *other: Dataset) -> Dataset:
         """The rows of this dataset and the others."""
+        _datasets("union", other)
         return self._derive(Union((self._plan, *(o._plan for o in other))))
 
     def mix(
@@ -418,6 +431,7 @@ class Dataset:
         ``ValueError``; fetches the schemas as ``schema()`` does). ``aggregator_ray_remote_args``
         (``num_cpus``, ``num_gpus``, ``resources``, ``accelerator_type``) is what each join task
         holds. ``partition_size_hint`` is deprecated in Ray and ignored there as here: it warns."""
+        _datasets("join", (ds,))
         if partition_size_hint is not None:
             warnings.warn("join(partition_size_hint=...) is deprecated and ignored: the join's tasks are sized "
                           "from the partition bytes that arrive (as in Ray 2.60)", DeprecationWarning, stacklevel=2)
@@ -436,6 +450,7 @@ class Dataset:
         if not other:
             msg = "zip() needs at least one other dataset"
             raise ValueError(msg)
+        _datasets("zip", other)
         return self._derive(zip_node([self._plan, *(o._plan for o in other)]))
 
     # consuming ------------------------------------------------------------------------------

@@ -81,6 +81,10 @@ def check_num_partitions(num_partitions: int | None) -> None:
         raise ValueError(msg)
 
 
+_GROUPS_ONLY = "__dataflow_group_rows"
+"""The count ``GroupedData.aggregate()`` with no aggregation computes, and drops."""
+
+
 def aggregate_node(plan: LogicalNode, keys: tuple[str, ...], aggs: Sequence[AggregateFnV2],
                    num_partitions: int | None = None) -> Exchange:
     """``num_partitions``: the reduce tasks (the output's blocks) of a keyed aggregation; None:
@@ -214,6 +218,8 @@ class GroupedData:
         return f"GroupedData(dataset={self._dataset!r}, key={list(self._keys)!r})"
 
     def aggregate(self, *aggs: AggregateFnV2) -> Dataset:
+        if not aggs and self._keys:  # the groups alone, one row each, as Ray 2.60 gives them
+            return self.aggregate(Count(alias_name=_GROUPS_ONLY)).drop_columns([_GROUPS_ONLY])
         return self._dataset._derive(aggregate_node(self._dataset._plan, self._keys, aggs, self._num_partitions))
 
     def count(self) -> Dataset:

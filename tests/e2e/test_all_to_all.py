@@ -474,6 +474,18 @@ def test_nan_is_null_for_sum_mean_std_whatever_the_blocks(mode, exchange):
         assert math.isnan(ds.sum("f", ignore_nulls=False)) and math.isnan(ds.mean("f", ignore_nulls=False))
 
 
+def test_groupby_aggregate_with_no_aggregation_gives_the_groups_as_ray(mode, exchange):
+    """Ray 2.60's ``groupby(k).aggregate()`` is one row per group, the keys alone (it was a
+    ``ValueError`` here); ``sum()`` on a dataset with no other column is the same."""
+    ds = dataflow.from_items([{"a": i % 3, "b": str(i % 2)} for i in range(12)], override_num_blocks=3)
+    assert sorted(r["a"] for r in ds.groupby("a").aggregate().take_all()) == [0, 1, 2]
+    assert sorted((r["a"], r["b"]) for r in ds.groupby(["a", "b"]).aggregate().take_all()) == [
+        (a, b) for a in range(3) for b in ("0", "1")]
+    assert ds.select_columns(["a"]).groupby("a").sum().columns() == ["a"]
+    with pytest.raises(ValueError, match="needs at least one aggregation"):
+        ds.aggregate()
+
+
 def test_min_and_max_of_nothing_but_nan_are_none_as_of_nulls(mode, exchange):
     """Ray's docs make NaN a null for min and max too: a group (or dataset) whose values are all
     NaN has no minimum (None), as a group of nulls; Arrow alone answers NaN there (Ray 2.60 gives

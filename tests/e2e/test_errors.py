@@ -130,6 +130,13 @@ def test_arguments_are_checked_when_called():
     for names in (str.upper, {"id": 1}, ["a", 2], "id"):  # Ray: TypeError at the call too
         with pytest.raises(TypeError, match="rename_columns takes a dict of old to new names or a list"):
             dataflow.range(3).rename_columns(names)
+    with pytest.raises(TypeError, match="add_column: the column name must be a str, got int"):
+        dataflow.range(3).add_column(1, lambda df: df["id"])
+    for call in (lambda ds: ds.union(5), lambda ds: ds.zip(ds, 5), lambda ds: ds.join(5, "inner", on=("id",))):
+        with pytest.raises(TypeError, match=r"\(\) takes datasets, got int: 5"):
+            call(dataflow.range(3))
+    with pytest.raises(ValueError, match=r"path to write to must be a str or os\.PathLike, got int"):
+        dataflow.range(3).write_parquet(5)  # (it was written as a folder named "5")
 
 
 def test_impossible_resources_fail_at_once(mode):

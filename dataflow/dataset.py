@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     from dataflow.random_access import RandomAccessDataset
 
 
-
 def _datasets(method: str, others: Sequence[Any]) -> None:
     """Refuse what is not a dataset where ``method`` takes datasets (Ray fails on it with an
     ``AttributeError`` about a private attribute)."""
@@ -65,6 +64,7 @@ def _datasets(method: str, others: Sequence[Any]) -> None:
         if not isinstance(other, Dataset):
             msg = f"{method}() takes datasets, got {type(other).__name__}: {other!r}"
             raise TypeError(msg)
+
 
 class Dataset:
     """A distributed collection of rows, computed lazily and streamed block by block."""

@@ -1,8 +1,8 @@
 """The same small programs on dataflow and on Ray Data 2.60, and every answer that differs.
 
 Each seed makes two random tables (``--rows`` rows, a fifth as many for the second; an int
-column with nulls, a string column with nulls and the empty string, floats with negatives and
--0.0, ints, a row number) and runs every case below on both sides: sorts (one and several keys,
+column with nulls, a string column with nulls and the empty string, floats with nulls,
+negatives and -0.0, floats with NaN, ints, a row number) and runs every case below on both sides: sorts (one and several keys,
 descending, strings, nulls), groupby aggregations, global aggregations, every join type,
 splits, ``train_test_split``, ``unique``, ``union``, ``zip``, ``map_groups``, the per-row and
 per-batch transforms, expressions and ``filter(expr=...)``, writers read back, schemas and

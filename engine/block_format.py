@@ -130,6 +130,7 @@ def _torch_to_numpy(value: Any) -> Any:
 def column_from_values(name: str, values: Any, objects: bool | None = None) -> pa.Array | pa.ChunkedArray:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values
+    _check_column(name, values)
     values = _torch_to_numpy(values)
     if isinstance(values, np.ndarray):
         return tensor_array(values, name, objects)
@@ -172,8 +173,6 @@ def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
         return pa.Table.from_batches([batch])
     if isinstance(batch, Mapping):
         names = list(batch.keys())
-        for n in names:
-            _check_column(str(n), batch[n])
         columns = [column_from_values(str(n), batch[n], objects) for n in names]
         lengths = {len(c) for c in columns}
         if len(lengths) > 1:
@@ -197,11 +196,9 @@ def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
 
 
 def _check_column(name: str, values: Any) -> None:
-    """Refuse a batch column that is one value rather than one value per row: a number, a string
+    """Refuse a column that is one value rather than one value per row: a number, a string
     (which would become one row per character), None, a dict, a numpy scalar or 0-d array; and a
     set, whose rows would come in no order. Ray refuses these too (``ValueError``)."""
-    if isinstance(values, (pa.Array, pa.ChunkedArray)):
-        return
     shape = getattr(values, "shape", None)
     if (isinstance(values, (str, bytes, bytearray, Mapping, set, frozenset)) or (shape is not None and len(shape) == 0)
             or not (isinstance(values, Sized) and isinstance(values, Iterable))):

@@ -44,7 +44,7 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if (pa.types.is_list(typ) or pa.types.is_large_list(typ)) and column.null_count == 0 and len(column):
         offsets = column.offsets.to_numpy()
         lengths = np.diff(offsets)
-        if lengths.size and (lengths == lengths[0]).all() and _is_numeric(typ.value_type):
+        if lengths.size and lengths[0] and (lengths == lengths[0]).all() and _is_numeric(typ.value_type):
             inner = column.flatten().to_numpy(zero_copy_only=False)
             return inner.reshape(len(column), int(lengths[0]))
     if _is_numeric(typ) and column.null_count == 0:
@@ -93,6 +93,12 @@ def numeric_array(values: np.ndarray) -> pa.Array | None:
 def tensor_array(values: np.ndarray, name: str = "", objects: bool | None = None) -> pa.Array:
     """An n-d numpy array (first axis = rows) as an Arrow column. ``objects``: what to do with
     values Arrow cannot hold (``python_objects.object_array``)."""
+    if values.ndim > 1 and (values.dtype == object or 0 in values.shape[1:]):
+        # Rows of objects, or of nothing (an Arrow fixed-size list cannot be empty): rows of
+        # numbers keep their shapes as a ragged tensor, others become nested lists.
+        if values.dtype.kind in "biuf":
+            return ragged_array(list(values))
+        return column_from_values(name, values.tolist(), objects)
     if values.dtype == object:  # of strings, of arrays (tensors, ragged or not), of objects
         return column_from_values(name, list(values), objects)
     if values.ndim == 1:

@@ -78,3 +78,31 @@ def test_images_of_different_sizes_written_back(mode, images, tmp_path):
     ds.write_images(str(tmp_path / "out"), column="image", file_format="png")
     written = sorted(np.asarray(Image.open(p)).shape for p in (tmp_path / "out").glob("*.png"))
     assert written == sorted(SHAPES)
+
+
+def test_list_columns_with_empty_lists_go_through_numpy_batches_and_back(mode):
+    rows = [{"l": [1, 2]}, {"l": None}, {"l": []}, {"l": []}]
+    # one row a block: a batch of nothing but empty lists was a (1, 0) array, and Arrow has no
+    # fixed-size list of 0 ("list_size needs to be a strict positive integer")
+    for blocks in (1, 2, 4):
+        ds = dataflow.from_items(rows, override_num_blocks=blocks).map_batches(lambda b: b)
+        got = [None if r["l"] is None else list(r["l"]) for r in ds.take_all()]
+        assert got == [[1, 2], None, [], []], blocks
+    # a list<null> column (only empty lists) came back as an object array of object arrays,
+    # which recursed until Python's limit
+    ds = dataflow.from_items([{"l": []}, {"l": []}], override_num_blocks=1)
+    assert [list(r["l"]) for r in ds.map_batches(lambda b: b).take_all()] == [[], []]
+
+
+def test_arrays_of_objects_and_of_nothing_are_columns(mode):
+    shapes = {
+        "objects": (np.array(["x", None], dtype=object), ["x", None]),  # (was an internal error)
+        "empty": (np.zeros((0,)), []),
+        "empty_rows": (np.zeros((2, 0)), [[], []]),
+        "empty_bools": (np.zeros((2, 0), dtype=bool), [[], []]),
+        "empty_strings": (np.zeros((0,), dtype="U1"), []),
+        "strings": (np.array(["x", "y"]), ["x", "y"]),
+    }
+    for name, (value, expected) in shapes.items():
+        got = dataflow.range(3).map(lambda r, value=value: {"a": value}).take_all()
+        assert [np.asarray(r["a"]).tolist() for r in got] == [expected] * 3, name

@@ -133,6 +133,10 @@ def _torch_to_numpy(value: Any) -> Any:
     return value
 
 
+_NOT_ARROW = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError)
+"""What Arrow raises for values it cannot hold: mixed types, ints past 64 bits, objects."""
+
+
 def column_from_values(name: str, values: Any, objects: bool | None = None) -> pa.Array | pa.ChunkedArray:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values
@@ -155,7 +159,7 @@ def column_from_values(name: str, values: Any, objects: bool | None = None) -> p
                 return ragged_array(values)
     try:
         column = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
+    except _NOT_ARROW as err:
         msg = f"column {name!r}: cannot convert values to Arrow ({err})"
         return object_array(values, objects, TypeError(msg))
     if pa.types.is_timestamp(column.type) and column.type.unit == "us" and _has_nanoseconds(values):
@@ -222,12 +226,24 @@ def frame_to_table(frame: Any, objects: bool | None = None) -> pa.Table:
     as Ray casts such columns to its tensor type whenever it builds a block; pyarrow alone makes
     lists of 1-d cells and cannot convert n-d ones."""
     arrays = [name for name, column in frame.items() if column.dtype == object and _holds_arrays(column)]
+    try:
+        plain = pa.Table.from_pandas(frame.drop(columns=arrays) if arrays else frame, preserve_index=False)
+    except _NOT_ARROW:  # an object column Arrow cannot hold (ints and strings, say) is Python objects
+        arrays += [name for name, column in frame.items() if column.dtype == object and not _converts(column)]
+        plain = pa.Table.from_pandas(frame.drop(columns=arrays), preserve_index=False)
     if not arrays:
-        return pa.Table.from_pandas(frame, preserve_index=False)
-    plain = pa.Table.from_pandas(frame.drop(columns=arrays), preserve_index=False)
+        return plain
     columns = [column_from_values(str(name), list(frame[name]), objects) if name in arrays else plain.column(str(name))
                for name in frame.columns]
     return pa.Table.from_arrays(columns, names=[str(n) for n in frame.columns], metadata=plain.schema.metadata)
+
+
+def _converts(column: Any) -> bool:
+    try:
+        pa.Array.from_pandas(column)
+    except _NOT_ARROW:
+        return False
+    return True
 
 
 def _holds_arrays(column: Any) -> bool:

@@ -75,3 +75,17 @@ def test_warned_once_and_refused_when_the_fallback_is_off(mode, caplog):
             ds.take_all()
     finally:
         ctx.enable_fallback_to_arrow_object_ext_type = old
+
+
+def test_ints_past_64_bits_and_mixed_pandas_columns_are_objects(mode):
+    import pandas as pd
+
+    # both failed: OverflowError from pyarrow, and ArrowInvalid converting the frame; Ray keeps them
+    assert dataflow.from_items([{"a": 2**64}, {"a": 1}]).take_all() == [{"a": 2**64}, {"a": 1}]
+    frame = pd.DataFrame({"m": [1, "x", None], "f": [1.5, 2.0, 3.0], "t": [np.zeros(2), np.ones(2), np.ones(2)]})
+    rows = dataflow.from_pandas(frame).take_all()
+    assert [(r["m"], r["f"]) for r in rows] == [(1, 1.5), ("x", 2.0), (None, 3.0)]
+    assert [r["t"].tolist() for r in rows] == [[0, 0], [1, 1], [1, 1]]
+    out = dataflow.range(3, override_num_blocks=1).map_batches(
+        lambda df: df.assign(o=[1, "x", None]), batch_format="pandas").take_all()
+    assert [r["o"] for r in out] == [1, "x", None]

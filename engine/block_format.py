@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from engine.errors import UDFOutputError
 from engine.python_objects import is_python_object, object_array, objects_to_numpy
-from engine.ragged_tensors import can_be_ragged, is_ragged, ragged_array, ragged_to_numpy, unify_tensors
+from engine.ragged_tensors import can_be_ragged, is_ragged, ragged_array, ragged_to_numpy, ragged_type, unify_tensors
 
 BATCH_FORMATS = ("default", "numpy", "pandas", "pyarrow", "polars")
 
@@ -97,6 +97,9 @@ def tensor_array(values: np.ndarray, name: str = "", objects: bool | None = None
         # Rows of objects, or of nothing (an Arrow fixed-size list cannot be empty): rows of
         # numbers keep their shapes as a ragged tensor, others become nested lists.
         if values.dtype.kind in "biuf":
+            if not len(values):
+                typ = ragged_type(pa.from_numpy_dtype(values.dtype), values.ndim - 1)
+                return pa.ExtensionArray.from_storage(typ, pa.array([], type=typ.storage_type))
             return ragged_array(list(values))
         return column_from_values(name, values.tolist(), objects)
     if values.dtype == object:  # of strings, of arrays (tensors, ragged or not), of objects

@@ -7,7 +7,15 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from engine.block_format import column_to_numpy, iter_rows, rows_to_block, tensor_array, to_batch, to_block
+from engine.block_format import (
+    column_from_values,
+    column_to_numpy,
+    iter_rows,
+    rows_to_block,
+    tensor_array,
+    to_batch,
+    to_block,
+)
 
 
 def test_numeric_columns_are_zero_copy():
@@ -66,3 +74,15 @@ def test_timestamps_keep_their_nanoseconds_through_rows():
     assert zoned.schema.field("t").type == pa.timestamp("ns", "UTC")
     whole = rows_to_block([{"t": pd.Timestamp("2024-01-01 00:00:01")}])
     assert whole.schema.field("t").type == pa.timestamp("us")  # nothing to lose: as before
+
+
+def test_arrays_with_no_values_per_row_become_columns():
+    # Arrow has no fixed-size list of size 0: these failed ("list_size needs to be a strict
+    # positive integer"), or, with no rows, on an empty list of arrays
+    for shape in [(3, 0), (3, 0, 2), (0, 0), (0, 0, 3)]:
+        column = column_from_values("a", np.zeros(shape, dtype=np.float32))
+        assert len(column) == shape[0]
+        back = column_to_numpy(column)
+        assert [cell.shape for cell in back] == [shape[1:]] * shape[0]
+    rows = column_from_values("a", np.empty((2, 0), dtype=object))
+    assert rows.to_pylist() == [[], []]

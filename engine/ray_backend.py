@@ -773,7 +773,7 @@ class RayBackend(Backend):
     def __init__(self, options: ExecutionOptions, address: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self._started_ray = False
         if not ray.is_initialized():
-            _connect(address, connect_timeout_s)
+            _connect(address, connect_timeout_s, options)
             self._started_ray = True
         cluster = ray.cluster_resources()
         self.nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -895,9 +895,26 @@ def _probe(address: str | None, timeout_s: float) -> None:
         raise ConnectionError(msg) from err
 
 
-def _connect(address: str | None, timeout_s: float) -> None:
-    """``ray.init`` that fails within ``timeout_s`` with a clear error on a wrong address."""
+def _starts_local(address: str | None) -> bool:
+    """Whether ``ray.init(address=address)`` starts a new Ray instance on this machine rather
+    than connecting to one (``RAY_ADDRESS`` in the environment names one to connect to)."""
+    return address == "local" or (address is None and not os.environ.get("RAY_ADDRESS"))
+
+
+def _connect(address: str | None, timeout_s: float, options: ExecutionOptions | None = None) -> None:
+    """``ray.init`` that fails within ``timeout_s`` with a clear error on a wrong address.
+
+    A new local instance is started in the caller's thread, with the CPUs and GPUs ``options``
+    names: Ray has the processes it starts killed when the thread that started them exits
+    (``PR_SET_PDEATHSIG``), so starting it in the bounded thread below took the new cluster
+    down a moment after ``init`` returned ("Failed to connect to GCS within 60 seconds", then the
+    driver exits). Starting one waits on no network."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if _starts_local(address):
+        sizes = {} if options is None else {"num_cpus": options.num_cpus, "num_gpus": options.num_gpus}
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True,
+                 **{k: v for k, v in sizes.items() if v is not None})
+        return
     _probe(address, min(timeout_s, PROBE_TIMEOUT_S))
     failure: list[BaseException] = []
 

@@ -4,8 +4,10 @@ all-to-all steps, writes, and the faults Ray recovers from."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -382,6 +384,31 @@ def test_a_port_that_answers_but_is_not_ray_fails_at_the_timeout(tmp_path):
     kind, seconds, text = _time_connecting(setup, "_connect(address, 2.0)", tmp_path)
     assert kind == "ConnectionError" and "no answer within 2 s" in text, text
     assert seconds < 6, seconds
+
+
+def test_no_address_starts_a_local_ray_that_outlives_init():
+    # ray.init ran in a helper thread (to bound a connect), and Ray has what it starts killed
+    # when the thread that started it exits: the new GCS died as init returned, and the driver
+    # exited 60 s later ("Failed to connect to GCS"). Run where no cluster is set.
+    script = (
+        "import time, psutil, ray, dataflow\n"
+        "dataflow.init(runner='ray', num_cpus=1)\n"
+        "time.sleep(1)\n"
+        "gcs = [p for p in psutil.Process().children(recursive=True) if 'gcs_server' in ' '.join(p.cmdline())]\n"
+        "print('gcs', len(gcs), all(p.status() != psutil.STATUS_ZOMBIE for p in gcs))\n"
+        "print('cpus', ray.cluster_resources().get('CPU'))\n"
+        "print('rows', dataflow.range(5).map(lambda r: r).count())\n"
+        "dataflow.shutdown()\n"
+    )
+    temp = tempfile.mkdtemp(prefix="dfl-", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_TMPDIR=temp, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, cwd=temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    lines = out.stdout.splitlines()
+    assert "gcs 1 True" in lines and "cpus 1.0" in lines and "rows 5" in lines, out.stdout + out.stderr[-3000:]
 
 
 def test_a_killed_driver_leaves_nothing_on_the_cluster(ray_cluster, tmp_path):

@@ -78,16 +78,29 @@ class RenameColumns:
         if not isinstance(mapping, (dict, list, tuple)) or not all(isinstance(n, str) for n in names):
             msg = f"rename_columns takes a dict of old to new names or a list of new names (str), got {mapping!r}"
             raise TypeError(msg)
+        new = list(mapping.values()) if isinstance(mapping, dict) else names
+        twice = [n for n in dict.fromkeys(new) if new.count(n) > 1]
+        if twice:
+            msg = f"rename_columns({mapping!r}) gives two columns the name {twice[0]!r}"
+            raise ValueError(msg)
         self.mapping = mapping
 
     def __call__(self, table: pa.Table) -> pa.Table:
         if isinstance(self.mapping, dict):
             _missing(table, list(self.mapping), "rename_columns")
-            return table.rename_columns([self.mapping.get(n, n) for n in table.column_names])
-        if len(self.mapping) != table.num_columns:
-            msg = f"rename_columns got {len(self.mapping)} names for {table.num_columns} columns {table.column_names}"
+            names = [self.mapping.get(n, n) for n in table.column_names]
+        else:
+            if len(self.mapping) != table.num_columns:
+                msg = f"rename_columns got {len(self.mapping)} names for {table.num_columns} columns {table.column_names}"
+                raise ValueError(msg)
+            names = list(self.mapping)
+        twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+        if twice:
+            # Ray 2.60 keeps one of the two and drops the other's values without a word
+            msg = (f"rename_columns({self.mapping!r}) would give two columns named {twice[0]!r} "
+                   f"(the columns are {table.column_names}): drop one first, or choose another name")
             raise ValueError(msg)
-        return table.rename_columns(list(self.mapping))
+        return table.rename_columns(names)
 
 
 class AddColumn:

@@ -179,7 +179,22 @@ def _has_nanoseconds(values: list[Any]) -> bool:
 
 def to_block(batch: Any, objects: bool | None = None) -> pa.Table:
     """Whatever a batch UDF returned, as an Arrow table; ``objects``: what to do with values
-    Arrow cannot hold (``python_objects.object_array``)."""
+    Arrow cannot hold (``python_objects.object_array``). Two columns of one name are refused."""
+    return _one_name_each(_to_table(batch, objects))
+
+
+def _one_name_each(table: pa.Table) -> pa.Table:
+    """``table``, unless two of its columns share a name: no step could select either (Arrow:
+    'Field "b" exists 2 times in schema'), and Ray cannot ship such a block between processes."""
+    names = table.column_names
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        msg = f"the batch function returned two columns named {twice[0]!r} (its columns: {names}); give each a name of its own"
+        raise UDFOutputError(msg)
+    return table
+
+
+def _to_table(batch: Any, objects: bool | None) -> pa.Table:
     if isinstance(batch, pa.Table):
         return batch
     if isinstance(batch, pa.RecordBatch):

@@ -99,6 +99,23 @@ def test_batch_columns_of_every_kind_are_columns(mode):
     assert rows == [dict.fromkeys(kinds, 1), dict.fromkeys(kinds, 2)]
 
 
+def test_two_columns_of_one_name_are_refused_naming_it(mode):
+    """A rename onto a column that exists made a table with two "b" columns: selecting either
+    failed later ('Field "b" exists 2 times'), and the Ray runner could not ship the block (a
+    "worker died" error). Ray 2.60 keeps one "b" and drops the other's values silently."""
+    ds = dataflow.from_items([{"a": 1, "b": 2}])
+    with pytest.raises(ValueError, match=r"rename_columns\(\{'a': 'b'\}\) would give two columns named 'b'"):
+        ds.rename_columns({"a": "b"}).take_all()
+    assert ds.rename_columns({"a": "b", "b": "a"}).take_all() == [{"b": 1, "a": 2}]  # a swap is fine
+    with pytest.raises(ValueError, match="gives two columns the name 'x'"):
+        ds.rename_columns({"a": "x", "b": "x"})  # at the call
+    twice = dataflow.range(2).map_batches(
+        lambda t: pa.table([t["id"], t["id"]], names=["v", "v"]), batch_format="pyarrow")
+    with pytest.raises(ValueError, match="returned two columns named 'v'") as info:
+        twice.take_all()
+    assert "MapBatches(<lambda>)" in str(info.value)
+
+
 def _other_keys(row):
     return {"a": "x"} if row["id"] > 5 else {"b": "x"}
 

@@ -686,7 +686,7 @@ class RayExecutor:
                 op.stats.tasks_failed += 1
                 for value in running.pending.bundle:
                     execution.release_input(value, op)
-                execution.fail(WorkerDiedError(f"a task of {op.name} failed on the cluster: {outcome}"))
+                execution.fail(_cluster_failure(op.name, outcome))
             self._reap(execution)
             return
         object_refs, result = outcome
@@ -871,6 +871,19 @@ def _node_fits(node: dict[str, Any], cpus: float, gpus: float, custom: tuple[tup
     if cpus > have.get("CPU", 0) + 1e-9 or gpus > have.get("GPU", 0) + 1e-9:
         return False
     return all(have.get(name, 0) + 1e-9 >= amount for name, amount in custom)
+
+
+def _cluster_failure(step: str, err: BaseException) -> Exception:
+    """The error a task's Ray-level failure is to the caller. A ``RayTaskError`` was raised in
+    the task's process outside the part that catches the UDF's errors (shipping its output,
+    say): a bug here, not a death; a worker, node or object lost past Ray's retries is
+    ``WorkerDiedError``. Both keep Ray's error as their cause."""
+    if isinstance(err, ray.exceptions.RayTaskError):
+        failure: Exception = EngineError(f"a task of {step} failed on the cluster outside its UDF (this is a bug in dataflow): {err}")
+    else:
+        failure = WorkerDiedError(f"a task of {step} failed on the cluster: {err}")
+    failure.__cause__ = err
+    return failure
 
 
 PROBE_TIMEOUT_S = 5.0

@@ -559,3 +559,16 @@ def test_random_plans_are_exact_on_ray(on_ray, seed, tmp_path):
     case = make_case(seed, max_block_bytes=8 << 20, kills=False)
     with dataflow.options(preserve_order=case.preserve_order):
         run(case, str(tmp_path))
+
+
+def test_a_task_failing_outside_its_udf_is_not_reported_as_a_death():
+    from ray.exceptions import NodeDiedError, RayTaskError, WorkerCrashedError
+
+    from engine.errors import EngineError, WorkerDiedError
+    from engine.ray_backend import _cluster_failure
+
+    shipped = RayTaskError("_remote_task", "Traceback (most recent call last): ...", KeyError("b"))
+    error = _cluster_failure("RenameColumns", shipped)
+    assert isinstance(error, EngineError) and "outside its UDF" in str(error) and error.__cause__ is shipped
+    for death in (WorkerCrashedError(), NodeDiedError("node gone")):
+        assert isinstance(_cluster_failure("Map", death), WorkerDiedError)

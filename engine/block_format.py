@@ -247,7 +247,8 @@ def frame_to_table(frame: Any, objects: bool | None = None) -> pa.Table:
     try:
         plain = pa.Table.from_pandas(frame.drop(columns=arrays) if arrays else frame, preserve_index=False)
     except _NOT_ARROW:  # an object column Arrow cannot hold (ints and strings, say) is Python objects
-        arrays += [name for name, column in frame.items() if column.dtype == object and not _converts(column)]
+        arrays += [name for name, column in frame.items()
+                   if name not in arrays and column.dtype == object and not _converts(column)]
         plain = pa.Table.from_pandas(frame.drop(columns=arrays), preserve_index=False)
     if not arrays:
         return plain

@@ -925,8 +925,12 @@ def _connect(address: str | None, timeout_s: float, options: ExecutionOptions | 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if _starts_local(address):
         sizes = {} if options is None else {"num_cpus": options.num_cpus, "num_gpus": options.num_gpus}
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True,
-                 **{k: v for k, v in sizes.items() if v is not None})
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True,
+                     **{k: v for k, v in sizes.items() if v is not None})
+        except Exception as err:
+            msg = f"cannot start a local Ray instance: {err}"
+            raise ConnectionError(msg) from err
         return
     _probe(address, min(timeout_s, PROBE_TIMEOUT_S))
     failure: list[BaseException] = []

@@ -908,6 +908,31 @@ def _probe(address: str | None, timeout_s: float) -> None:
         raise ConnectionError(msg) from err
 
 
+def _in_a_thread_that_stays(start: Callable[[], object]) -> None:
+    """Run ``start`` in this thread if it is the main one (which lives as long as the process,
+    and where Ray can install its SIGTERM handler), else in a daemon thread that then waits
+    until the process exits, so what ``start`` spawned outlives the calling thread."""
+    if threading.current_thread() is threading.main_thread():
+        start()
+        return
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            start()
+        except BaseException as err:  # reported to the caller below
+            failure.append(err)
+        done.set()
+        if not failure:
+            threading.Event().wait()  # parked: Ray's processes die with the thread that started them
+
+    threading.Thread(target=run, name="dataflow-ray-local", daemon=True).start()
+    done.wait()
+    if failure:
+        raise failure[0]
+
+
 def _starts_local(address: str | None) -> bool:
     """Whether ``ray.init(address=address)`` starts a new Ray instance on this machine rather
     than connecting to one (``RAY_ADDRESS`` in the environment names one to connect to)."""
@@ -917,17 +942,18 @@ def _starts_local(address: str | None) -> bool:
 def _connect(address: str | None, timeout_s: float, options: ExecutionOptions | None = None) -> None:
     """``ray.init`` that fails within ``timeout_s`` with a clear error on a wrong address.
 
-    A new local instance is started in the caller's thread, with the CPUs and GPUs ``options``
-    names: Ray has the processes it starts killed when the thread that started them exits
-    (``PR_SET_PDEATHSIG``), so starting it in the bounded thread below took the new cluster
-    down a moment after ``init`` returned ("Failed to connect to GCS within 60 seconds", then the
-    driver exits). Starting one waits on no network."""
+    A new local instance is started with the CPUs and GPUs ``options`` names, in the main thread
+    or in one that stays: Ray has the processes it starts killed when the thread that started
+    them exits (``PR_SET_PDEATHSIG``), so starting it in the bounded thread below took the new
+    cluster down a moment after ``init`` returned ("Failed to connect to GCS within 60 seconds",
+    then the driver exits). Starting one waits on no network."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if _starts_local(address):
         sizes = {} if options is None else {"num_cpus": options.num_cpus, "num_gpus": options.num_gpus}
         try:
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True,
-                     **{k: v for k, v in sizes.items() if v is not None})
+            _in_a_thread_that_stays(lambda: ray.init(
+                address=address, logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True,
+                **{k: v for k, v in sizes.items() if v is not None}))
         except Exception as err:
             msg = f"cannot start a local Ray instance: {err}"
             raise ConnectionError(msg) from err

@@ -386,13 +386,17 @@ def test_a_port_that_answers_but_is_not_ray_fails_at_the_timeout(tmp_path):
     assert seconds < 6, seconds
 
 
-def test_no_address_starts_a_local_ray_that_outlives_init():
+@pytest.mark.parametrize("caller", ["main", "thread"])
+def test_no_address_starts_a_local_ray_that_outlives_init(caller):
     # ray.init ran in a helper thread (to bound a connect), and Ray has what it starts killed
     # when the thread that started it exits: the new GCS died as init returned, and the driver
-    # exited 60 s later ("Failed to connect to GCS"). Run where no cluster is set.
+    # exited 60 s later ("Failed to connect to GCS"). The same from a user's thread that ends.
+    # Run where no cluster is set.
+    start = ("dataflow.init(runner='ray', num_cpus=1)" if caller == "main" else
+             "t = threading.Thread(target=dataflow.init, kwargs=dict(runner='ray', num_cpus=1)); t.start(); t.join()")
     script = (
-        "import time, psutil, ray, dataflow\n"
-        "dataflow.init(runner='ray', num_cpus=1)\n"
+        "import threading, time, psutil, ray, dataflow\n"
+        f"{start}\n"
         "time.sleep(1)\n"
         "gcs = [p for p in psutil.Process().children(recursive=True) if 'gcs_server' in ' '.join(p.cmdline())]\n"
         "print('gcs', len(gcs), all(p.status() != psutil.STATUS_ZOMBIE for p in gcs))\n"

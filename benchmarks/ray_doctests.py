@@ -7,8 +7,10 @@ preprocessors) runs twice, as Python's ``doctest`` runs it (``ELLIPSIS``,
 benchmarks/setup_peers.sh``), once in this interpreter with a stand-in ``ray`` package whose
 ``ray.data`` is ``dataflow`` (``import ray; ray.data.range(...)``, ``from ray.data.aggregate
 import Count`` find dataflow's). An example counts against dataflow when it passes on Ray and
-fails here: it printed something else, or raised. Examples that fail on Ray too (most read
-``s3://anonymous@ray-example-data/...``, which this machine cannot reach) say nothing either way.
+fails here: it printed something else, raised, or never ran (a docstring's examples that run
+past 90 s stop there). Examples marked ``+SKIP`` run on neither side and are not counted.
+Examples that fail on Ray too (most read ``s3://anonymous@ray-example-data/...``, which this
+machine cannot reach) say nothing either way.
 
 Differences this project keeps on purpose (``KNOWN``: the APIs that hand out Ray object
 references, which the README lists as not provided, and the text of ``print(expr)``), matched
@@ -48,7 +50,7 @@ KNOWN = {
     "print(expr)": "print(expr) is the expression as written here, (col('x') + 5) * col('y'); Ray draws a tree",
 }
 """Known differences: a text in the failing example's source -> why."""
-EXAMPLE_TIMEOUT_S = 90
+DOCSTRING_TIMEOUT_S = 90
 
 # The stand-in ``ray`` package for the dataflow side: ray.data and its submodules are dataflow's.
 SHIM = '''
@@ -73,11 +75,16 @@ def is_initialized(): return True
 
 
 class _Recorder(doctest.DocTestRunner):
-    """Keeps what each failing example printed or raised, keyed by its source."""
+    """Keeps the examples that passed, and what each failing one printed or raised, keyed by
+    its source."""
 
     def __init__(self) -> None:
         super().__init__(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        self.passed: set[str] = set()
         self.failed: dict[str, str] = {}
+
+    def report_success(self, out, test, example, got) -> None:
+        self.passed.add(example.source.strip())
 
     def report_failure(self, out, test, example, got) -> None:
         self.failed[example.source.strip()] = "printed: " + got[:600]
@@ -87,11 +94,13 @@ class _Recorder(doctest.DocTestRunner):
 
 
 def _on_alarm(signum, frame):
-    raise TimeoutError(f"an example ran past {EXAMPLE_TIMEOUT_S} s")
+    raise TimeoutError(f"a docstring's examples ran past {DOCSTRING_TIMEOUT_S} s")
 
 
 def run_side(path: str) -> dict:
-    """name:line -> {"examples": [sources], "failed": {source: what happened}} for one module."""
+    """name:line -> {"examples": [sources], "failed": {source: what happened}} for one module.
+    Examples marked ``+SKIP`` are left out; one that did not pass (it failed, or never ran after
+    a timeout) is failed."""
     tree = ast.parse(open(path).read())
     parser = doctest.DocTestParser()
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -104,15 +113,17 @@ def run_side(path: str) -> dict:
             continue
         test = parser.get_doctest(doc, {}, node.name, path, node.lineno)
         runner = _Recorder()
-        signal.alarm(EXAMPLE_TIMEOUT_S)
+        stopped = "did not run"
+        signal.alarm(DOCSTRING_TIMEOUT_S)
         try:
             runner.run(test, out=lambda text: None)
         except TimeoutError as err:
-            runner.failed["<the rest>"] = str(err)
+            stopped = f"did not run: {err}"
         finally:
             signal.alarm(0)
-        results[f"{node.name}:{node.lineno}"] = {"examples": [e.source.strip() for e in test.examples],
-                                                 "failed": runner.failed}
+        examples = [e.source.strip() for e in test.examples if not e.options.get(doctest.SKIP)]
+        failed = {e: runner.failed.get(e, stopped) for e in examples if e not in runner.passed}
+        results[f"{node.name}:{node.lineno}"] = {"examples": examples, "failed": failed}
     return results
 
 
@@ -124,8 +135,9 @@ def _run(side: str, path: str, shim_dir: str) -> dict:
     env = peers.side_env(side)
     if side == "dataflow":
         env["PYTHONPATH"] = os.pathsep.join([shim_dir, env["PYTHONPATH"]])
-    proc = subprocess.run([python, os.path.abspath(__file__), "--side", path], capture_output=True, text=True,
-                          env=env, cwd=tempfile.mkdtemp(), timeout=1800)
+    with tempfile.TemporaryDirectory() as cwd:  # (examples write files where they run)
+        proc = subprocess.run([python, os.path.abspath(__file__), "--side", path], capture_output=True, text=True,
+                              env=env, cwd=cwd, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_TAG):
             return json.loads(line[len(RESULT_TAG):])
@@ -145,17 +157,17 @@ def main() -> int:
         raise SystemExit("no ray venv: run `bash benchmarks/setup_peers.sh ray` first")
     root = subprocess.run([ray_python, "-c", "import ray.data, os; print(os.path.dirname(ray.data.__file__))"],
                           capture_output=True, text=True, env=peers.side_env("ray"), check=True).stdout.strip()
-    shim_dir = tempfile.mkdtemp()
-    os.makedirs(os.path.join(shim_dir, "ray"))
-    with open(os.path.join(shim_dir, "ray", "__init__.py"), "w") as f:
+    shim = tempfile.TemporaryDirectory()
+    os.makedirs(os.path.join(shim.name, "ray"))
+    with open(os.path.join(shim.name, "ray", "__init__.py"), "w") as f:
         f.write(SHIM)
     unexpected, known, totals = 0, set(), [0, 0, 0]
     for module in args.modules:
         path = os.path.join(root, module + ".py")
-        ray, ours = _run("ray", path, shim_dir), _run("dataflow", path, shim_dir)
+        ray, ours = _run("ray", path, shim.name), _run("dataflow", path, shim.name)
         counts = [0, 0, 0]  # examples, failing on Ray, failing only here
         for key, theirs in ray.items():
-            failed_here = ours.get(key, {"failed": {"<missing>": ""}})["failed"]
+            failed_here = ours[key]["failed"] if key in ours else dict.fromkeys(theirs["examples"], "no result")
             counts[0] += len(theirs["examples"])
             counts[1] += len(theirs["failed"])
             for source in theirs["examples"]:
@@ -176,6 +188,7 @@ def main() -> int:
     for text in sorted(known):
         print(f"known difference, examples with {text!r}: {KNOWN[text]}")
     print("every other example that passes on Ray passes here" if not unexpected else f"{unexpected} unexpected failures")
+    shim.cleanup()
     return 1 if unexpected else 0
 
 

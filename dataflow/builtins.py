@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from engine.block_format import repeated_names
 from engine.errors import ColumnNotFoundError
 
 if TYPE_CHECKING:
@@ -78,8 +79,7 @@ class RenameColumns:
         if not isinstance(mapping, (dict, list, tuple)) or not all(isinstance(n, str) for n in names):
             msg = f"rename_columns takes a dict of old to new names or a list of new names (str), got {mapping!r}"
             raise TypeError(msg)
-        new = list(mapping.values()) if isinstance(mapping, dict) else names
-        twice = [n for n in dict.fromkeys(new) if new.count(n) > 1]
+        twice = repeated_names(list(mapping.values()) if isinstance(mapping, dict) else names)
         if twice:
             msg = f"rename_columns({mapping!r}) gives two columns the name {twice[0]!r}"
             raise ValueError(msg)
@@ -89,18 +89,17 @@ class RenameColumns:
         if isinstance(self.mapping, dict):
             _missing(table, list(self.mapping), "rename_columns")
             names = [self.mapping.get(n, n) for n in table.column_names]
-        else:
-            if len(self.mapping) != table.num_columns:
-                msg = f"rename_columns got {len(self.mapping)} names for {table.num_columns} columns {table.column_names}"
+            twice = repeated_names(names)  # a new name that a column kept already has
+            if twice:
+                # Ray 2.60 keeps one of the two and drops the other's values without a word
+                msg = (f"rename_columns({self.mapping!r}) would give two columns named {twice[0]!r} "
+                       f"(the columns are {table.column_names}): drop one first, or choose another name")
                 raise ValueError(msg)
-            names = list(self.mapping)
-        twice = [n for n in dict.fromkeys(names) if names.count(n) > 1]
-        if twice:
-            # Ray 2.60 keeps one of the two and drops the other's values without a word
-            msg = (f"rename_columns({self.mapping!r}) would give two columns named {twice[0]!r} "
-                   f"(the columns are {table.column_names}): drop one first, or choose another name")
+            return table.rename_columns(names)
+        if len(self.mapping) != table.num_columns:
+            msg = f"rename_columns got {len(self.mapping)} names for {table.num_columns} columns {table.column_names}"
             raise ValueError(msg)
-        return table.rename_columns(names)
+        return table.rename_columns(list(self.mapping))  # (no name twice: checked at the call)
 
 
 class AddColumn:

@@ -187,11 +187,18 @@ def _one_name_each(table: pa.Table) -> pa.Table:
     """``table``, unless two of its columns share a name: no step could select either (Arrow:
     'Field "b" exists 2 times in schema'), and Ray cannot ship such a block between processes."""
     names = table.column_names
-    if len(set(names)) != len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
+    twice = repeated_names(names)
+    if twice:
         msg = f"the batch function returned two columns named {twice[0]!r} (its columns: {names}); give each a name of its own"
         raise UDFOutputError(msg)
     return table
+
+
+def repeated_names(names: list[str]) -> list[str]:
+    """The names that occur more than once in ``names``, in order of first occurrence."""
+    if len(set(names)) == len(names):
+        return []
+    return [n for n in dict.fromkeys(names) if names.count(n) > 1]
 
 
 def _to_table(batch: Any, objects: bool | None) -> pa.Table:

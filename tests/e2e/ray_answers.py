@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import importlib
 import json
 import math
 import os
@@ -205,7 +206,6 @@ def _row_cases(rd: Any, tmp: Callable[[], str]) -> dict[str, Callable[[], Any]]:
         "iter_torch_batches_bool": lambda: typed(next(iter(rd.from_items([{"a": True}, {"a": False}]).iter_torch_batches(batch_size=3)))),
         "iter_torch_batches_list": lambda: typed(next(iter(rd.from_items([{"a": [1, 2]}, {"a": [3, 4]}]).iter_torch_batches(batch_size=3)))),
         "iter_torch_batches_uint8": lambda: typed(next(iter(rd.from_numpy(np.ones((2, 2), np.uint8)).iter_torch_batches(batch_size=3)))),
-        "iter_torch_batches_dtype_single": lambda: typed(next(iter(rd.range(3).iter_torch_batches(batch_size=3, dtypes=__import__("torch").float32)))),
         "to_torch_exists": lambda: hasattr(rd.range(3), "to_torch"),
         "from_items_dicts_with_missing_keys": lambda: rows(rd.from_items([{"a": 1}, {"b": 2}], override_num_blocks=1)),
         "from_items_nested_none": lambda: rows(rd.from_items([{"a": {"x": None}}, {"a": {"x": 1}}])),
@@ -226,7 +226,7 @@ def _torch_cases(rd: Any, tmp: Callable[[], str]) -> dict[str, Callable[[], Any]
     """``iter_torch_batches``: dtypes, collate functions of each batch format, tensors."""
     import torch
 
-    collate = sys.modules[rd.__name__ + ".collate_fn"] if rd.__name__ + ".collate_fn" in sys.modules else __import__(rd.__name__ + ".collate_fn", fromlist=["x"])
+    collate = importlib.import_module(rd.__name__ + ".collate_fn")
 
     class NC(collate.NumpyBatchCollateFn):
         def __call__(self, batch: Any) -> Any:
@@ -248,6 +248,7 @@ def _torch_cases(rd: Any, tmp: Callable[[], str]) -> dict[str, Callable[[], Any]
     num = ds.select_columns(["i", "f", "b", "t"])
     return {
         "default": lambda: first(num.iter_torch_batches(batch_size=4)),
+        "iter_torch_batches_dtype_single": lambda: typed(next(iter(rd.range(3).iter_torch_batches(batch_size=3, dtypes=torch.float32)))),
         "dtypes_one": lambda: first(num.iter_torch_batches(batch_size=4, dtypes=torch.float16)),
         "dtypes_all": lambda: first(num.iter_torch_batches(batch_size=4, dtypes={"i": torch.int32, "f": torch.float32, "b": torch.bool, "t": torch.float64})),
         "list_column": lambda: first(ds.select_columns(["l"]).iter_torch_batches(batch_size=4)),
@@ -262,7 +263,6 @@ def _torch_cases(rd: Any, tmp: Callable[[], str]) -> dict[str, Callable[[], Any]
         "local_shuffle": lambda: sorted(int(x) for b in num.iter_torch_batches(batch_size=4, local_shuffle_buffer_size=5, local_shuffle_seed=3) for x in b["i"]),
         "to_torch_exists": lambda: hasattr(ds, "to_torch"),
         "iterator_torch": lambda: first(num.iterator().iter_torch_batches(batch_size=3)),
-        "split_torch": lambda: [sorted(int(x) for b in it.iter_torch_batches(batch_size=2) for x in b["i"]) for it in num.streaming_split(2, equal=True)] if False else None,
         "numpy_batch_tensor": lambda: first(num.select_columns(["t"]).iter_batches(batch_size=2)),
         "pandas_batch_tensor": lambda: typed(next(iter(num.select_columns(["t"]).iter_batches(batch_size=2, batch_format="pandas")))["t"].tolist()),
         "take_batch_tensor_shape": lambda: list(num.take_batch(5)["t"].shape),

@@ -131,20 +131,23 @@ def test_a_model_s_aligned_activations_reuse_the_memory_freed_by_the_last_batch(
     cache off for its workers: the freed activations are used again."""
     pytest.importorskip("torch")
     got = _run_probe({}, _ACTIVATIONS_PROBE)
-    assert sum(got["faults"]) / len(got["faults"]) < 256, got  # 1,024 a batch with the cache on
+    assert sum(got["faults"]) / len(got["faults"]) < 256, got  # 1,024 a batch with the cache on (Zen 5)
     assert got["env"] == [None, None], got
 
 
 def test_a_container_s_arena_limit_keeps_the_other_allocator_settings():
     """``MALLOC_ARENA_MAX`` (set by many container images) replaces none of the zygote's
     settings: the activations are still reused, and the variable reaches the workers as set.
-    An empty ``GLIBC_TUNABLES`` is the user taking all of them: the cache is on again."""
+    An empty ``GLIBC_TUNABLES`` is the user taking all of them: it reaches the workers as it is,
+    with none of the zygote's settings added. (How many page faults glibc's own defaults cost
+    here depends on the CPU: torch's kernels differ in their small allocations, and on some
+    machines the activations are reused with the cache on too, 40 faults a batch; the cost of
+    the defaults is pinned by ``test_a_user_choice_of_malloc_settings_is_left_alone``.)"""
     pytest.importorskip("torch")
     got = _run_probe({"MALLOC_ARENA_MAX": "2"}, _ACTIVATIONS_PROBE)
     assert sum(got["faults"]) / len(got["faults"]) < 256, got
     assert got["env"] == [None, "2"], got
     theirs = _run_probe({"GLIBC_TUNABLES": ""}, _ACTIVATIONS_PROBE)
-    assert sum(theirs["faults"]) / len(theirs["faults"]) > 512, theirs
     assert theirs["env"] == ["", None], theirs
 
 

@@ -752,6 +752,9 @@ class PartialAggPartitioner:
     each group of the block, or, when its keys are mostly distinct (grouping would shrink it
     little), the rows themselves, which the reduce side turns into states."""
 
+    position_free = True
+    """Partitions from the keys alone (see ``dataflow.shuffle.HashPartitioner``)."""
+
     def __init__(self, keys: Sequence[str], aggs: Sequence[AggregateFnV2], num_partitions: int) -> None:
         self.keys, self.aggs, self.num_partitions = tuple(keys), tuple(aggs), num_partitions
 

@@ -186,22 +186,24 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     if whole is not None:
         return whole
     sampled = _sampled_read(c, node)
-    children = [c.build(child) for child in node.children] if sampled is None else []
+    one_task = _may_fit_one_task(c, node) and len(node.children) == 1
+    partitioners = (node.partitioners or (None,) * len(node.children)) if sampled is None else ()
+    bounds = [p.for_execution() if p is not None else None for p in partitioners]
+    # each input: its read with the map side in it, or its operator and a map side of its own
+    inputs = [_partitioned_read(c, node, child, bound, one_task) for child, bound in zip(node.children, bounds, strict=False)]
+    children = [c.build(child) if fused is None else fused for child, fused in zip(node.children, inputs, strict=False)]
     if node.ordered_input:
         for child in children:
             _emit_in_order(child)
     fed: list[PhysicalOperator] = [sampled] if sampled is not None else []
-    partitioners = (node.partitioners or (None,) * len(children)) if children else ()
     direct_partitioner = None
-    for i, (child, partitioner) in enumerate(zip(children, partitioners, strict=True)):
-        if partitioner is None:
+    for i, (child, bound, fused) in enumerate(zip(children, bounds, inputs, strict=True)):
+        if bound is None or fused is not None:
             fed.append(child)
             continue
-        bound = partitioner.for_execution()
         sampler = bound.sample if node.sampler and i == 0 else None
         if sampler is not None and isinstance(child, MapOperator) and child.output == OUTPUT_BLOCKS:
             child.output_sampler = sampler  # its tasks sample their blocks: the driver reads none
-        one_task = _may_fit_one_task(c, node) and len(children) == 1
         small = c.options.small_exchange_bytes if one_task else 0
         fed.append(c.add(PartitionOperator(
             f"{node.label}Map", PartitionTransform(f"{node.label}Map", bound), child,
@@ -308,6 +310,32 @@ def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
         f"{read.name}->{label}", PartitionTransform(label, bound), _read_tasks(c, read, keys_only),
         _read_tasks(c, read), bound.sample, min_bundle_bytes=_read_bundle_bytes(c, read),
     ))
+
+
+def _partitioned_read(c: _Compiler, node: Exchange, child: LogicalNode, bound: Any,
+                      one_task: bool) -> PhysicalOperator | None:
+    """A hash exchange's map side fused into the read that feeds it (a join's or a groupby's
+    input straight from files): each read task partitions the rows it read, so no block crosses
+    the store between the read and the map side, and no map task waits for a read's output.
+    None where that does not apply: another input, a partitioner that needs each row's global
+    position (a shuffle's, a repartition's: not ``position_free``), a sort's sampling, failed
+    reads that may be let go (an error while partitioning must fail the job, not drop a read's
+    rows), or an exchange that may run as one task over an input that is probably small (the
+    plain map side holds what arrives and gives it to one reduce task)."""
+    if (not isinstance(child, Read) or bound is None or not getattr(bound, "position_free", False) or node.sampler
+            or c.options.max_errored_blocks):
+        return None
+    sized = getattr(child.datasource, "decoded_bytes_at_most", None)
+    if one_task and (sized is None or sized(c.options.small_exchange_bytes, guess_dictionaries=True) is not None):
+        return None
+    label = f"{node.label}Map"
+    op = c.add(MapOperator(
+        f"{child.name}->{label}", PartitionTransform(label, bound), source=_read_tasks(c, child),
+        resources=_read_resources(child), max_concurrency=child.max_concurrency,
+        min_bundle_bytes=_read_bundle_bytes(c, child), output=OUTPUT_PARTITIONS,
+    ))
+    op.ordered_output = True  # map outputs reach the reduce in read order: the same result every run
+    return op
 
 
 def _emit_in_order(op: PhysicalOperator) -> None:

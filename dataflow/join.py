@@ -84,12 +84,12 @@ class JoinReducer:
             lt, rt = _aligned(lt, lk, rt, rk)
         how = JOIN_TYPES[self.join_type]
         if not _nested(lt, self.on) and not _nested(rt, self.right_on):
-            yield lt.join(rt, list(self.on), list(self.right_on), join_type=how)
+            yield lt.join(rt, list(self.on), list(self.right_on), join_type=how, use_threads=False)
             return
         # Arrow's join takes no nested payload: join keys and row numbers, then take the rows
         lk = lt.select(list(self.on)).append_column(_LEFT_ROW, pa.array(np.arange(lt.num_rows)))
         rk = rt.select(list(self.right_on)).append_column(_RIGHT_ROW, pa.array(np.arange(rt.num_rows)))
-        joined = lk.join(rk, list(self.on), list(self.right_on), join_type=how)
+        joined = lk.join(rk, list(self.on), list(self.right_on), join_type=how, use_threads=False)
         columns = {name: joined.column(name) for name in joined.column_names if name not in (_LEFT_ROW, _RIGHT_ROW)}
         for row, table, keys in ((_LEFT_ROW, lt, self.on), (_RIGHT_ROW, rt, self.right_on)):
             if row in joined.column_names:

@@ -116,6 +116,10 @@ def key_hashes(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
 
 
 class HashPartitioner:
+    position_free = True
+    """A row's partition depends on its keys alone, not on its position in the input: the map
+    side may run in the read tasks (``dataflow.compile._partitioned_read``)."""
+
     def __init__(self, keys: Sequence[str], num_partitions: int = FINE_PARTITIONS) -> None:
         self.keys = tuple(keys)
         self.num_partitions = num_partitions

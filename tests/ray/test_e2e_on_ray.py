@@ -21,7 +21,7 @@ E2E = Path(__file__).parents[1] / "e2e"
 # in the slow tier; the notebooks run below, in kernels that reach the cluster through the environment
 SUITES = ("test_api", "test_all_to_all", "test_all_to_all_fuzz", "test_errors", "test_split", "test_split_materialized",
           "test_iterator_resume", "test_torch", "test_ray_kwargs", "test_on_error", "test_tracebacks", "test_mix",
-          "test_ray_answers")
+          "test_ray_answers", "test_partitioned_reads")
 SLOW_SUITES = ("test_formats", "test_dataset_info", "test_file_based_io", "test_progress", "test_with_column",
                "test_custom_io", "test_random_access", "test_dask", "test_lineage", "test_tf", "test_filter_fuzz",
                "test_plan_steps_fuzz")

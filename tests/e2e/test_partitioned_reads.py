@@ -1,0 +1,93 @@
+"""A hash exchange straight over files partitions in its read tasks (``ReadParquet->...Map``):
+joins and groupbys give the rows the separate read and map side give, errors still name the
+column, and what needs a row's position (a shuffle) or may drop a failed read keeps its own
+map side."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import dataflow
+from dataflow.aggregate import Count, Sum
+from engine.errors import ColumnNotFoundError
+
+
+def _files(folder, table: pa.Table, parts: int) -> str:
+    folder.mkdir()
+    step = -(-table.num_rows // parts)
+    for i in range(parts):
+        pq.write_table(table.slice(i * step, step), folder / f"part-{i:02}.parquet")
+    return str(folder)
+
+
+@pytest.fixture
+def sides(tmp_path):
+    rng = np.random.default_rng(11)
+    left = pa.table({"key": rng.integers(0, 3_000, 40_000), "v": rng.random(40_000),
+                     "s": [f"row-{i}" for i in range(40_000)]})
+    right = pa.table({"key": np.arange(0, 3_000, 2), "w": np.arange(1_500) * 10})
+    return left, right, _files(tmp_path / "left", left, 8), _files(tmp_path / "right", right, 3)
+
+
+def _sorted(rows: list[dict], *keys: str) -> list[dict]:
+    return sorted(rows, key=lambda r: tuple(r[k] for k in keys))
+
+
+def test_a_join_of_two_reads_partitions_in_the_read_tasks(mode, sides):
+    left, right, left_dir, right_dir = sides
+    joined = dataflow.read_parquet(left_dir).join(dataflow.read_parquet(right_dir), "inner", on=("key",))
+    got = joined.take_all()
+    want = left.join(right, "key", join_type="inner").to_pylist()
+    assert _sorted(got, "s") == _sorted(want, "s")
+    stats = joined.stats()
+    assert stats.count("ReadParquet->Join[inner]Map") == 2, stats
+    # the same join over blocks already in the store has a map side of its own: same rows
+    stored = dataflow.read_parquet(left_dir).materialize().join(
+        dataflow.read_parquet(right_dir).materialize(), "inner", on=("key",))
+    assert _sorted(stored.take_all(), "s") == _sorted(got, "s")
+    assert "ReadParquet->Join" not in stored.stats()
+    # the same order on every run: the map outputs reach the reduce in read order
+    assert dataflow.read_parquet(left_dir).join(dataflow.read_parquet(right_dir), "inner", on=("key",)).take_all() == got
+
+
+@pytest.mark.parametrize("how", ["left_outer", "full_outer", "left_anti"])
+def test_outer_and_anti_joins_over_reads(mode, sides, how):
+    left, right, left_dir, right_dir = sides
+    got = dataflow.read_parquet(left_dir).join(dataflow.read_parquet(right_dir), how, on=("key",)).take_all()
+    arrow_how = {"left_outer": "left outer", "full_outer": "full outer", "left_anti": "left anti"}[how]
+    want = left.join(right, "key", join_type=arrow_how).to_pylist()
+    assert _sorted(got, "s") == _sorted(want, "s")
+
+
+def test_a_groupby_over_a_read_partitions_in_the_read_tasks(mode, sides):
+    left, _, left_dir, _ = sides
+    with dataflow.options(small_exchange_bytes=0):  # (a small input would run as one task)
+        grouped = dataflow.read_parquet(left_dir).groupby("key").aggregate(Sum("v"), Count())
+        got = {r["key"]: (round(r["sum(v)"], 9), r["count()"]) for r in grouped.take_all()}
+    want = left.group_by("key").aggregate([("v", "sum"), ("v", "count")]).to_pylist()
+    assert got == {r["key"]: (round(r["v_sum"], 9), r["v_count"]) for r in want}
+    assert "ReadParquet->Aggregate[key]Map" in grouped.stats(), grouped.stats()
+
+
+def test_a_missing_join_key_fails_naming_it(mode, sides):
+    _, _, left_dir, right_dir = sides
+    ds = dataflow.read_parquet(left_dir).join(dataflow.read_parquet(right_dir), "inner", on=("nope",))
+    with pytest.raises(ColumnNotFoundError, match="nope"):
+        ds.take_all()
+
+
+def test_a_shuffle_and_tolerated_read_failures_keep_their_own_map_side(mode, sides):
+    left, right, left_dir, right_dir = sides
+    shuffled = dataflow.read_parquet(left_dir).random_shuffle(seed=5)
+    with dataflow.options(small_exchange_bytes=0):
+        rows = shuffled.take_all()
+    assert sorted(r["s"] for r in rows) == sorted(left.column("s").to_pylist())
+    assert "ReadParquet->RandomShuffleMap" not in shuffled.stats()
+    with dataflow.options(max_errored_blocks=1):
+        joined = dataflow.read_parquet(left_dir).join(dataflow.read_parquet(right_dir), "inner", on=("key",))
+        got = joined.take_all()
+    assert len(got) == left.join(right, "key", join_type="inner").num_rows
+    assert "ReadParquet->Join" not in joined.stats(), joined.stats()

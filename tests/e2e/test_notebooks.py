@@ -15,7 +15,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks():
-    assert {p.name[:2] for p in NOTEBOOKS} >= {"01", "02", "03", "04"}
+    assert {p.name[:2] for p in NOTEBOOKS} >= {"01", "02", "03", "04", "05"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

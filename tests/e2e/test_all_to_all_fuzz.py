@@ -10,10 +10,12 @@ import math
 import os
 import random
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 import dataflow
@@ -53,6 +55,16 @@ def _dataset(rng: random.Random, table: pa.Table) -> dataflow.Dataset:
     cuts = sorted(rng.randrange(table.num_rows + 1) for _ in range(rng.randrange(12)))
     bounds = [0, *cuts, table.num_rows]
     return dataflow.from_arrow([table.slice(a, b - a) for a, b in itertools.pairwise(bounds)])
+
+
+def _files(rng: random.Random, table: pa.Table, folder: Path) -> dataflow.Dataset:
+    """``table`` as 1 to 6 Parquet files of random sizes (some empty), read back: an exchange's
+    map side then runs in the read tasks (``dataflow.compile._partitioned_read``)."""
+    folder.mkdir()
+    cuts = sorted(rng.randrange(table.num_rows + 1) for _ in range(rng.randrange(6)))
+    for i, (a, b) in enumerate(itertools.pairwise([0, *cuts, table.num_rows])):
+        pq.write_table(table.slice(a, b - a), folder / f"part-{i:02}.parquet")
+    return dataflow.read_parquet(str(folder))
 
 
 def _key(value: Any) -> tuple[int, Any]:
@@ -102,11 +114,19 @@ def test_sort_is_pyarrows_stable_sort(mode, exchange, seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_groupby_aggregations_are_plain_pythons(mode, exchange, seed):
-    rng = random.Random(1000 + seed)
+    _check_groupby(random.Random(1000 + seed), exchange, seed, _dataset)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_groupby_over_files_is_plain_pythons(mode, exchange, seed, tmp_path):
+    _check_groupby(random.Random(1500 + seed), exchange, seed, lambda rng, table: _files(rng, table, tmp_path / "in"))
+
+
+def _check_groupby(rng: random.Random, exchange: str, seed: int, source: Any) -> None:
     table = _table(rng, rng.choice([0, 1, 7, 300, 2000]), rng.choice(["int", "str", "float"]))
     keys = rng.choice([["k"], ["k", "k2"]])
     aggs = [Count(), Sum("v"), Min("v"), Max("v"), Mean("v"), Std("v")]
-    got = _dataset(rng, table).groupby(keys).aggregate(*aggs).take_all()
+    got = source(rng, table).groupby(keys).aggregate(*aggs).take_all()
     groups: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
     nan_keys = 0
     for row in table.to_pylist():
@@ -135,7 +155,16 @@ def test_groupby_aggregations_are_plain_pythons(mode, exchange, seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_join_is_pyarrows_join(mode, exchange, seed):
-    rng = random.Random(2000 + seed)
+    _check_join(random.Random(2000 + seed), seed, lambda rng, table, _: _dataset(rng, table))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_join_over_files_is_pyarrows_join(mode, exchange, seed, tmp_path):
+    joined = _check_join(random.Random(2500 + seed), seed, lambda rng, table, side: _files(rng, table, tmp_path / side))
+    assert joined.stats().count("ReadParquet->Join") == 2, joined.stats()  # partitioned as read
+
+
+def _check_join(rng: random.Random, seed: int, source: Any) -> dataflow.Dataset:
     kind = rng.choice(["int", "str"])  # (pyarrow joins no float keys with NaN the same way everywhere)
     left = _table(rng, rng.choice([0, 1, 50, 700]), kind, prefix="l_")
     right = _table(rng, rng.choice([0, 1, 50, 700]), kind, prefix="r_").rename_columns(["r_id", "k", "k2", "r_v"])
@@ -145,10 +174,12 @@ def test_join_is_pyarrows_join(mode, exchange, seed):
         left = left.drop_columns(["k2"]).append_column("l_k2", left.column("k2"))
     how = rng.choice(["inner", "left_outer", "right_outer", "full_outer", "left_semi", "right_semi", "left_anti",
                       "right_anti"])
-    got = _dataset(rng, left).join(_dataset(rng, right), how, num_partitions=rng.choice([1, 3, 8]), on=on).take_all()
+    joined = source(rng, left, "left").join(source(rng, right, "right"), how, num_partitions=rng.choice([1, 3, 8]), on=on)
+    got = joined.take_all()
     expected = left.join(right, list(on), join_type=how.replace("_", " "), coalesce_keys=True)
     assert len(got) == expected.num_rows, (seed, how, on)
     assert _rows(got) == _rows(expected), (seed, how, on)
+    return joined
 
 
 @pytest.mark.parametrize("seed", SEEDS)

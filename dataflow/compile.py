@@ -189,9 +189,13 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     one_task = _may_fit_one_task(c, node) and len(node.children) == 1
     partitioners = (node.partitioners or (None,) * len(node.children)) if sampled is None else ()
     bounds = [p.for_execution() if p is not None else None for p in partitioners]
-    # each input: its read with the map side in it, or its operator and a map side of its own
-    inputs = [_partitioned_read(c, node, child, bound, one_task) for child, bound in zip(node.children, bounds, strict=False)]
-    children = [c.build(child) if fused is None else fused for child, fused in zip(node.children, inputs, strict=False)]
+    # each input, in order: its read with the map side in it, or its operator (a map side follows)
+    inputs: list[PhysicalOperator | None] = []
+    children: list[PhysicalOperator] = []
+    for child, bound in zip(node.children if sampled is None else (), bounds, strict=True):
+        fused = _partitioned_read(c, node, child, bound, one_task)
+        inputs.append(fused)
+        children.append(c.build(child) if fused is None else fused)
     if node.ordered_input:
         for child in children:
             _emit_in_order(child)

@@ -320,6 +320,9 @@ class TopKPartitioner:
     sort order (a stable sort, so ties keep their input order), all for one reducer."""
 
     num_partitions = 1
+    position_free = True
+    """A block's candidates depend on its rows alone: the map side may run in the read tasks
+    (their outputs reach the reducer in input order, which keeps ties in it)."""
 
     def __init__(self, key: SortKey, k: int) -> None:
         self.key, self.k = key, k

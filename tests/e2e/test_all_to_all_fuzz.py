@@ -204,9 +204,17 @@ def test_shuffle_unique_zip_and_repartition_keep_every_row(mode, exchange, seed)
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_top_k_and_map_groups_are_plain_pythons(mode, exchange, seed):
-    rng = random.Random(4000 + seed)
+    _check_top_k_and_map_groups(random.Random(4000 + seed), seed, _dataset)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_top_k_and_map_groups_over_files_are_plain_pythons(mode, exchange, seed, tmp_path):
+    _check_top_k_and_map_groups(random.Random(4500 + seed), seed, lambda rng, table: _files(rng, table, tmp_path / "in"))
+
+
+def _check_top_k_and_map_groups(rng: random.Random, seed: int, source: Any) -> None:
     table = _table(rng, rng.choice([0, 1, 7, 300, 2000]), rng.choice(["int", "str", "float"]))
-    ds = _dataset(rng, table)
+    ds = source(rng, table)
     keys, descending = rng.choice([(["k"], False), (["k"], True), (["k2", "k"], [True, False])])
     k = rng.choice([0, 1, 5, 100, 5000])
     order = [(c, "descending" if d else "ascending", "at_end")

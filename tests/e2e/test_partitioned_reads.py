@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -91,3 +92,21 @@ def test_a_shuffle_and_tolerated_read_failures_keep_their_own_map_side(mode, sid
         got = joined.take_all()
     assert len(got) == left.join(right, "key", join_type="inner").num_rows
     assert "ReadParquet->Join" not in joined.stats(), joined.stats()
+
+
+def test_a_top_k_over_a_read_keeps_k_rows_per_read_task_and_ties_in_input_order(mode, tmp_path):
+    """``sort(...).limit(k)`` straight over files: each read task keeps its own k candidates,
+    so only k rows a task cross the store; equal keys come out in input order, as a stable
+    sort of the whole input gives them."""
+    rng = np.random.default_rng(5)
+    table = pa.table({"score": rng.integers(0, 50, 30_000), "id": np.arange(30_000), "payload": ["x" * 40] * 30_000})
+    folder = _files(tmp_path / "scores", table, 6)
+    for descending in (False, True):
+        with dataflow.options(small_exchange_bytes=0):
+            ds = dataflow.read_parquet(folder).sort("score", descending=descending).limit(25)
+            got = [r["id"] for r in ds.take_all()]
+        order = "descending" if descending else "ascending"
+        want = table.take(pc.sort_indices(table, sort_keys=[("score", order)]))["id"].to_pylist()[:25]
+        assert got == want, descending
+        stats = ds.stats()
+        assert "ReadParquet->TopK[25]Map" in stats and "rows" in stats, stats

@@ -1,10 +1,10 @@
 """Logical plan -> engine operators, through one table of build functions.
 
 Each node becomes one operator; what is fused was decided by the optimizer (``can_fuse``),
-never here, but for two exchanges straight over a read, whose choice depends on the execution's
+never here, but for exchanges straight over a read, whose choice depends on the execution's
 options and the source: a small one runs whole in the one task that reads
-(``_whole_in_one_read``), and a sort samples a key-only read, then partitions as it reads
-(``_sampled_read``). A ``FusedRead`` becomes one MapOperator whose tasks read and transform in
+(``_whole_in_one_read``), a sort samples a key-only read, then partitions as it reads
+(``_sampled_read``), and a join, groupby or top-k partitions as it reads (``_partitioned_read``). A ``FusedRead`` becomes one MapOperator whose tasks read and transform in
 one go (``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its
 upstream's blocks.
 The last operator can count rows instead of producing blocks (``count()``), or write them to a
@@ -318,11 +318,11 @@ def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
 
 def _partitioned_read(c: _Compiler, node: Exchange, child: LogicalNode, bound: Any,
                       one_task: bool) -> PhysicalOperator | None:
-    """A hash exchange's map side fused into the read that feeds it (a join's or a groupby's
-    input straight from files): each read task partitions the rows it read, so no block crosses
-    the store between the read and the map side, and no map task waits for a read's output.
-    None where that does not apply: another input, a partitioner that needs each row's global
-    position (a shuffle's, a repartition's: not ``position_free``), a sort's sampling, failed
+    """An exchange's map side fused into the read that feeds it (a join's, a groupby's or a
+    top-k's input straight from files): each read task partitions the rows it read, so no block
+    crosses the store between the read and the map side, and no map task waits for a read's
+    output. None where that does not apply: another input, a partitioner that needs each row's
+    global position (a shuffle's, a repartition's: not ``position_free``), a sort's sampling, failed
     reads that may be let go (an error while partitioning must fail the job, not drop a read's
     rows), or an exchange that may run as one task over an input that is probably small (the
     plain map side holds what arrives and gives it to one reduce task)."""

@@ -4,8 +4,9 @@ Each node becomes one operator; what is fused was decided by the optimizer (``ca
 never here, but for exchanges straight over a read, whose choice depends on the execution's
 options and the source: a small one runs whole in the one task that reads
 (``_whole_in_one_read``), a sort samples a key-only read, then partitions as it reads
-(``_sampled_read``), and a join, groupby or top-k partitions as it reads (``_partitioned_read``). A ``FusedRead`` becomes one MapOperator whose tasks read and transform in
-one go (``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its
+(``_sampled_read``), and a join, groupby or top-k partitions as it reads
+(``_partitioned_read``). A ``FusedRead`` becomes one MapOperator whose tasks read and transform
+in one go (``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its
 upstream's blocks.
 The last operator can count rows instead of producing blocks (``count()``), or write them to a
 Datasink (``write_*``).
@@ -322,10 +323,10 @@ def _partitioned_read(c: _Compiler, node: Exchange, child: LogicalNode, bound: A
     top-k's input straight from files): each read task partitions the rows it read, so no block
     crosses the store between the read and the map side, and no map task waits for a read's
     output. None where that does not apply: another input, a partitioner that needs each row's
-    global position (a shuffle's, a repartition's: not ``position_free``), a sort's sampling, failed
-    reads that may be let go (an error while partitioning must fail the job, not drop a read's
-    rows), or an exchange that may run as one task over an input that is probably small (the
-    plain map side holds what arrives and gives it to one reduce task)."""
+    global position (a shuffle's, a repartition's: not ``position_free``), a sort's sampling,
+    failed reads that may be let go (an error while partitioning must fail the job, not drop a
+    read's rows), or an exchange that may run as one task over an input that is probably small
+    (the plain map side holds what arrives and gives it to one reduce task)."""
     if (not isinstance(child, Read) or bound is None or not getattr(bound, "position_free", False) or node.sampler
             or c.options.max_errored_blocks):
         return None

@@ -1,7 +1,7 @@
-"""A hash exchange straight over files partitions in its read tasks (``ReadParquet->...Map``):
-joins and groupbys give the rows the separate read and map side give, errors still name the
-column, and what needs a row's position (a shuffle) or may drop a failed read keeps its own
-map side."""
+"""A join, a groupby or a top-k straight over files partitions in its read tasks
+(``ReadParquet->...Map``): they give the rows the separate read and map side give, errors still
+name the column, and what needs a row's position (a shuffle) or may drop a failed read keeps its
+own map side."""
 
 from __future__ import annotations
 

@@ -103,6 +103,14 @@ class RangePartitioner:
         return fixed
 
     @property
+    def position_free(self) -> bool:
+        """Ranges fixed up front (``sort(boundaries=...)``): a row's partition comes from its key
+        alone, so the map side may run in the read tasks (``dataflow.compile._partitioned_read``;
+        their outputs reach the reducers in input order, which keeps ties in it). Sampled ranges
+        are fitted first (``dataflow.compile._sampled_read``)."""
+        return self.boundaries is not None
+
+    @property
     def sample_columns(self) -> tuple[str, ...] | None:
         """The columns ``sample`` reads (a source may read them alone to fit the ranges); None
         once the ranges are fixed."""

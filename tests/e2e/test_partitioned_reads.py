@@ -110,3 +110,16 @@ def test_a_top_k_over_a_read_keeps_k_rows_per_read_task_and_ties_in_input_order(
         assert got == want, descending
         stats = ds.stats()
         assert "ReadParquet->TopK[25]Map" in stats and "rows" in stats, stats
+
+
+def test_a_sort_with_given_boundaries_partitions_in_the_read_tasks(mode, tmp_path):
+    """``sort(key, boundaries=...)``: the ranges are known before any row is read, so the read
+    tasks partition; one output block per range, rows in key order, ties in input order."""
+    rng = np.random.default_rng(9)
+    table = pa.table({"score": rng.integers(0, 100, 20_000), "id": np.arange(20_000)})
+    folder = _files(tmp_path / "scores", table, 5)
+    ds = dataflow.read_parquet(folder).sort("score", boundaries=[25, 50, 75]).materialize()
+    assert "ReadParquet->SortMap" in ds.stats(), ds.stats()
+    want = table.take(pc.sort_indices(table, sort_keys=[("score", "ascending")]))["id"].to_pylist()
+    assert [r["id"] for r in ds.take_all()] == want
+    assert ds.num_blocks() == 4

@@ -1,7 +1,8 @@
 """Random tables through sort, groupby, join, zip, unique and shuffles, checked against pyarrow
 and plain Python on the same rows: key types (int, string, float with NaN), nulls in keys and
-values, empty inputs, one row, many small blocks, every join type, one key or two, and both the
-one-task and the partitioned exchange. A failing case names its seed in the test id."""
+values, empty inputs, one row, many small blocks, every join type, one key or two, both the
+one-task and the partitioned exchange, and inputs as blocks in the store or as Parquet files
+(whose reads then partition). A failing case names its seed in the test id."""
 
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ imports are not timed. Cases
   users' files).
   ``random_shuffle(seed=7)`` / ``sort("key")`` / ``repartition(8)``. One untimed run, then
   ``--runs`` timed runs (median). Target: dataflow faster than Daft on shuffle and sort.
-* ``sort_big``, ``groupby`` (group b): 4M N rows, 32 files, ~1.4 GB in memory: ``key`` int64
-  (random in [0, 1M N): ~982k distinct keys at full size), ``v`` float64 (integers / 1024, so
-  every sum is exact in any order), ``payload`` 330-letter string. ``sort("key")`` and
-  ``groupby("key")`` with sum(v), count and mean(v). dataflow runs with
-  ``init(object_store_memory=256 MiB)`` (``--store-mb``), so the data does not fit in its store.
-  Target: dataflow <= 2x polars in memory.
+* ``sort_big``, ``shuffle_big``, ``groupby`` (group b): 4M N rows, 32 files, ~1.4 GB in memory:
+  ``key`` int64 (random in [0, 1M N): ~982k distinct keys at full size), ``v`` float64 (integers
+  / 1024, so every sum is exact in any order), ``payload`` 330-letter string. ``sort("key")``,
+  ``random_shuffle(seed=7)`` and ``groupby("key")`` with sum(v), count and mean(v). dataflow
+  runs with ``init(object_store_memory=256 MiB)`` (``--store-mb``), so the data does not fit in
+  its store. Target: dataflow <= 2x polars in memory (sort and groupby; the shuffle is reported).
 * ``join`` (group c): 4M N rows (``key`` random in [0, 2M N), ``v``, ``s``; 32 files) inner join
   1M N rows (``key`` the even numbers below 2M N, each once, ``w``; 8 files) on ``key``:
   ~half the left rows match.
@@ -81,7 +81,8 @@ from pathlib import Path
 import benchcommon as bc
 
 SIDES = ("raw", "polars", "dataflow", "ray", "daft")
-GROUP = {"shuffle": "a", "sort": "a", "repartition": "a", "sort_big": "b", "groupby": "b", "join": "c"}
+GROUP = {"shuffle": "a", "sort": "a", "repartition": "a", "sort_big": "b", "shuffle_big": "b", "groupby": "b",
+         "join": "c"}
 ALL_CASES = tuple(GROUP)
 SEED = 7
 NBLOCKS = 8
@@ -194,7 +195,7 @@ def columns_of(case: str, tables, names: dict | None = None) -> dict:
             arrays = {k: np.asarray(v.to_numpy()) for k, v in cols.items()}
         elif case == "join":
             arrays = {k: np.asarray(t.column(k).to_numpy()) for k in ("key", "v", "w")}
-        elif case == "sort_big":
+        elif case in ("sort_big", "shuffle_big"):
             arrays = {"key": np.asarray(t.column("key").to_numpy()), "v": np.asarray(t.column("v").to_numpy()),
                       "fp": fingerprint(t.column("payload"))}
         else:
@@ -280,7 +281,7 @@ def ray_api_plan(read_parquet, aggs: tuple, case: str, left: str, right: str | N
     engine's (Sum, Count, Mean); ``join_kw`` = extra ``join`` arguments."""
     agg_sum, agg_count, agg_mean = aggs
     ds = read_parquet(left)
-    if case == "shuffle":
+    if case in ("shuffle", "shuffle_big"):
         return ds.random_shuffle(seed=SEED)
     if case in ("sort", "sort_big"):
         return ds.sort("key")
@@ -310,7 +311,7 @@ def run_raw(a: dict) -> dict:
             t = pq.read_table(left)
             r = pq.read_table(right) if right else None
             t0 = time.perf_counter()
-            if case == "shuffle":
+            if case in ("shuffle", "shuffle_big"):
                 res = t.take(np.random.default_rng(SEED).permutation(t.num_rows))
             elif case in ("sort", "sort_big"):
                 res = t.sort_by("key")
@@ -344,7 +345,7 @@ def run_polars(a: dict) -> dict:
             t = pl.read_parquet(_glob(left))
             r = pl.read_parquet(_glob(right)) if right else None
             t0 = time.perf_counter()
-            if case == "shuffle":
+            if case in ("shuffle", "shuffle_big"):
                 res = t.sample(fraction=1.0, shuffle=True, seed=SEED)
             elif case in ("sort", "sort_big"):
                 res = t.sort("key", maintain_order=True)
@@ -501,7 +502,7 @@ def run_daft(a: dict) -> dict:
         def fn(small):
             left, right = _paths(a, case, small)
             df = daft.read_parquet(_glob(left))
-            if case == "shuffle":
+            if case in ("shuffle", "shuffle_big"):
                 df = df.shuffle(seed=SEED)
             elif case in ("sort", "sort_big"):
                 df = df.sort("key")
@@ -574,7 +575,7 @@ def verify(case: str, got: dict | None, ref: dict | None, input_keys=None) -> tu
         fields = ("key", "v", "w")
         ok = _same(_rows_sorted(got, fields), _rows_sorted(ref, fields), fields)
         return ok, f"{n:,} rows; sorted rows {'equal' if ok else 'DIFFER'}"
-    value = "v" if case == "sort_big" else "f64"
+    value = "v" if GROUP[case] == "b" else "f64"
     fields = ("key", value, "fp")
     multiset = _same(_rows_sorted(got, fields), _rows_sorted(ref, fields), fields)
     text = f"{n:,} rows; rows {'same' if multiset else 'DIFFERENT'} as a multiset"
@@ -677,11 +678,10 @@ def main() -> int:
                     _summarise(r)
                     out[case][side] = r
         # verification against polars (the reference), then ratios
-        input_keys = None
-        if "a" in data:
-            import pyarrow.parquet as pq
+        import pyarrow.parquet as pq
 
-            input_keys = pq.read_table(data["a"]["path"], columns=["key"]).column("key").to_numpy()
+        input_keys = {g: pq.read_table(data[g]["path"], columns=["key"]).column("key").to_numpy()
+                      for g in ("a", "b") if g in data}
         notes = []
         for case in cases:
             ref_side = "polars" if case != "repartition" else "raw"
@@ -690,7 +690,7 @@ def main() -> int:
             for side, r in out[case].items():
                 if r.get("status") != "ok":
                     continue
-                ok, text = verify(case, _load(results_dir, case, side), ref, input_keys)
+                ok, text = verify(case, _load(results_dir, case, side), ref, input_keys.get(GROUP[case]))
                 r["verified"], r["verify"] = ok, text
                 lines.append(f"  {side}: {'exact' if ok else ('?' if ok is None else 'WRONG')}: {text}")
                 if side == "dataflow" and ok is False:

@@ -253,6 +253,11 @@ class FileDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int) -> Iterator[ReadTask]:
         """Read tasks, yielded while the listing is still running."""
+        for _, task in self._planned_tasks(parallelism):
+            yield task
+
+    def _planned_tasks(self, parallelism: int) -> Iterator[tuple[list[FilePiece], ReadTask]]:
+        """``get_read_tasks``' tasks, each with the pieces it reads."""
         next_execution = getattr(self._files, "next_execution", None)
         if next_execution is not None:  # (a shuffled listing takes its next order)
             next_execution()
@@ -270,7 +275,7 @@ class FileDatasource(Datasource):
             split_files=self._split_files(),
         ):
             metadata = self._task_metadata(group)
-            yield ReadTask(functools.partial(shared.call, "_read_pieces", tuple(group), part_schema), metadata)
+            yield group, ReadTask(functools.partial(shared.call, "_read_pieces", tuple(group), part_schema), metadata)
 
     def _prune(self, entries: Iterator[FileEntry], part_schema: pa.Schema | None) -> Iterator[FileEntry]:
         """The listed files worth reading (a format with a filter drops those whose partition

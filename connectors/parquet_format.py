@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -406,6 +407,38 @@ class ParquetDatasource(FileDatasource):
             self.schema()  # a column the data lacks (or not bytes): a ValueError naming it, here, once
         return super().get_read_tasks(parallelism)
 
+    def counted_read_tasks(self, parallelism: int) -> Iterator[Any] | None:
+        """``get_read_tasks``' tasks, in the same order, each with its exact ``num_rows`` from the
+        footers (read in parallel, on the first ``next``), so that the global position of every
+        row is known before any task runs: a random shuffle or a round-robin repartition then
+        partitions in the read tasks (``dataflow.compile._partitioned_read``). None where the
+        rows cannot be told up front: a filter, a file order that changes with each execution,
+        or more than ``COUNTED_MAX_FILES`` files."""
+        if self._filter is not None or self.lists_anew_each_execution:
+            return None
+        if next(itertools.islice(self._files.iter_files(), COUNTED_MAX_FILES, None), None) is not None:
+            return None
+        return self._counted_read_tasks(parallelism)
+
+    def _counted_read_tasks(self, parallelism: int) -> Iterator[Any]:
+        first = self._first_file()
+        self._file_schema(first)
+        if self._columns is not None or self._tensor_columns:
+            self.schema()
+        planned = list(self._planned_tasks(parallelism))
+        entries = list({p.entry.path: p.entry for group, _ in planned for p in group}.values())
+        read = functools.partial(_read_footer, self._files.filesystem, retrier=Retrier(self._retry_policy))
+        footers = dict(zip([e.path for e in entries],
+                           map_small_reads(self._files.filesystem, lambda e: read(e, self._display(e)), entries),
+                           strict=True))
+        for group, task in planned:
+            rows = 0
+            for piece in group:
+                footer = footers[piece.entry.path]
+                rows += sum(footer.row_group(i).num_rows for i in _piece_row_groups(footer, piece))
+            task.metadata = dataclasses.replace(task.metadata, num_rows=rows)
+            yield task
+
     def _prune(self, entries: Iterator[FileEntry], part_schema: pa.Schema | None) -> Iterator[FileEntry]:
         """Without the files whose hive partition values rule the filter out (decided from the
         path, once per folder, as Arrow's datasets prune: ``year == '2024' and x > 5`` skips
@@ -720,6 +753,10 @@ def _group_bytes(group: pq.RowGroupMetaData, columns: list[str] | None) -> int:
     return sum(int(group.column(i).total_uncompressed_size) for i in range(group.num_columns)
                if group.column(i).path_in_schema.split(".")[0] in wanted)
 
+
+COUNTED_MAX_FILES = 1024
+"""``counted_read_tasks`` reads at most this many footers before the first task starts (tens of
+microseconds each on a local disk; on object storage a request each, in parallel)."""
 
 MAX_SIZED_FILES = 64
 """Footers ``decoded_bytes_at_most`` reads at most (a small input has few files)."""

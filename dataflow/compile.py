@@ -4,7 +4,7 @@ Each node becomes one operator; what is fused was decided by the optimizer (``ca
 never here, but for exchanges straight over a read, whose choice depends on the execution's
 options and the source: a small one runs whole in the one task that reads
 (``_whole_in_one_read``), a sort samples a key-only read, then partitions as it reads
-(``_sampled_read``), and a join, groupby or top-k partitions as it reads
+(``_sampled_read``), and a join, groupby, top-k or shuffle partitions as it reads
 (``_partitioned_read``). A ``FusedRead`` becomes one MapOperator whose tasks read and transform
 in one go (``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its
 upstream's blocks.
@@ -26,7 +26,13 @@ from dataflow.random_seed import StepSeed, compiling
 from dataflow.shuffle import RandomSample
 from engine.exchange import PartitionTransform, ReduceTransform, WholeExchangeTransform
 from engine.operators.base import PhysicalOperator
-from engine.operators.exchange import MERGE_FAN_IN, PartitionOperator, ReduceOperator, SampledReadPartitionOperator
+from engine.operators.exchange import (
+    MERGE_FAN_IN,
+    PartitionOperator,
+    PositionedReadPartitionOperator,
+    ReduceOperator,
+    SampledReadPartitionOperator,
+)
 from engine.operators.input import InputOperator
 from engine.operators.limit import LimitOperator
 from engine.operators.map import ActorPoolSpec, MapOperator, Resources
@@ -322,18 +328,30 @@ def _partitioned_read(c: _Compiler, node: Exchange, child: LogicalNode, bound: A
     """An exchange's map side fused into the read that feeds it (a join's, a groupby's or a
     top-k's input straight from files): each read task partitions the rows it read, so no block
     crosses the store between the read and the map side, and no map task waits for a read's
-    output. None where that does not apply: another input, a partitioner that needs each row's
-    global position (a shuffle's, a repartition's: not ``position_free``), a sort's sampling,
-    failed reads that may be let go (an error while partitioning must fail the job, not drop a
-    read's rows), or an exchange that may run as one task over an input that is probably small
-    (the plain map side holds what arrives and gives it to one reduce task)."""
-    if (not isinstance(child, Read) or bound is None or not getattr(bound, "position_free", False) or node.sampler
-            or c.options.max_errored_blocks):
+    output. A partitioner that needs each row's global position (a random shuffle's, a
+    round-robin repartition's: not ``position_free``) gets it where the source counts each read
+    task's rows up front (``counted_read_tasks``; ``PositionedReadPartitionOperator``). None
+    where that does not apply: another input, a position the source cannot count, a sort's
+    sampling, failed reads that may be let go (an error while partitioning must fail the job,
+    not drop a read's rows), or an exchange that may run as one task over an input that is
+    probably small (the plain map side holds what arrives and gives it to one reduce task)."""
+    if not isinstance(child, Read) or bound is None or node.sampler or c.options.max_errored_blocks:
         return None
     sized = getattr(child.datasource, "decoded_bytes_at_most", None)
     if one_task and (sized is None or sized(c.options.small_exchange_bytes, guess_dictionaries=True) is not None):
         return None
     label = f"{node.label}Map"
+    if not getattr(bound, "position_free", False):
+        counted = getattr(child.datasource, "counted_read_tasks", None)
+        parallelism = child.parallelism if child.parallelism > 0 else default_read_parallelism(c.options)
+        tasks = counted(parallelism) if callable(counted) else None
+        if tasks is None:
+            return None
+        return c.add(PositionedReadPartitionOperator(
+            f"{child.name}->{label}", PartitionTransform(label, bound), tasks,
+            resources=_read_resources(child), max_concurrency=child.max_concurrency,
+            min_bundle_bytes=_read_bundle_bytes(c, child),
+        ))
     op = c.add(MapOperator(
         f"{child.name}->{label}", PartitionTransform(label, bound), source=_read_tasks(c, child),
         resources=_read_resources(child), max_concurrency=child.max_concurrency,

@@ -6,6 +6,9 @@ global position): the key picks the row's partition, and each reducer orders its
 The output is therefore one uniform permutation, and with a seed the same permutation on every
 run, with any number of workers or partitions, whatever the block sizes (the exchange feeds
 rows in order, so positions are stable). Without a seed a new one is drawn for each execution.
+Straight over a Parquet read the read tasks partition, each told the position of its first row
+from the footers' row counts (``PositionedReadPartitionOperator``): the same positions, so the
+same permutation.
 """
 
 from __future__ import annotations

@@ -267,6 +267,37 @@ class SampledReadPartitionOperator(MapOperator):
         self._out_ratio = self._out_bytes_per_task = None  # key columns told nothing about whole rows
 
 
+class PositionedReadPartitionOperator(MapOperator):
+    """A random shuffle's or a round-robin repartition's map side fused into the read that feeds
+    it, where the source counts each read task's rows up front (``counted_read_tasks``: a
+    Parquet source, from the footers). Those partitioners need each row's global position; the
+    unfused path learns it from the blocks as they arrive in order, after the read has put them
+    all in the store. Here each task gets the position of its first row (its ``params``) from
+    the counts of the read tasks before it, so the result is the unfused path's, row for row,
+    and no row crosses the store on its way to the map side."""
+
+    def __init__(self, name: str, transform: PartitionTransform, read_tasks: Iterable[Any], **kwargs: Any) -> None:
+        self._offsets: dict[int, int] = {}
+        """The global position of each queued read task's first row, by ``id`` of the task."""
+        super().__init__(name, transform, source=self._positioned(read_tasks), output=OUTPUT_PARTITIONS, **kwargs)
+        self.ordered_output = True  # map outputs reach the reduce in read order: the same result every run
+
+    def _positioned(self, read_tasks: Iterable[Any]) -> Iterable[Any]:
+        offset = 0
+        for task in read_tasks:  # (each one's position is in before the queue has it)
+            self._offsets[id(task)] = offset
+            offset += task.metadata.num_rows
+            yield task
+
+    def next_task(self) -> Pending:
+        pending = super().next_task()
+        if pending.spec.params is None:  # (a retry keeps its own)
+            pending.spec.params = self._offsets.pop(id(pending.bundle[0]))
+            for task in pending.bundle[1:]:  # (read after the first, in order, in the same task)
+                self._offsets.pop(id(task), None)
+        return pending
+
+
 class ReduceOperator(MapOperator):
     def __init__(
         self,

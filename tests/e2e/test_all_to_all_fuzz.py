@@ -63,8 +63,9 @@ def _files(rng: random.Random, table: pa.Table, folder: Path) -> dataflow.Datase
     map side then runs in the read tasks (``dataflow.compile._partitioned_read``)."""
     folder.mkdir()
     cuts = sorted(rng.randrange(table.num_rows + 1) for _ in range(rng.randrange(6)))
+    row_group_size = rng.choice([None, 7, 100])
     for i, (a, b) in enumerate(itertools.pairwise([0, *cuts, table.num_rows])):
-        pq.write_table(table.slice(a, b - a), folder / f"part-{i:02}.parquet")
+        pq.write_table(table.slice(a, b - a), folder / f"part-{i:02}.parquet", row_group_size=row_group_size)
     return dataflow.read_parquet(str(folder))
 
 
@@ -201,6 +202,23 @@ def test_shuffle_unique_zip_and_repartition_keep_every_row(mode, exchange, seed)
     zipped = ds.zip(other).take_all()
     assert [r["id"] for r in zipped] == list(range(table.num_rows)), seed
     assert all(_key(r["k"]) == _key(r["z"]) for r in zipped), seed
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_shuffles_over_files_are_the_shuffles_over_blocks(mode, exchange, seed, tmp_path):
+    """A seeded shuffle (and a round-robin repartition) depends on each row's position alone:
+    over files, where the read tasks partition with positions counted from the footers, the
+    rows come out in the order they do over the same rows as blocks in memory."""
+    rng = random.Random(3500 + seed)
+    table = _table(rng, rng.choice([0, 1, 7, 300, 2000]), rng.choice(["int", "str", "float"]))
+    files, blocks = _files(rng, table, tmp_path / "in"), _dataset(rng, table)
+    got = [r["id"] for r in files.random_shuffle(seed=seed).take_all()]
+    assert got == [r["id"] for r in blocks.random_shuffle(seed=seed).take_all()], seed
+    assert sorted(got) == list(range(table.num_rows)), seed
+    n = rng.choice([1, 2, 5, 13])
+    parted = files.repartition(n, shuffle=True).materialize()
+    want = blocks.repartition(n, shuffle=True).materialize()
+    assert parted.num_blocks() == n and [r["id"] for r in parted.take_all()] == [r["id"] for r in want.take_all()], seed
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -1,7 +1,7 @@
-"""A join, a groupby or a top-k straight over files partitions in its read tasks
+"""A join, a groupby, a top-k or a shuffle straight over files partitions in its read tasks
 (``ReadParquet->...Map``): they give the rows the separate read and map side give, errors still
-name the column, and what needs a row's position (a shuffle) or may drop a failed read keeps its
-own map side."""
+name the column, and what may drop a failed read, or needs row positions the source cannot count
+up front, keeps its own map side."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import dataflow
+from connectors import file_datasource
 from dataflow.aggregate import Count, Sum
 from engine.errors import ColumnNotFoundError
 
@@ -80,18 +81,65 @@ def test_a_missing_join_key_fails_naming_it(mode, sides):
         ds.take_all()
 
 
-def test_a_shuffle_and_tolerated_read_failures_keep_their_own_map_side(mode, sides):
+def test_tolerated_read_failures_keep_their_own_map_side(mode, sides):
     left, right, left_dir, right_dir = sides
-    shuffled = dataflow.read_parquet(left_dir).random_shuffle(seed=5)
-    with dataflow.options(small_exchange_bytes=0):
-        rows = shuffled.take_all()
-    assert sorted(r["s"] for r in rows) == sorted(left.column("s").to_pylist())
-    assert "ReadParquet->RandomShuffleMap" not in shuffled.stats()
     with dataflow.options(max_errored_blocks=1):
         joined = dataflow.read_parquet(left_dir).join(dataflow.read_parquet(right_dir), "inner", on=("key",))
         got = joined.take_all()
+        shuffled = dataflow.read_parquet(left_dir).random_shuffle(seed=5)
+        assert len(shuffled.take_all()) == left.num_rows
     assert len(got) == left.join(right, "key", join_type="inner").num_rows
     assert "ReadParquet->Join" not in joined.stats(), joined.stats()
+    assert "ReadParquet->RandomShuffleMap" not in shuffled.stats(), shuffled.stats()
+
+
+@pytest.fixture
+def row_groups(tmp_path):
+    """8 files of 5 row groups each: a read of 24 tasks splits some files into byte ranges."""
+    table = pa.table({"id": np.arange(40_000), "s": [f"row-{i}" for i in range(40_000)]})
+    folder = tmp_path / "groups"
+    folder.mkdir()
+    for i in range(8):
+        pq.write_table(table.slice(i * 5_000, 5_000), folder / f"part-{i}.parquet", row_group_size=1_000)
+    return table, str(folder)
+
+
+@pytest.mark.parametrize("blocks", [None, 24])
+def test_a_shuffle_over_files_partitions_in_the_read_tasks_with_the_rows_of_the_plain_path(
+        mode, row_groups, blocks, monkeypatch):
+    """``random_shuffle`` and ``repartition(n, shuffle=True)`` need each row's global position:
+    the read tasks get theirs from the footers' row counts, so the result is, row for row, the
+    one the separate read and map side give. Files are cut into byte ranges here (24 of them, or
+    the default 200: many then hold no row group start and read nothing)."""
+    table, folder = row_groups
+    monkeypatch.setattr(file_datasource, "MIN_TASK_BYTES", 1)  # (files this small are split too)
+    with dataflow.options(small_exchange_bytes=0):
+        for step in (lambda ds: ds.random_shuffle(seed=5), lambda ds: ds.repartition(3, shuffle=True)):
+            fused = step(dataflow.read_parquet(folder, override_num_blocks=blocks))
+            got = [r["id"] for r in fused.take_all()]
+            # a step between the read and the shuffle: the read feeds a map side of its own, in order
+            plain = step(dataflow.read_parquet(folder, override_num_blocks=blocks).map_batches(lambda b: b))
+            assert got == [r["id"] for r in plain.take_all()]
+            assert "Operator 1 RandomShuffleMap" in plain.stats() or "Operator 1 Repartition[3, shuffle]Map" in plain.stats()
+            assert sorted(got) == list(range(table.num_rows)) and got != sorted(got)
+            stats = fused.stats()
+            assert "ReadParquet->RandomShuffleMap" in stats or "ReadParquet->Repartition[3, shuffle]Map" in stats, stats
+            tasks = int(stats.split("Map: ")[1].split(" tasks")[0])
+            assert tasks > 8, stats  # byte ranges of files, some with no row group of their own
+
+
+def test_a_shuffle_over_filtered_or_reshuffled_files_keeps_its_own_map_side(mode, row_groups):
+    """Rows a filter drops, or a file order that changes with each execution, cannot be
+    counted up front: the read feeds a map side of its own, in order, as before."""
+    table, folder = row_groups
+    with dataflow.options(small_exchange_bytes=0):
+        filtered = dataflow.read_parquet(folder, filter=pc.field("id") < 30_000).random_shuffle(seed=1)
+        got = [r["id"] for r in filtered.take_all()]
+        assert sorted(got) == list(range(30_000))
+        assert "ReadParquet->RandomShuffleMap" not in filtered.stats(), filtered.stats()
+        listed = dataflow.read_parquet(folder, shuffle="files").random_shuffle(seed=1)
+        assert sorted(r["id"] for r in listed.take_all()) == list(range(table.num_rows))
+        assert "ReadParquet->RandomShuffleMap" not in listed.stats(), listed.stats()
 
 
 def test_a_top_k_over_a_read_keeps_k_rows_per_read_task_and_ties_in_input_order(mode, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from connector_testing import read_all
@@ -204,3 +205,17 @@ def test_planning_reads_each_footer_once(s3) -> None:
     assert s3.hits()[0] == 3 * footers  # afresh, and again once each
     plan()  # no scope: each step reads its own
     assert s3.hits()[0] == 5 * footers
+
+
+def test_counted_read_tasks_carry_the_rows_each_task_reads(s3) -> None:
+    """What lets a shuffle over S3 files partition in its read tasks: each task's ``num_rows``,
+    from the footers (read in parallel, with a throttled request retried), is what it reads;
+    a filter makes the rows unknown up front."""
+    for k, n in enumerate((700, 0, 1_500, 40, 2_000)):
+        s3.put(f"counted/part-{k}.parquet", _parquet_bytes(n, k * 10_000, row_group_size=300))
+    s3.fault("slowdown", method="GET", path=r"/counted/part-3", times=1)
+    tasks = list(ParquetDatasource("s3://test-bucket/counted").counted_read_tasks(3))
+    rows = [sum(t.num_rows for t in task()) for task in tasks]
+    assert [task.metadata.num_rows for task in tasks] == rows and sum(rows) == 4_240
+    filtered = ParquetDatasource("s3://test-bucket/counted", filter=pc.field("id") > 5)
+    assert filtered.counted_read_tasks(3) is None

@@ -13,6 +13,7 @@ import pytest
 
 import dataflow
 from connectors import file_datasource
+from connectors.errors import FileFormatError
 from dataflow.aggregate import Count, Sum
 from engine.errors import ColumnNotFoundError
 
@@ -171,3 +172,16 @@ def test_a_sort_with_given_boundaries_partitions_in_the_read_tasks(mode, tmp_pat
     want = table.take(pc.sort_indices(table, sort_keys=[("score", "ascending")]))["id"].to_pylist()
     assert [r["id"] for r in ds.take_all()] == want
     assert ds.num_blocks() == 4
+
+
+def test_a_shuffle_over_files_with_a_corrupt_footer_fails_naming_the_file(mode, tmp_path):
+    """The footers are read to count the rows before any task runs: a file whose footer cannot
+    be read (past the ones the schema was taken from) fails the job with its name."""
+    folder = tmp_path / "files"
+    folder.mkdir()
+    table = pa.table({"id": np.arange(4_000)})
+    for i in range(20):
+        pq.write_table(table.slice(i * 200, 200), folder / f"part-{i:02}.parquet")
+    (folder / "part-99.parquet").write_bytes(b"PAR1" + b"not a footer" * 8)
+    with dataflow.options(small_exchange_bytes=0), pytest.raises(FileFormatError, match=r"part-99\.parquet"):
+        dataflow.read_parquet(str(folder)).random_shuffle(seed=1).take_all()

@@ -163,3 +163,52 @@ def test_a_worker_death_under_preserve_order_keeps_the_order(tmp_path, streaming
     assert os.path.exists(tmp_path / "killed")
     assert ids == list(range(20_000))
     assert "no task has" not in caplog.text
+
+
+def test_read_tasks_killed_while_they_partition_a_shuffle_are_retried_at_their_positions(
+        tmp_path, streaming, monkeypatch):
+    """A shuffle over Parquet partitions in its read tasks, each told where its rows start. The
+    workers killed while they read and partition: the retried tasks keep their positions, so the
+    seeded permutation is the one an undisturbed run gives."""
+    import threading
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from engine.operators.exchange import PositionedReadPartitionOperator
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    rng = np.random.default_rng(2)
+    for i in range(12):
+        rows = 20_000
+        pq.write_table(pa.table({"id": np.arange(i * rows, (i + 1) * rows), "x": rng.random(rows),
+                                 "s": pa.array([f"payload-{j:08d}" * 8 for j in range(rows)])}),
+                       folder / f"part-{i:02}.parquet", row_group_size=5_000)
+
+    def shuffled():
+        ds = dataflow.read_parquet(str(folder)).random_shuffle(seed=3).select_columns(["id"])
+        return [r["id"] for r in ds.take_all()], ds
+
+    with dataflow.options(small_exchange_bytes=0):
+        want, _ = shuffled()
+        pool = engine_session.current_session().executor.pool
+        killed: list[int] = []
+        original = PositionedReadPartitionOperator.next_task
+
+        def next_task(self):
+            pending = original(self)
+            if pending.spec.task_index == 3 and not killed:
+                def kill() -> None:
+                    for handle in pool.live():
+                        if handle.pid is not None:
+                            killed.append(handle.pid)
+                            os.kill(handle.pid, signal.SIGKILL)
+                threading.Timer(0.005, kill).start()
+            return pending
+
+        monkeypatch.setattr(PositionedReadPartitionOperator, "next_task", next_task)
+        got, ds = shuffled()
+    assert killed, "no worker was killed"
+    assert got == want and sorted(got) == list(range(12 * 20_000))
+    assert "ReadParquet->RandomShuffleMap" in ds.stats() and "retried" in ds.stats(), ds.stats()

@@ -401,11 +401,13 @@ class ParquetDatasource(FileDatasource):
 
     def get_read_tasks(self, parallelism: int) -> Iterator[Any]:
         """Read tasks, planned from the listing; the dataset schema comes from the first files' footers."""
-        first = self._first_file()
-        self._file_schema(first)  # fixed on the driver, so every task checks against the same schema
+        self._fix_schema()
+        return super().get_read_tasks(parallelism)
+
+    def _fix_schema(self) -> None:
+        self._file_schema(self._first_file())  # fixed on the driver: every task checks against the same schema
         if self._columns is not None or self._tensor_columns:
             self.schema()  # a column the data lacks (or not bytes): a ValueError naming it, here, once
-        return super().get_read_tasks(parallelism)
 
     def counted_read_tasks(self, parallelism: int) -> Iterator[Any] | None:
         """``get_read_tasks``' tasks, in the same order, each with its exact ``num_rows`` from the
@@ -421,10 +423,7 @@ class ParquetDatasource(FileDatasource):
         return self._counted_read_tasks(parallelism)
 
     def _counted_read_tasks(self, parallelism: int) -> Iterator[Any]:
-        first = self._first_file()
-        self._file_schema(first)
-        if self._columns is not None or self._tensor_columns:
-            self.schema()
+        self._fix_schema()
         planned = list(self._planned_tasks(parallelism))
         entries = list({p.entry.path: p.entry for group, _ in planned for p in group}.values())
         read = functools.partial(_read_footer, self._files.filesystem, retrier=Retrier(self._retry_policy))

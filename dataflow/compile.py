@@ -325,8 +325,8 @@ def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
 
 def _partitioned_read(c: _Compiler, node: Exchange, child: LogicalNode, bound: Any,
                       one_task: bool) -> PhysicalOperator | None:
-    """An exchange's map side fused into the read that feeds it (a join's, a groupby's or a
-    top-k's input straight from files): each read task partitions the rows it read, so no block
+    """An exchange's map side fused into the read that feeds it (a join's, a groupby's, a top-k's
+    or a shuffle's input straight from files): each read task partitions the rows it read, so no block
     crosses the store between the read and the map side, and no map task waits for a read's
     output. A partitioner that needs each row's global position (a random shuffle's, a
     round-robin repartition's: not ``position_free``) gets it where the source counts each read

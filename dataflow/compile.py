@@ -4,8 +4,9 @@ Each node becomes one operator; what is fused was decided by the optimizer (``ca
 never here, but for exchanges straight over a read, whose choice depends on the execution's
 options and the source: a small one runs whole in the one task that reads
 (``_whole_in_one_read``), a sort samples a key-only read, then partitions as it reads
-(``_sampled_read``), and a join, groupby, top-k or shuffle partitions as it reads
-(``_partitioned_read``). A ``FusedRead`` becomes one MapOperator whose tasks read and transform
+(``_sampled_read``), a join, groupby, top-k or shuffle partitions as it reads
+(``_partitioned_read``), and a hash or top-k exchange after map steps partitions in their tasks
+(``_partitioned_map``). A ``FusedRead`` becomes one MapOperator whose tasks read and transform
 in one go (``source=`` read tasks); a bare ``Read`` only reads; a ``MapStages`` reads its
 upstream's blocks.
 The last operator can count rows instead of producing blocks (``count()``), or write them to a
@@ -24,7 +25,7 @@ from dataflow.expressions import FilterExpr, WithColumns
 from dataflow.plan import Exchange, FusedRead, InputBlocks, Limit, LogicalNode, MapStages, Mix, Read, Union
 from dataflow.random_seed import StepSeed, compiling
 from dataflow.shuffle import RandomSample
-from engine.exchange import PartitionTransform, ReduceTransform, WholeExchangeTransform
+from engine.exchange import MappedPartitionTransform, PartitionTransform, ReduceTransform, WholeExchangeTransform
 from engine.operators.base import PhysicalOperator
 from engine.operators.exchange import (
     MERGE_FAN_IN,
@@ -200,7 +201,7 @@ def _exchange(c: _Compiler, node: Exchange) -> PhysicalOperator:
     inputs: list[PhysicalOperator | None] = []
     children: list[PhysicalOperator] = []
     for child, bound in zip(node.children if sampled is None else (), bounds, strict=True):
-        fused = _partitioned_read(c, node, child, bound, one_task)
+        fused = _partitioned_read(c, node, child, bound, one_task) or _partitioned_map(c, node, child, bound, one_task)
         inputs.append(fused)
         children.append(c.build(child) if fused is None else fused)
     if node.ordered_input:
@@ -358,6 +359,35 @@ def _partitioned_read(c: _Compiler, node: Exchange, child: LogicalNode, bound: A
         min_bundle_bytes=_read_bundle_bytes(c, child), output=OUTPUT_PARTITIONS,
     ))
     op.ordered_output = True  # map outputs reach the reduce in read order: the same result every run
+    return op
+
+
+def _partitioned_map(c: _Compiler, node: Exchange, child: LogicalNode, bound: Any,
+                     one_task: bool) -> PhysicalOperator | None:
+    """An exchange's map side fused into the tasks of the map steps that feed it (a join, a
+    groupby, a top-k after ``map_batches``...; ``MappedPartitionTransform``): their blocks are
+    partitioned where they are made, so none crosses the store to a map task of its own. For
+    the partitioners a row's keys alone place (``position_free``), not a sort's sampling, not
+    with ``max_errored_blocks``, and only for steps that run as plain CPU tasks (an actor pool's
+    or a GPU's time is not spent partitioning). An exchange that may run as one task over a
+    small input keeps its own map side unless the steps read a source known to be large."""
+    maps = child.maps if isinstance(child, FusedRead) else child if isinstance(child, MapStages) else None
+    if (maps is None or bound is None or not getattr(bound, "position_free", False) or node.sampler
+            or c.options.max_errored_blocks or maps.actor_pool is not None or maps.resources.num_gpus):
+        return None
+    if one_task:
+        sized = getattr(child.read.datasource, "decoded_bytes_at_most", None) if isinstance(child, FusedRead) else None
+        if sized is None or sized(c.options.small_exchange_bytes, guess_dictionaries=True) is not None:
+            return None
+    op = c.build(child)
+    if type(op) is not MapOperator or op.output != OUTPUT_BLOCKS:  # (as built today, never)
+        msg = f"{child.name} built as {type(op).__name__} ({op.output}), not a map of blocks"
+        raise AssertionError(msg)
+    label = f"{node.label}Map"
+    op.transform = MappedPartitionTransform(op.transform, PartitionTransform(label, bound))
+    op.output = OUTPUT_PARTITIONS
+    op.name = op.stats.name = f"{op.name}->{label}"
+    _emit_in_order(op)  # map outputs reach the reduce in input order: the same result every run
     return op
 
 

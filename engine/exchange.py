@@ -114,6 +114,32 @@ class PartitionTransform(TaskTransform):
             yield table
 
 
+class MappedPartitionTransform(TaskTransform):
+    """An exchange's map side run by the tasks of the map steps that feed it
+    (``read_parquet(...).map_batches(f).groupby(k)``): the steps' blocks are partitioned in the
+    task that made them instead of crossing the store to map tasks of their own. A step's error
+    names the step, a partitioning error the exchange, as when they run apart."""
+
+    def __init__(self, stages: TaskTransform, partition: PartitionTransform) -> None:
+        self.stages = stages
+        self.partition_transform = partition
+        self.name = f"{stages.name}->{partition.name}"
+
+    @property
+    def max_retries(self) -> int | None:  # type: ignore[override]
+        return self.stages.max_retries
+
+    def prepare(self) -> None:
+        self.stages.prepare()
+
+    def partition(self, blocks: Iterable[pa.Table], params: Any) -> Iterator[tuple[pa.Table, bytes]]:
+        return self.partition_transform.partition(self.stages(blocks, params), None)
+
+    def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
+        for table, _ in self.partition(blocks, params):
+            yield table
+
+
 class ReduceTransform(TaskTransform):
     """The reduce side: hands one task's slices to the reducer, side by side."""
 

@@ -69,6 +69,12 @@ def _files(rng: random.Random, table: pa.Table, folder: Path) -> dataflow.Datase
     return dataflow.read_parquet(str(folder))
 
 
+def _mapped(rng: random.Random, ds: dataflow.Dataset) -> dataflow.Dataset:
+    """``ds`` through a map step (batches of a random size): an exchange's map side then runs
+    in that step's tasks (``dataflow.compile._partitioned_map``)."""
+    return ds.map_batches(lambda batch: batch, batch_format="pyarrow", batch_size=rng.choice([None, 7, 500]))
+
+
 def _key(value: Any) -> tuple[int, Any]:
     """A total order over Python values with None and NaN (for comparing multisets of rows)."""
     if value is None:
@@ -124,6 +130,13 @@ def test_groupby_over_files_is_plain_pythons(mode, exchange, seed, tmp_path):
     _check_groupby(random.Random(1500 + seed), exchange, seed, lambda rng, table: _files(rng, table, tmp_path / "in"))
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_groupby_after_a_map_is_plain_pythons(mode, exchange, seed, tmp_path):
+    files = random.Random(seed).random() < 0.5
+    _check_groupby(random.Random(1700 + seed), exchange, seed, lambda rng, table: _mapped(
+        rng, _files(rng, table, tmp_path / "in") if files else _dataset(rng, table)))
+
+
 def _check_groupby(rng: random.Random, exchange: str, seed: int, source: Any) -> None:
     table = _table(rng, rng.choice([0, 1, 7, 300, 2000]), rng.choice(["int", "str", "float"]))
     keys = rng.choice([["k"], ["k", "k2"]])
@@ -164,6 +177,16 @@ def test_join_is_pyarrows_join(mode, exchange, seed):
 def test_join_over_files_is_pyarrows_join(mode, exchange, seed, tmp_path):
     joined = _check_join(random.Random(2500 + seed), seed, lambda rng, table, side: _files(rng, table, tmp_path / side))
     assert joined.stats().count("ReadParquet->Join") == 2, joined.stats()  # partitioned as read
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_join_after_maps_is_pyarrows_join(mode, exchange, seed, tmp_path):
+    def source(rng: random.Random, table: pa.Table, side: str) -> dataflow.Dataset:
+        ds = _files(rng, table, tmp_path / side) if side == "left" else _dataset(rng, table)
+        # (an empty side's columns must be known from its plan for an outer join: no map step)
+        return _mapped(rng, ds) if table.num_rows else ds
+
+    _check_join(random.Random(2700 + seed), seed, source)
 
 
 def _check_join(rng: random.Random, seed: int, source: Any) -> dataflow.Dataset:
@@ -229,6 +252,11 @@ def test_top_k_and_map_groups_are_plain_pythons(mode, exchange, seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_top_k_and_map_groups_over_files_are_plain_pythons(mode, exchange, seed, tmp_path):
     _check_top_k_and_map_groups(random.Random(4500 + seed), seed, lambda rng, table: _files(rng, table, tmp_path / "in"))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_top_k_and_map_groups_after_a_map_are_plain_pythons(mode, exchange, seed):
+    _check_top_k_and_map_groups(random.Random(4700 + seed), seed, lambda rng, table: _mapped(rng, _dataset(rng, table)))
 
 
 def _check_top_k_and_map_groups(rng: random.Random, seed: int, source: Any) -> None:

@@ -185,3 +185,62 @@ def test_a_shuffle_over_files_with_a_corrupt_footer_fails_naming_the_file(mode, 
     (folder / "part-99.parquet").write_bytes(b"PAR1" + b"not a footer" * 8)
     with dataflow.options(small_exchange_bytes=0), pytest.raises(FileFormatError, match=r"part-99\.parquet"):
         dataflow.read_parquet(str(folder)).random_shuffle(seed=1).take_all()
+
+
+def _doubled(batch: dict) -> dict:
+    batch["v2"] = batch["v"] * 2
+    return batch
+
+
+def test_an_exchange_after_map_steps_partitions_in_their_tasks(mode, sides):
+    """A groupby, a join or a top-k after ``map_batches`` partitions in the map's own tasks
+    (``ReadParquet->MapBatches(_doubled)->Aggregate[key]Map``): the rows of the plain path,
+    where the map's blocks go through the store to map tasks of their own."""
+    left, right, left_dir, right_dir = sides
+    with dataflow.options(small_exchange_bytes=0):
+        grouped = dataflow.read_parquet(left_dir).map_batches(_doubled).groupby("key").aggregate(Sum("v2"), Count())
+        got = {r["key"]: (round(r["sum(v2)"], 9), r["count()"]) for r in grouped.take_all()}
+        assert "ReadParquet->MapBatches(_doubled)->Aggregate[key]Map" in grouped.stats(), grouped.stats()
+        plain = dataflow.read_parquet(left_dir).map_batches(_doubled).materialize().groupby("key").aggregate(
+            Sum("v2"), Count())
+        assert got == {r["key"]: (round(r["sum(v2)"], 9), r["count()"]) for r in plain.take_all()}
+        assert "Operator 1 Aggregate[key]Map" in plain.stats(), plain.stats()
+        top = dataflow.read_parquet(left_dir).map_batches(_doubled).sort("v2", descending=True).limit(7)
+        want = left.take(pc.sort_indices(left, sort_keys=[("v", "descending")]))["s"].to_pylist()[:7]
+        assert [r["s"] for r in top.take_all()] == want
+        assert "MapBatches(_doubled)->TopK[7]Map" in top.stats(), top.stats()
+    joined = dataflow.read_parquet(left_dir).map_batches(_doubled).join(
+        dataflow.read_parquet(right_dir).filter(expr="w >= 0"), "inner", on=("key",))
+    rows = joined.take_all()
+    assert sorted(r["s"] for r in rows) == sorted(left.join(right, "key", join_type="inner")["s"].to_pylist())
+    assert all(r["v2"] == r["v"] * 2 for r in rows)
+    assert "MapBatches(_doubled)->Join[inner]Map" in joined.stats(), joined.stats()
+    assert [r["s"] for r in joined.take_all()] == [r["s"] for r in rows]  # the same order on every run
+
+
+def _fails_on_row_7(batch: dict) -> dict:
+    if 7 in batch["key"]:
+        raise KeyError("no seven")
+    return batch
+
+
+class _Identity:
+    def __call__(self, batch: dict) -> dict:
+        return batch
+
+
+def test_what_a_fused_map_side_keeps_apart(mode, sides):
+    """A step's own error still names the step and keeps its type; an actor pool's steps keep a
+    map side of their own (its actors' time is not spent partitioning); a small input may still
+    go to one task whole."""
+    _, _, left_dir, right_dir = sides
+    with dataflow.options(small_exchange_bytes=0):
+        with pytest.raises(KeyError, match="no seven") as info:
+            dataflow.read_parquet(left_dir).map_batches(_fails_on_row_7).groupby("key").count().take_all()
+        assert "_fails_on_row_7" in str(info.value), str(info.value)
+        pooled = dataflow.read_parquet(left_dir).map_batches(_Identity, concurrency=1).groupby("key").count()
+        assert len(pooled.take_all()) == 3_000
+        assert "Operator 2 Aggregate[key]Map" in pooled.stats(), pooled.stats()
+    small = dataflow.read_parquet(right_dir).map_batches(lambda batch: batch).groupby("key").count()
+    assert len(small.take_all()) == 1_500
+    assert "->Aggregate" not in small.stats() and "Aggregate[key]: 1 tasks" in small.stats(), small.stats()

@@ -124,6 +124,10 @@ class MappedPartitionTransform(TaskTransform):
         self.stages = stages
         self.partition_transform = partition
         self.name = f"{stages.name}->{partition.name}"
+        self.chunk_bytes = int(getattr(stages, "target_block_bytes", 128 << 20))
+        """The steps' blocks are partitioned this many bytes at a time, each chunk a partitioned
+        block of its own: a step that makes far more than it reads (a ``flat_map``) is never
+        held whole in the task."""
 
     @property
     def max_retries(self) -> int | None:  # type: ignore[override]
@@ -133,7 +137,16 @@ class MappedPartitionTransform(TaskTransform):
         self.stages.prepare()
 
     def partition(self, blocks: Iterable[pa.Table], params: Any) -> Iterator[tuple[pa.Table, bytes]]:
-        return self.partition_transform.partition(self.stages(blocks, params), None)
+        chunk: list[pa.Table] = []
+        size = 0
+        for table in self.stages(blocks, params):
+            chunk.append(table)
+            size += table.nbytes
+            if size >= self.chunk_bytes:
+                yield from self.partition_transform.partition(chunk, None)
+                chunk, size = [], 0
+        if chunk:
+            yield from self.partition_transform.partition(chunk, None)
 
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
         for table, _ in self.partition(blocks, params):

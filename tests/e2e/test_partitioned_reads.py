@@ -244,3 +244,25 @@ def test_what_a_fused_map_side_keeps_apart(mode, sides):
     small = dataflow.read_parquet(right_dir).map_batches(lambda batch: batch).groupby("key").count()
     assert len(small.take_all()) == 1_500
     assert "->Aggregate" not in small.stats() and "Aggregate[key]: 1 tasks" in small.stats(), small.stats()
+
+
+def _explode(row: dict) -> list[dict]:
+    return [{"k": (row["id"] * 7 + j) % 101, "v": float(j), "pad": "x" * 200} for j in range(2_000)]
+
+
+def test_steps_that_make_far_more_than_they_read_are_partitioned_a_chunk_at_a_time(mode):
+    """A ``flat_map`` before a groupby: its task partitions (and here pre-aggregates) one
+    target block's worth at a time instead of holding its whole output (each of 4 tasks makes
+    ~4.6 MB; with 1 MiB blocks, 101 groups per chunk come out of each of several chunks)."""
+    with dataflow.options(small_exchange_bytes=0, target_max_block_size=1 << 20):
+        ds = dataflow.range(40, override_num_blocks=4).flat_map(_explode).groupby("k").aggregate(Sum("v"), Count())
+        got = sorted((r["k"], r["sum(v)"], r["count()"]) for r in ds.take_all())
+        stats = ds.stats()
+    want: dict[int, list[float]] = {}
+    for i in range(40):
+        for row in _explode({"id": i}):
+            want.setdefault(row["k"], []).append(row["v"])
+    assert got == sorted((k, sum(v), len(v)) for k, v in want.items())
+    assert "ReadRange->FlatMap(_explode)->Aggregate[k]Map: 4 tasks" in stats, stats
+    chunks = int(stats.split("Aggregate[k]Map: 4 tasks, ")[1].split(" rows")[0]) // 101
+    assert chunks >= 8, stats  # at least two chunks a task, each with its own partial groups

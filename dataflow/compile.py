@@ -368,12 +368,13 @@ def _partitioned_map(c: _Compiler, node: Exchange, child: LogicalNode, bound: An
     groupby, a top-k after ``map_batches``...; ``MappedPartitionTransform``): their blocks are
     partitioned where they are made, so none crosses the store to a map task of its own. For
     the partitioners a row's keys alone place (``position_free``), not a sort's sampling, not
-    with ``max_errored_blocks``, and only for steps that run as plain CPU tasks (an actor pool's
-    or a GPU's time is not spent partitioning). An exchange that may run as one task over a
+    with ``max_errored_blocks``, and only for steps that run as plain CPU tasks (an actor pool's,
+    a GPU's or a custom resource's time is not spent partitioning). An exchange that may run as one task over a
     small input keeps its own map side unless the steps read a source known to be large."""
     maps = child.maps if isinstance(child, FusedRead) else child if isinstance(child, MapStages) else None
     if (maps is None or bound is None or not getattr(bound, "position_free", False) or node.sampler
-            or c.options.max_errored_blocks or maps.actor_pool is not None or maps.resources.num_gpus):
+            or c.options.max_errored_blocks or maps.actor_pool is not None or maps.resources.num_gpus
+            or maps.resources.custom):
         return None
     if one_task:
         sized = getattr(child.read.datasource, "decoded_bytes_at_most", None) if isinstance(child, FusedRead) else None

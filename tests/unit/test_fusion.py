@@ -188,3 +188,20 @@ def test_planning_a_small_sort_reads_each_footer_once(tmp_path, monkeypatch):
     assert sorted(reads) == sorted(str(p) for p in tmp_path.glob("*.parquet"))
     compile_plan(plan, ExecutionOptions())
     assert len(reads) == 8
+
+
+def test_an_exchange_s_map_side_fuses_into_plain_cpu_map_steps_only():
+    """A groupby after a plain task map partitions in the map's tasks; after an actor pool, GPU
+    steps or steps holding a custom resource it keeps a map side of its own (with
+    ``small_exchange_bytes=0``, so the one-task path for small input is out of the way)."""
+    def names(ds) -> list[str]:
+        ops = compile_plan(optimize(ds._plan), ExecutionOptions(num_cpus=2, small_exchange_bytes=0))
+        return [op.name for op in ops]
+
+    base = dataflow.range(10)
+    assert names(base.map_batches(same).groupby("id").count()) == [
+        "ReadRange->MapBatches(same)->Aggregate[id]Map", "Aggregate[id]"]
+    for steps in (base.map_batches(Model, concurrency=1), base.map_batches(same, num_gpus=1),
+                  base.map_batches(same, resources={"TPU": 1})):
+        got = names(steps.groupby("id").count())
+        assert got[-2:] == ["Aggregate[id]Map", "Aggregate[id]"], got

@@ -327,15 +327,15 @@ def _sampled_read(c: _Compiler, node: Exchange) -> PhysicalOperator | None:
 def _partitioned_read(c: _Compiler, node: Exchange, child: LogicalNode, bound: Any,
                       one_task: bool) -> PhysicalOperator | None:
     """An exchange's map side fused into the read that feeds it (a join's, a groupby's, a top-k's
-    or a shuffle's input straight from files): each read task partitions the rows it read, so no block
-    crosses the store between the read and the map side, and no map task waits for a read's
-    output. A partitioner that needs each row's global position (a random shuffle's, a
-    round-robin repartition's: not ``position_free``) gets it where the source counts each read
-    task's rows up front (``counted_read_tasks``; ``PositionedReadPartitionOperator``). None
-    where that does not apply: another input, a position the source cannot count, a sort's
-    sampling, failed reads that may be let go (an error while partitioning must fail the job,
-    not drop a read's rows), or an exchange that may run as one task over an input that is
-    probably small (the plain map side holds what arrives and gives it to one reduce task)."""
+    or a shuffle's input straight from files): each read task partitions the rows it read, so no
+    block crosses the store between the read and the map side, and no map task waits for a read's
+    output. A partitioner that needs each row's global position (a random shuffle's, a round-robin
+    repartition's: not ``position_free``) gets it where the source counts each read task's rows up
+    front (``counted_read_tasks``; ``PositionedReadPartitionOperator``). None where that does not
+    apply: another input, a position the source cannot count, a sort's sampling, failed reads that
+    may be let go (an error while partitioning must fail the job, not drop a read's rows), or an
+    exchange that may run as one task over an input that is probably small (the plain map side
+    holds what arrives and gives it to one reduce task)."""
     if not isinstance(child, Read) or bound is None or node.sampler or c.options.max_errored_blocks:
         return None
     sized = getattr(child.datasource, "decoded_bytes_at_most", None)
@@ -366,11 +366,12 @@ def _partitioned_map(c: _Compiler, node: Exchange, child: LogicalNode, bound: An
                      one_task: bool) -> PhysicalOperator | None:
     """An exchange's map side fused into the tasks of the map steps that feed it (a join, a
     groupby, a top-k after ``map_batches``...; ``MappedPartitionTransform``): their blocks are
-    partitioned where they are made, so none crosses the store to a map task of its own. For
-    the partitioners a row's keys alone place (``position_free``), not a sort's sampling, not
-    with ``max_errored_blocks``, and only for steps that run as plain CPU tasks (an actor pool's,
-    a GPU's or a custom resource's time is not spent partitioning). An exchange that may run as one task over a
-    small input keeps its own map side unless the steps read a source known to be large."""
+    partitioned where they are made, so none crosses the store to a map task of its own. For the
+    partitioners a row's keys alone place (``position_free``), not a sort's sampling, not with
+    ``max_errored_blocks``, and only for steps that run as plain CPU tasks (an actor pool's, a
+    GPU's or a custom resource's time is not spent partitioning). An exchange that may run as one
+    task over a small input keeps its own map side unless the steps read a source known to be
+    large."""
     maps = child.maps if isinstance(child, FusedRead) else child if isinstance(child, MapStages) else None
     if (maps is None or bound is None or not getattr(bound, "position_free", False) or node.sampler
             or c.options.max_errored_blocks or maps.actor_pool is not None or maps.resources.num_gpus

@@ -1,7 +1,8 @@
 """A join, a groupby, a top-k or a shuffle straight over files partitions in its read tasks
-(``ReadParquet->...Map``): they give the rows the separate read and map side give, errors still
-name the column, and what may drop a failed read, or needs row positions the source cannot count
-up front, keeps its own map side."""
+(``ReadParquet->...Map``), and a hash or top-k exchange after map steps in those steps' tasks:
+they give the rows the separate map side gives, errors still name the column or the step, and
+what may drop a failed read, needs row positions the source cannot count up front, or runs on
+an actor pool keeps its own map side."""
 
 from __future__ import annotations
 

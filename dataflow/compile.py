@@ -370,17 +370,15 @@ def _partitioned_map(c: _Compiler, node: Exchange, child: LogicalNode, bound: An
     partitioners a row's keys alone place (``position_free``), not a sort's sampling, not with
     ``max_errored_blocks``, and only for steps that run as plain CPU tasks (an actor pool's, a
     GPU's or a custom resource's time is not spent partitioning). An exchange that may run as one
-    task over a small input keeps its own map side unless the steps read a source known to be
-    large."""
+    task over a small input keeps its own map side unless the steps read more than that
+    (``_large_input``)."""
     maps = child.maps if isinstance(child, FusedRead) else child if isinstance(child, MapStages) else None
     if (maps is None or bound is None or not getattr(bound, "position_free", False) or node.sampler
             or c.options.max_errored_blocks or maps.actor_pool is not None or maps.resources.num_gpus
             or maps.resources.custom):
         return None
-    if one_task:
-        sized = getattr(child.read.datasource, "decoded_bytes_at_most", None) if isinstance(child, FusedRead) else None
-        if sized is None or sized(c.options.small_exchange_bytes, guess_dictionaries=True) is not None:
-            return None
+    if one_task and not _large_input(c, child):
+        return None
     op = c.build(child)
     if type(op) is not MapOperator or op.output != OUTPUT_BLOCKS:  # (as built today, never)
         msg = f"{child.name} built as {type(op).__name__} ({op.output}), not a map of blocks"
@@ -391,6 +389,19 @@ def _partitioned_map(c: _Compiler, node: Exchange, child: LogicalNode, bound: An
     op.name = op.stats.name = f"{op.name}->{label}"
     _emit_in_order(op)  # map outputs reach the reduce in input order: the same result every run
     return op
+
+
+def _large_input(c: _Compiler, child: FusedRead | MapStages) -> bool:
+    """Whether map steps read more than ``small_exchange_bytes``, as far as can be told before
+    they run: from the footers of the source they read, or the sizes of the blocks of a
+    materialized dataset."""
+    limit = c.options.small_exchange_bytes
+    if isinstance(child, FusedRead):
+        sized = getattr(child.read.datasource, "decoded_bytes_at_most", None)
+        return sized is not None and sized(limit, guess_dictionaries=True) is None
+    if isinstance(child.input, InputBlocks):
+        return sum(getattr(ref, "size_bytes", 0) or 0 for ref in child.input.refs) > limit
+    return False
 
 
 def _emit_in_order(op: PhysicalOperator) -> None:

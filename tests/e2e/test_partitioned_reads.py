@@ -267,3 +267,14 @@ def test_steps_that_make_far_more_than_they_read_are_partitioned_a_chunk_at_a_ti
     assert "ReadRange->FlatMap(_explode)->Aggregate[k]Map: 4 tasks" in stats, stats
     chunks = int(stats.split("Aggregate[k]Map: 4 tasks, ")[1].split(" rows")[0]) // 101
     assert chunks >= 8, stats  # at least two chunks a task, each with its own partial groups
+
+
+def test_a_groupby_after_steps_over_a_large_materialized_dataset_partitions_in_their_tasks(mode):
+    """With the default options a groupby may run as one task over a small input; steps over a
+    materialized dataset past ``small_exchange_bytes`` (8 MiB) say it is not small, so the
+    groupby partitions in their tasks; under that, the one task it was."""
+    for rows, fused in ((1_500_000, True), (100_000, False)):  # 12 MB and 0.8 MB of int64
+        stored = dataflow.range(rows, override_num_blocks=6).materialize()
+        ds = stored.map_batches(lambda batch: {"k": batch["id"] % 10, "id": batch["id"]}).groupby("k").count()
+        assert sorted((r["k"], r["count()"]) for r in ds.take_all()) == [(k, rows // 10) for k in range(10)]
+        assert ("MapBatches(<lambda>)->Aggregate[k]Map" in ds.stats()) is fused, ds.stats()

@@ -338,8 +338,7 @@ def _partitioned_read(c: _Compiler, node: Exchange, child: LogicalNode, bound: A
     holds what arrives and gives it to one reduce task)."""
     if not isinstance(child, Read) or bound is None or node.sampler or c.options.max_errored_blocks:
         return None
-    sized = getattr(child.datasource, "decoded_bytes_at_most", None)
-    if one_task and (sized is None or sized(c.options.small_exchange_bytes, guess_dictionaries=True) is not None):
+    if one_task and not _large_input(c, child):
         return None
     label = f"{node.label}Map"
     if not getattr(bound, "position_free", False):
@@ -391,15 +390,17 @@ def _partitioned_map(c: _Compiler, node: Exchange, child: LogicalNode, bound: An
     return op
 
 
-def _large_input(c: _Compiler, child: FusedRead | MapStages) -> bool:
-    """Whether map steps read more than ``small_exchange_bytes``, as far as can be told before
-    they run: from the footers of the source they read, or the sizes of the blocks of a
-    materialized dataset."""
+def _large_input(c: _Compiler, child: Read | FusedRead | MapStages) -> bool:
+    """Whether a read, or map steps, take in more than ``small_exchange_bytes``, as far as can
+    be told before they run: from the source's footers (``decoded_bytes_at_most``: large when
+    they cannot bound it; a source without that measure counts as small), or the sizes of a
+    materialized dataset's blocks."""
     limit = c.options.small_exchange_bytes
-    if isinstance(child, FusedRead):
-        sized = getattr(child.read.datasource, "decoded_bytes_at_most", None)
+    read = child if isinstance(child, Read) else child.read if isinstance(child, FusedRead) else None
+    if read is not None:
+        sized = getattr(read.datasource, "decoded_bytes_at_most", None)
         return sized is not None and sized(limit, guess_dictionaries=True) is None
-    if isinstance(child.input, InputBlocks):
+    if isinstance(child, MapStages) and isinstance(child.input, InputBlocks):
         return sum(getattr(ref, "size_bytes", 0) or 0 for ref in child.input.refs) > limit
     return False
 

@@ -373,6 +373,8 @@ class Execution:
                 self.fail(_user_error(op, result))
                 return
             result = TaskResult(result.task_id)  # its output is dropped; it finished with none
+        if result.read_pages:
+            self._give_back_read_pages(op, pending.bundle, result)
         for value in pending.bundle:
             self.release_input(value, op)
         if op.output == "count":
@@ -399,6 +401,23 @@ class Execution:
             for ref in refs:
                 op.emit(ref)
         self.route()
+
+    def _give_back_read_pages(self, op: MapOperator, bundle: list[Any], result: TaskResult) -> None:
+        """The task is done with its slices of spilled map outputs: the pages only their rows
+        occupy go back now, not when the block's last slice is read (``engine.row_pages``).
+        Only for blocks this execution owns, whose other slices are still to be read (the last
+        slice's release frees the whole file)."""
+        punch = getattr(self.store, "punch", None)
+        if punch is None:
+            return
+        for position, pages in result.read_pages.items():
+            piece = bundle[position] if position < len(bundle) else None
+            if not isinstance(piece, BlockSlice) or piece.ref.path is None or not piece.ref.spilled:
+                continue
+            ref = piece.ref
+            if ref.block_id in self._owner and ref.block_id not in self.borrowed and op.slices_left(ref.block_id) > 1:
+                punch(ref.path, pages)
+                op.stats.pages_given_back += sum(length for _, length in pages)
 
     def _error_tolerated(self, op: MapOperator, result: TaskResult) -> bool:
         """The failed task's error is one of the ``max_errored_blocks`` this execution may

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from engine.errors import ObjectStoreFullError
 from engine.file_reaper import FileReaper, unlink_freed, unlink_quietly
+from engine.row_pages import Ranges, punch, slice_pages
 from engine.spare_files import SPARE_MIN_BYTES
 
 
@@ -102,6 +103,11 @@ class BlockStore:
 
     def free(self, ref: BlockRef) -> None:
         raise NotImplementedError
+
+    def get_slice_pages(self, piece: BlockSlice) -> tuple[pa.Table, Ranges]:
+        """A slice's rows, and the pages of its block's file that hold them alone
+        (``engine.row_pages``): none here, where blocks are not files."""
+        return self.get(piece.ref).slice(piece.offset, piece.length), ()
 
 
 class SharedMemoryStore(BlockStore):
@@ -188,6 +194,16 @@ class SharedMemoryStore(BlockStore):
         never a change other readers could see.
         """
         return read_block(ref)
+
+    def get_slice_pages(self, piece: BlockSlice) -> tuple[pa.Table, Ranges]:
+        return read_slice_pages(piece)
+
+    def punch(self, path: str, ranges: Ranges) -> None:
+        """Give back the pages of ``ranges`` of a block file nobody will read them from again."""
+        if self.reaper is not None:
+            self.reaper.punch(path, ranges)
+        else:
+            punch(path, ranges)
 
     def free(self, ref: BlockRef) -> None:
         if ref.path is not None:  # (a block held in its ref goes with the ref)
@@ -337,7 +353,25 @@ def read_block(ref: BlockRef) -> pa.Table:
             "under the mode that reads it"
         )
         raise KeyError(msg)
-    fd = os.open(ref.path, os.O_RDONLY)  # (not open(): a buffered file object costs more than the read)
+    return pa.ipc.RecordBatchFileReader(_file_buffer(ref.path)).read_all()
+
+
+def read_slice_pages(piece: BlockSlice) -> tuple[pa.Table, Ranges]:
+    """A slice's rows (as ``read_block(piece.ref).slice(...)``) and the pages of its block's
+    file that hold those rows alone (``engine.row_pages``; none for a block not in a mapped file)."""
+    ref = piece.ref
+    if ref.data is not None or ref.path is None:
+        return read_block(ref).slice(piece.offset, piece.length), ()
+    buffer = _file_buffer(ref.path)
+    rows = pa.ipc.RecordBatchFileReader(buffer).read_all().slice(piece.offset, piece.length)
+    if buffer.size <= SMALL_BLOCK_BYTES:  # read into private memory, not mapped: nothing to give back
+        return rows, ()
+    return rows, slice_pages(rows, buffer.address, buffer.size)
+
+
+def _file_buffer(path: str) -> pa.Buffer:
+    """A block file's bytes: mapped copy-on-write, or read into private memory when small."""
+    fd = os.open(path, os.O_RDONLY)  # (not open(): a buffered file object costs more than the read)
     try:
         size = os.fstat(fd).st_size
         if size <= SMALL_BLOCK_BYTES:
@@ -346,14 +380,12 @@ def read_block(ref: BlockRef) -> pa.Table:
             while done < size:
                 n = os.readv(fd, [view[done:]])
                 if n == 0:
-                    raise OSError(f"block file {ref.path} ended after {done} of {size} bytes")
+                    raise OSError(f"block file {path} ended after {done} of {size} bytes")
                 done += n
-            buffer = pa.py_buffer(data)
-        else:
-            buffer = pa.py_buffer(mmap.mmap(fd, 0, access=mmap.ACCESS_COPY))
+            return pa.py_buffer(data)
+        return pa.py_buffer(mmap.mmap(fd, 0, access=mmap.ACCESS_COPY))
     finally:
         os.close(fd)
-    return pa.ipc.RecordBatchFileReader(buffer).read_all()
 
 
 class MemoryStore(BlockStore):

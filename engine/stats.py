@@ -86,6 +86,7 @@ class ExecutionStats:
                     "retried": s.tasks_retried,
                     "merges": s.merges,
                     "sampling_tasks": s.sampling_tasks,
+                    "pages_given_back": s.pages_given_back,
                     "failed": s.tasks_failed,
                     "worker_deaths": list(s.worker_deaths),
                     "waits": dict(s.waits),
@@ -110,6 +111,8 @@ class ExecutionStats:
                 lines.append(f"    merged its map outputs in {s.merges} tasks while the map tasks ran")
             if s.sampling_tasks:
                 lines.append(f"    {s.sampling_tasks} of its tasks read the sort key columns alone first, to fit the ranges")
+            if s.pages_given_back:
+                lines.append(f"    gave back {format_bytes(s.pages_given_back)} of spilled map outputs as its tasks read them")
             if s.tasks_retried:
                 lines.append(f"    retried {s.tasks_retried} tasks after worker deaths")
             for death in s.worker_deaths[:5]:

@@ -68,6 +68,10 @@ class TaskSpec:
     sampler: Any = None
     """For a task whose blocks feed a sort: called on each output block, its result rides on
     the block's ref (``BlockRef.sample``)."""
+    read_pages: bool = False
+    """Report the pages of spilled block files that hold only the rows of the slices this
+    task reads (``TaskResult.read_pages``): an exchange's reduce task, whose slices nobody else
+    reads, so the driver can give them back once it is done (``engine.row_pages``)."""
 
 
 @dataclass
@@ -112,6 +116,9 @@ class TaskResult:
     """What the task's readers and writers did (``connectors.io_stats`` deltas, non-zero only)."""
     rows_skipped: dict[str, int] = field(default_factory=dict)
     """Rows its ``on_error="skip"`` stages dropped, per exception type."""
+    read_pages: dict[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    """With ``TaskSpec.read_pages``: by position in ``inputs``, the (offset, length) page
+    ranges of a spilled slice's file that hold its rows alone."""
 
 
 def _io_counters() -> dict[str, int]:
@@ -201,12 +208,18 @@ def _read(item: Any) -> Iterator[pa.Table]:
         raise UDFFailure("Read", err, where) from err
 
 
-def _input_blocks(spec: TaskSpec, store: BlockStore) -> Iterator[pa.Table]:
-    for item in spec.inputs:
+def _input_blocks(spec: TaskSpec, store: BlockStore, result: TaskResult | None = None) -> Iterator[pa.Table]:
+    for position, item in enumerate(spec.inputs):
         if isinstance(item, BlockRef):
             yield store.get(item)
         elif isinstance(item, BlockSlice):
-            yield store.get(item.ref).slice(item.offset, item.length)
+            if spec.read_pages and item.ref.spilled and result is not None:
+                rows, pages = store.get_slice_pages(item)
+                if pages:
+                    result.read_pages[position] = pages
+                yield rows
+            else:
+                yield store.get(item.ref).slice(item.offset, item.length)
         else:
             row_errors.note_input_files(_files_of(item))
             yield from _read(item)
@@ -332,7 +345,7 @@ def _run_task_in_scope(spec: TaskSpec, transform: TaskTransform, store: BlockSto
         elif spec.output == OUTPUT_WRITE:
             from connectors.base import TaskContext
 
-            counted = _counting(transform(_input_blocks(spec, store), spec.params), result)
+            counted = _counting(transform(_input_blocks(spec, store, result), spec.params), result)
             try:
                 ctx = TaskContext(spec.task_index, spec.attempt, unit=common_unit(spec.inputs))
                 result.value = spec.sink.write(counted, ctx)
@@ -350,7 +363,7 @@ def _run_task_in_scope(spec: TaskSpec, transform: TaskTransform, store: BlockSto
                 result.size_bytes += ref.size_bytes
             result.refs = written
         else:
-            for block in transform(_input_blocks(spec, store), spec.params):
+            for block in transform(_input_blocks(spec, store, result), spec.params):
                 ref = store.put(block, spill=_spills(spec, in_shm))
                 in_shm += 0 if ref.spilled else ref.size_bytes
                 if spec.sampler is not None:
@@ -364,6 +377,7 @@ def _run_task_in_scope(spec: TaskSpec, transform: TaskTransform, store: BlockSto
         for ref in written:
             store.free(ref)
         result.refs = []
+        result.read_pages = {}
         result.error = describe_error(err)
         result.error.input_files = skips.input_files
     row_errors.stop()

@@ -45,6 +45,9 @@ class OpStats:
     """Pushed merges an exchange's reduce ran while its map tasks did (not in ``tasks``)."""
     sampling_tasks: int = 0
     """Tasks of a sort's map side that read the key columns alone to fit the ranges (in ``tasks``)."""
+    pages_given_back: int = 0
+    """Bytes of spilled map outputs an exchange's reduce gave back as its tasks read them,
+    before their files were freed whole (``engine.row_pages``)."""
     rows_skipped: int = 0
     """Rows its ``on_error="skip"`` steps dropped because the UDF raised on them."""
     blocks_errored: int = 0
@@ -115,6 +118,10 @@ class PhysicalOperator:
         """This operator is done with ``piece`` (a slice of a block); True when no other slice
         of the block remains queued or running here (the block may then be released)."""
         return True
+
+    def slices_left(self, block_id: str) -> int:
+        """Slices of the block still queued or running here (1 for a block it does not cut)."""
+        return 1
 
     def upstream_finished(self, index: int) -> None:
         self._upstream_done.add(index)

@@ -409,6 +409,8 @@ class ReduceOperator(MapOperator):
             sink=self.sink,
             task_index=next(self._planned_tasks),
             params=params,
+            # map outputs are read by their slices alone: each one's pages can go once it is read
+            read_pages=self.grouping == BY_PARTITIONS,
         )
         pending = Pending(spec, bundle, size, time.monotonic())
         self.pending[spec.task_id] = pending

@@ -403,6 +403,9 @@ class MapOperator(PhysicalOperator):
         self._queued_rows -= take
         return head
 
+    def slices_left(self, block_id: str) -> int:
+        return self._slices.get(block_id, 1)
+
     def release_slice(self, piece: BlockSlice) -> bool:
         """A task is done with ``piece``; True when no other slice of its block remains."""
         left = self._slices.get(piece.ref.block_id, 1) - 1

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -1080,6 +1083,86 @@ def test_out_of_core_at_three_times_the_store(step, warm, fresh_engine, tmp_path
         assert stats["spilled_bytes"] > 32 * MiB  # the map outputs went to disk...
     assert stats["store_peak"] <= 32 * MiB + 8 * MiB  # ...and shared memory stayed near its capacity
     assert [f for f in os.listdir(executor.store.spill_dir) if f.endswith(".arrow")] == []  # nothing left behind
+
+
+def _payload(batch):
+    n = len(batch["id"])
+    rng = np.random.default_rng(int(batch["id"][0]) if n else 0)
+    letters = rng.integers(97, 123, (n, 2000), dtype=np.uint8)
+    return {"id": batch["id"], "k": batch["id"] % 97, "s": [row.tobytes().decode() for row in letters]}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("step", ["sort", "join"])
+def test_spilled_map_outputs_give_back_each_slice_as_it_is_read(step, fresh_engine):
+    """Each reduce task reads one slice of every spilled map output; once it is done, the pages
+    only that slice's rows occupy are punched out (``engine.row_pages``), not kept until the
+    block's last slice is read: the answer is the same, and the stats say how much went back."""
+    from engine import row_pages, session
+
+    if not row_pages.can_punch():
+        pytest.skip("no fallocate(PUNCH_HOLE) here")
+    dataflow.init(execution_mode="streaming", num_cpus=2, object_store_memory=32 * MiB)
+    ds = dataflow.range(48_000, override_num_blocks=48).map_batches(_payload)  # ~96 MiB of strings
+    if step == "sort":
+        out = ds.sort("k", descending=True)
+        checked = out.take_all()
+        assert [(r["k"], r["id"]) for r in checked] == sorted(((i % 97, i) for i in range(48_000)), key=lambda t: -t[0])
+    else:
+        right = dataflow.range(48_000, override_num_blocks=4).map_batches(lambda b: {"id": b["id"], "w": b["id"] * 2})
+        out = ds.join(right, "inner", on=("id",))
+        checked = out.take_all()
+        assert all(r["w"] == 2 * r["id"] for r in checked)
+    expected = {}
+    for start in range(0, 48_000, 1000):  # the strings, made again as the blocks of 1,000 rows made them
+        expected.update(zip(range(start, start + 1000), _payload({"id": np.arange(start, start + 1000)})["s"]))
+    assert sorted(r["id"] for r in checked) == list(range(48_000))
+    assert all(r["s"] == expected[r["id"]] for r in checked)
+    given = re.search(r"gave back ([\d.]+) MiB of spilled map outputs", out.stats())
+    assert given is not None and float(given.group(1)) > 16, out.stats()
+    executor = session.current_session().executor
+    executor.sync()
+    assert [f for f in os.listdir(executor.store.spill_dir) if f.endswith(".arrow")] == []
+
+
+def _groups_killing_once(marker: str):
+    driver = os.getpid()  # (by value: the closure travels to the worker)
+
+    def udf(group):
+        if group["k"][0] == 13 and os.getpid() != driver and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"k": group["k"][:1], "ids": [sorted(group["id"].tolist())],
+                "digest": [hashlib.sha256("".join(group["s"]).encode()).hexdigest()]}
+
+    return udf
+
+
+@pytest.mark.timeout(240)
+def test_a_reduce_task_killed_after_others_gave_their_pages_back_reads_its_slices_whole(fresh_engine, tmp_path):
+    """Reduce tasks that finished punched their slices' pages out of the shared map outputs; one
+    killed after reading its own slices runs again and reads them as they were: its pages go
+    only once a run of it is done."""
+    from engine import row_pages, session
+
+    if not row_pages.can_punch():
+        pytest.skip("no fallocate(PUNCH_HOLE) here")
+    dataflow.init(execution_mode="streaming", num_cpus=2, object_store_memory=32 * MiB)
+    assert session.current_session().executor.wait_for_workers()
+    marker = str(tmp_path / "killed")
+    ds = dataflow.range(48_000, override_num_blocks=48).map_batches(_payload)
+    out = ds.groupby("k").map_groups(_groups_killing_once(marker), batch_format="numpy")
+    rows = {r["k"]: r for r in out.take_all()}
+    assert os.path.exists(marker), "the worker was never killed"
+    expected = {}
+    for start in range(0, 48_000, 1000):
+        expected.update(zip(range(start, start + 1000), _payload({"id": np.arange(start, start + 1000)})["s"]))
+    for k in range(97):
+        ids = list(range(k, 48_000, 97))
+        assert list(rows[k]["ids"]) == ids
+        assert rows[k]["digest"] == hashlib.sha256("".join(expected[i] for i in ids).encode()).hexdigest(), k
+    stats = out.stats()
+    assert "retried 1 tasks" in stats and "gave back" in stats, stats
 
 
 def _slow_identity(batch):

@@ -200,10 +200,11 @@ def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
     """The stable sort order of ``table`` on ``key`` (nulls last, as ``pc.sort_indices`` with
     ``at_end``). A single integer key with no nulls whose span is past counting range is sorted
     as one unsigned 64-bit word per row, its offset in the span above its row number, when the
-    two fit (``packed_order``), except that without numpy's vectorized sort (``vectorized_sort``)
-    a span of at most 32 bits over at most ``RADIX_MAX_ROWS`` rows goes to two 16-bit counting
-    passes (``radix_order``); any other integer key by polars' stable arg_sort, every other key
-    by Arrow. All run on one thread: a task is one CPU's work.
+    two fit (``packed_order``), except that a span of at most 16 bits goes to one 16-bit
+    counting pass, and without numpy's vectorized sort (``vectorized_sort``) a span of at most
+    32 bits over at most ``RADIX_MAX_ROWS`` rows to two (``radix_order``); any other integer key
+    by polars' stable arg_sort, every other key by Arrow. All run on one thread: a task is one
+    CPU's work.
 
     Measured on this machine (one thread, AVX-512, median of 21; the packed words sorted by
     numpy, or by polars as where numpy's sort is not vectorized):
@@ -223,8 +224,8 @@ def sort_indices(table: pa.Table, key: SortKey) -> pa.Array | np.ndarray:
             low, high = pc.min_max(column).values()
             if low.is_valid and high.as_py() - low.as_py() > COUNTING_SORT_RANGE:
                 span = high.as_py() - low.as_py()
-                if (column.null_count == 0 and span.bit_length() <= 32 and len(column) <= RADIX_MAX_ROWS
-                        and not vectorized_sort()):
+                if column.null_count == 0 and (span.bit_length() <= 16 or (
+                        span.bit_length() <= 32 and len(column) <= RADIX_MAX_ROWS and not vectorized_sort())):
                     return radix_order(column.to_numpy(), low.as_py(), high.as_py(), key.descending[0])
                 if column.null_count == 0 and span.bit_length() + _row_bits(len(column)) <= 64:
                     return packed_order(column.to_numpy(), low.as_py(), high.as_py(), key.descending[0])
@@ -293,8 +294,9 @@ def vectorized_sort() -> bool:
 def radix_order(values: np.ndarray, low: int, high: int, descending: bool) -> np.ndarray:
     """The stable order of integer ``values`` (in ``[low, high]``, a span of at most 32 bits,
     no nulls): a least-significant-digit radix sort of their offsets from ``low`` (from ``high``
-    when descending) in two 16-bit digits; numpy's stable argsort of uint16 is a counting sort,
-    linear in n."""
+    when descending) in two 16-bit digits, one when the span fits 16 bits; numpy's stable
+    argsort of uint16 is a counting sort, linear in n. One digit beats every other sort: 87k
+    keys spanning 21.7k values (a reduce task of the 4M-row sort) 0.9 ms, packed 4.0 ms."""
     assert (high - low).bit_length() <= 32
     wrapped = values.astype(np.uint64)  # arithmetic modulo 2**64: each true offset is below 2**32
     if descending:
@@ -302,6 +304,8 @@ def radix_order(values: np.ndarray, low: int, high: int, descending: bool) -> np
     else:
         offsets = (wrapped - np.uint64(low % (1 << 64))).astype(np.uint32)
     order = np.argsort(offsets.astype(np.uint16), kind="stable")
+    if (high - low).bit_length() <= 16:  # one digit: done
+        return order
     return order[np.argsort((offsets >> np.uint32(16)).astype(np.uint16)[order], kind="stable")]
 
 

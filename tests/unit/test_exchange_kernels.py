@@ -193,15 +193,17 @@ def test_key_order_fixes_keys_that_tie_in_their_packed_top_bits(n):
 @pytest.mark.parametrize("dtype", ["int64", "uint64", "int32"])
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("base", [0, -(1 << 40), 1 << 40])
-def test_keys_spanning_32_bits_or_less_sort_by_radix_as_argsort(dtype, descending, base):
+@pytest.mark.parametrize("bits", [16, 32])
+def test_keys_spanning_32_bits_or_less_sort_by_radix_as_argsort(dtype, descending, base, bits):
     """Keys whose span fits 32 bits (at the edge, wherever they start) are ordered by two
-    16-bit counting passes: the result is the stable argsort's, ties in row order."""
+    16-bit counting passes, or one when it fits 16 bits: the result is the stable argsort's,
+    ties in row order."""
     rng = np.random.default_rng(7)
     if dtype == "uint64":
         base = abs(base) + (1 << 63) if base else (1 << 64) - (1 << 32) - 1  # near the top of uint64
     elif dtype == "int32":
         base = -(1 << 31)
-    span = (1 << 32) - 1
+    span = (1 << bits) - 1
     offsets = rng.integers(0, span, 30_000, dtype=np.uint64, endpoint=True)
     offsets[:3] = (0, span, span)  # both ends, and a tie
     offsets[100:200] = offsets[5]

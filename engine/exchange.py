@@ -105,9 +105,21 @@ class PartitionTransform(TaskTransform):
         except Exception as err:
             raise UDFFailure(self.name, err) from err
         counts = np.bincount(parts, minlength=self.partitioner.num_partitions).astype("<u4")
-        if table.num_rows > 1 and np.any(parts[1:] < parts[:-1]):
-            table = table.take(grouping_order(parts, self.partitioner.num_partitions))
+        if table.num_rows > 1:
+            table = self._grouped(table, parts)
         yield table, counts.tobytes()
+
+    def _grouped(self, table: pa.Table, parts: np.ndarray) -> pa.Table:
+        """``table``'s rows grouped by partition: in the partitioner's own order when it has one
+        (``row_order``: a sort's map output sorted by key, which groups it by range too), else
+        stably by partition number; not moved when they already are."""
+        row_order = getattr(self.partitioner, "row_order", None)
+        order = row_order(table) if row_order is not None else None
+        if order is not None:
+            return table if bool(np.all(order[1:] > order[:-1])) else table.take(order)
+        if np.any(parts[1:] < parts[:-1]):
+            return table.take(grouping_order(parts, self.partitioner.num_partitions))
+        return table
 
     def __call__(self, blocks: Iterable[pa.Table], params: Any = None) -> Iterator[pa.Table]:
         for table, _ in self.partition(blocks, params):

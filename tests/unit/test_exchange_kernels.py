@@ -237,3 +237,41 @@ def test_keys_whose_span_fits_beside_the_row_numbers_sort_packed_as_argsort(dtyp
     order = packed_order(values, low, high, descending)
     want = np.argsort(-values.astype(object) if descending else values.astype(object), kind="stable")
     assert np.array_equal(order, want)
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("shape", ["narrow", "32 bits", "wide", "nulls", "already sorted"])
+def test_a_sorts_map_output_is_grouped_by_range_and_sorted_where_that_is_cheap(descending, shape):
+    """A sort's map task stores its rows grouped by range; for one integer key without nulls
+    spanning at most 32 bits, sorted by key (stably) as well, so each reduce task gathers from
+    sorted runs. Either way the counts describe the stored rows, and rows of a range keep their
+    input order among equal keys."""
+    from engine.exchange import PartitionTransform
+
+    rng = np.random.default_rng([descending, len(shape)])
+    n = 20_000
+    span = {"narrow": 30_000, "32 bits": (1 << 32) - 1, "wide": 1 << 50}.get(shape, 1 << 20)
+    keys = rng.integers(-(span // 2), span - span // 2, n, endpoint=True)
+    keys[::7] = keys[3]  # ties
+    if shape == "already sorted":
+        keys = np.sort(keys)[::-1].copy() if descending else np.sort(keys)
+    mask = rng.random(n) < 0.05 if shape == "nulls" else None
+    table = pa.table({"k": pa.array(keys, mask=mask), "row": np.arange(n)})
+    sort_key = SortKey.of("k", descending)
+    partitioner = RangePartitioner(sort_key)
+    partitioner.fit([partitioner.sample(table.slice(i, 2_000)) for i in range(0, n, 2_000)])
+    (out, counts), = PartitionTransform("SortMap", partitioner).partition([table], 0)
+    assert sorted(out.column("row").to_pylist()) == list(range(n))
+    _, parts = partitioner.assign(out, 0)
+    assert np.all(parts[1:] >= parts[:-1])  # grouped by range
+    assert np.array_equal(np.bincount(parts, minlength=partitioner.num_partitions), np.frombuffer(counts, "<u4"))
+    rows = out.column("row").to_numpy()
+    for p in np.unique(parts):  # equal keys of a range in input order
+        ks, rs = out.column("k").to_numpy(zero_copy_only=False)[parts == p], rows[parts == p]
+        for k in np.unique(ks[:50]):
+            assert np.all(np.diff(rs[ks == k]) > 0)
+    cheap = shape in ("narrow", "32 bits", "already sorted")
+    want = pc.sort_indices(table, sort_keys=sort_key.arrow()).to_numpy()
+    assert np.array_equal(rows, want) == cheap  # (grouped only: far from the full order)
+    if shape == "already sorted":
+        assert np.array_equal(rows, np.arange(n))

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from dataflow.random_seed import StepSeed
-from dataflow.sort import vectorized_sort
+from dataflow.sort import sort_words
 from engine.errors import ColumnNotFoundError
 from engine.exchange import FINE_PARTITIONS, concat
 
@@ -138,30 +138,23 @@ def key_order(keys: np.ndarray) -> np.ndarray:
     """The positions of ``keys`` (uint64) in ascending order, equal keys in their input order:
     ``np.argsort(keys, kind="stable")``, computed faster.
 
-    Where numpy's sort is vectorized (``dataflow.sort.vectorized_sort``), each key's top bits
-    are packed above its position in one word and the words sorted; elsewhere a
-    least-significant-digit radix sort orders each key's top 32 bits, in two 16-bit digits
-    (numpy's stable argsort of uint16 values is a counting sort, linear in n). 200k keys on
-    this machine (AVX-512): 1.5-2.5 ms packed, 5-7 ms by radix, 21-23 ms for the argsort
-    itself. Keys whose top bits are equal (rare for random keys) come out by position; each such
-    run is then ordered by its full keys, so the answer is exactly the stable argsort's. Keys
-    that tie that way often (not random ones) are argsorted instead."""
+    Each key's top bits are packed above its position in one word and the words sorted (by
+    numpy or polars, whichever sorts faster here: ``dataflow.sort.sort_words``). 200k keys on
+    this machine: 1.5-2.5 ms packed and sorted by numpy where its sort is vectorized and fast,
+    5-7 ms by a radix sort of the top 32 bits (before), 21-23 ms for the argsort itself. Keys
+    whose top bits are equal (rare for random keys) come out by position; each such run is then
+    ordered by its full keys, so the answer is exactly the stable argsort's. Keys that tie that
+    way often (not random ones) are argsorted instead."""
     n = len(keys)
     if n < 2:
         return np.arange(n, dtype=np.int64)
-    if vectorized_sort():
-        bits = max(1, (n - 1).bit_length())
-        words = keys >> np.uint64(bits)
-        words <<= np.uint64(bits)
-        words |= np.arange(n, dtype=np.uint64)
-        words.sort()
-        order = (words & np.uint64((1 << bits) - 1)).view(np.int64)
-        ranked = words >> np.uint64(bits)
-    else:
-        top = (keys >> np.uint64(32)).astype(np.uint32)
-        order = np.argsort(top.astype(np.uint16), kind="stable")
-        order = order[np.argsort((top >> np.uint32(16)).astype(np.uint16)[order], kind="stable")]
-        ranked = top[order]
+    bits = max(1, (n - 1).bit_length())
+    words = keys >> np.uint64(bits)
+    words <<= np.uint64(bits)
+    words |= np.arange(n, dtype=np.uint64)
+    words = sort_words(words)
+    order = (words & np.uint64((1 << bits) - 1)).view(np.int64)
+    ranked = words >> np.uint64(bits)
     tied = np.flatnonzero(ranked[1:] == ranked[:-1])
     if len(tied) > n // 64 + 16:  # many keys alike in their top bits: not random keys
         return np.argsort(keys, kind="stable")

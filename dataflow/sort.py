@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -280,22 +281,43 @@ def packed_order(values: np.ndarray, low: int, high: int, descending: bool) -> n
         words -= np.uint64(low % (1 << 64))
     words <<= np.uint64(bits)
     words |= np.arange(n, dtype=np.uint64)
+    words = sort_words(words)
+    return (words & np.uint64((1 << bits) - 1)).view(np.int64)  # row numbers: below 2**63
+
+
+def sort_words(words: np.ndarray) -> np.ndarray:
+    """``words`` (uint64) in ascending order, sorted in place by numpy where it is the faster
+    here (``vectorized_sort``), else a sorted copy by polars' radix sort (one thread)."""
     if vectorized_sort():
         words.sort()
-    else:
-        import polars as pl
+        return words
+    import polars as pl
 
-        words = pl.Series(words).sort(multithreaded=False).to_numpy()
-    return (words & np.uint64((1 << bits) - 1)).view(np.int64)  # row numbers: below 2**63
+    return pl.Series(words).sort(multithreaded=False).to_numpy()
+
+
+CALIBRATION_WORDS = 1 << 15
+"""Words ``vectorized_sort`` has numpy sort to see how fast its sort is here."""
+FAST_NS_PER_WORD = 12.0
+"""numpy's sort of 64-bit words counts as fast below this many nanoseconds a word: polars' radix
+sort takes 10-18 (200k words: 2.1-2.7 ms on the machines measured), numpy's vectorized sort 3.5
+where it works as meant (0.7 ms) and 41-47 where it does not (8.3 ms)."""
 
 
 @functools.cache
 def vectorized_sort() -> bool:
-    """Whether numpy sorts 64-bit integers with SIMD (x86-simd-sort): from numpy 2.0 on a CPU
-    with AVX2, from 1.26 with AVX-512, as numpy dispatches (``NPY_DISABLE_CPU_FEATURES``
-    counts). There it sorts 200k words 2.9x faster than polars (0.7 against 2.1 ms with AVX-512,
-    1.8 against 2.2 with AVX2); without, 5x slower (10 ms). Elsewhere (another architecture,
-    a numpy that does not say) polars sorts."""
+    """Whether numpy sorts 64-bit words faster than polars would in this process: numpy's SIMD
+    sort (x86-simd-sort: from numpy 2.0 on a CPU with AVX2, from 1.26 with AVX-512, as numpy
+    dispatches; ``NPY_DISABLE_CPU_FEATURES`` counts), measured once (the best of three sorts of
+    ``CALIBRATION_WORDS`` random words, 0.3-4.5 ms) under ``FAST_NS_PER_WORD``. Without those
+    CPU features numpy is 5x slower than polars (10 ms for 200k words), so it is not measured.
+    With them it was 2.9x faster than polars here one day (200k words: 0.7 against 2.1 ms) and
+    3.1x slower another, on a virtual machine of the same name (8.3 against 2.7 ms: another
+    host): so it is measured, not assumed. Either way the words come out the same."""
+    return _numpy_sort_is_vectorized() and _numpy_sort_ns_per_word() < FAST_NS_PER_WORD
+
+
+def _numpy_sort_is_vectorized() -> bool:
     try:
         try:
             from numpy._core._multiarray_umath import __cpu_features__ as features
@@ -308,6 +330,16 @@ def vectorized_sort() -> bool:
     if int(np.__version__.split(".")[0]) >= 2:
         return bool(features.get("AVX2") or features.get("AVX512_SKX"))
     return bool(features.get("AVX512_SKX"))
+
+
+def _numpy_sort_ns_per_word() -> float:
+    words = np.random.default_rng(7).integers(0, 1 << 63, CALIBRATION_WORDS, dtype=np.uint64)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        np.sort(words)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e9 / CALIBRATION_WORDS
 
 
 def radix_order(values: np.ndarray, low: int, high: int, descending: bool) -> np.ndarray:

@@ -45,6 +45,8 @@ def _table(rng, n: int) -> pa.Table:
         "ls": pa.array(_strings(rng, n, 0, 50).to_pylist(), type=pa.large_string()),
         "b": pa.array([x.encode() for x in _strings(rng, n, 10, 30).to_pylist()], type=pa.binary()),
         "lst": lists,
+        "llst": pa.LargeListArray.from_arrays(pa.array(list_offsets.astype(np.int64)),
+                                              pa.array(rng.standard_normal(int(list_offsets[-1])).astype(np.float32))),
         "fsl": tensors,
         "tensor": pa.ExtensionArray.from_storage(shape, tensors),
         "flag": pa.array(rng.random(n) < 0.5),  # (booleans: left for the unlink)

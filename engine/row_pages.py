@@ -71,14 +71,14 @@ def _array_spans(array: pa.Array, lo: int, hi: int, out: list[tuple[int, int]]) 
         return
     buffers = array.buffers()
     if pat.is_fixed_size_list(kind):
-        child = buffers_child(array)
+        child = _whole_child(array)
         if child is not None:
             n = kind.list_size
             _array_spans(child, child.offset + lo * n, child.offset + hi * n, out)
         return
     if pat.is_list(kind) or pat.is_large_list(kind):
         offsets = _offsets(buffers[1], 8 if pat.is_large_list(kind) else 4, lo, hi)
-        child = buffers_child(array)
+        child = _whole_child(array)
         if offsets is not None and child is not None:
             width = 8 if pat.is_large_list(kind) else 4
             out.append((buffers[1].address + lo * width, buffers[1].address + (hi + 1) * width))
@@ -98,7 +98,7 @@ def _array_spans(array: pa.Array, lo: int, hi: int, out: list[tuple[int, int]]) 
             out.append((buffers[1].address + lo * width, buffers[1].address + hi * width))
 
 
-def buffers_child(array: pa.Array) -> pa.Array | None:
+def _whole_child(array: pa.Array) -> pa.Array | None:
     """A list's or fixed-size list's child array, whole (not cut to the parent's offset)."""
     values = getattr(array, "values", None)
     return values if isinstance(values, pa.Array) else None
